@@ -1,0 +1,1 @@
+"""Operations: the ``keylane`` CLI, the supervisor, triage, status, benchmarks."""

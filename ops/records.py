@@ -1,0 +1,61 @@
+"""``keylane records``: read a record, or edit it from outside the lanes.
+
+An outside edit is what a person in the CRM does: it reads the record, changes fields,
+and writes with the revision it read; the store advances the revision. A lane that read
+the record before the edit then fails its conditional write and re-applies its change
+on a fresh read, so neither side's change is lost.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from workers.errors import KeylaneError, VersionConflict
+from workers.stores.base import Record, Store
+
+MAX_EDIT_ATTEMPTS = 20
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """``FIELD=VALUE``: VALUE is read as JSON when it is JSON (``42``, ``true``,
+    ``["a"]``, ``"quoted"``), otherwise as text."""
+    field, sep, raw = text.partition("=")
+    if not sep or not field:
+        raise KeylaneError(f"expected FIELD=VALUE, got {text!r}")
+    try:
+        return field, json.loads(raw)
+    except ValueError:
+        return field, raw
+
+
+def edit_record(
+    store: Store,
+    record_key: str,
+    assign: dict[str, Any],
+    unset: list[str] = (),  # type: ignore[assignment]
+) -> Record:
+    """Set and unset fields with a revision-checked write, re-reading on conflict."""
+    for _ in range(MAX_EDIT_ATTEMPTS):
+        record = store.read(record_key)
+        fields = {k: v for k, v in record.fields.items() if k not in unset}
+        fields.update(assign)
+        try:
+            revision = store.write_outside(record_key, fields, record.revision)
+        except VersionConflict:
+            continue
+        return Record(record_key, fields, revision)
+    raise KeylaneError(
+        f"record {record_key!r} kept changing; gave up after {MAX_EDIT_ATTEMPTS} tries"
+    )
+
+
+def record_json(record: Record) -> dict[str, Any]:
+    """A record as ``records get --json`` prints it."""
+    return {
+        "key": record.key,
+        "exists": record.exists,
+        "revision": record.revision,
+        "updated_at": record.updated_at,
+        "fields": record.fields,
+    }

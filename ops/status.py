@@ -1,0 +1,57 @@
+"""``keylane status``: who owns which shard, how deep each queue is, which workers live."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from workers.lanebroker import LaneBroker
+from workers.message import MalformedMessage, parse_message
+from workers.settings import Settings
+
+
+def collect_status(settings: Settings, broker: LaneBroker) -> dict[str, Any]:
+    """A JSON-ready picture of the deployment."""
+    now = time.time()
+    shards = []
+    for state in broker.shard_states():
+        holder = state.pop("holder")
+        inflight = state.pop("inflight")
+        head = state.pop("head")
+        state["owner"] = holder.rsplit("/", 1)[0] if holder else None
+        state["token"] = int(holder.rsplit("/", 1)[1]) if holder else None
+        state["in_flight"] = _describe(inflight)
+        head_event = _event_of(head)
+        state["oldest_age_s"] = round(now - head_event["accepted_at"], 3) if head_event else None
+        shards.append(state)
+    members = broker.members_info()
+    for member in members:
+        member["heartbeat_age_s"] = round(now - member.pop("heartbeat_ms") / 1000, 3)
+        member["shards"] = sum(1 for s in shards if s["owner"] == member["worker"])
+    return {
+        "namespace": settings.namespace,
+        "shard_count": settings.shard_count,
+        "shards": shards,
+        "workers": members,
+        "counters": broker.counters(),
+        "unowned": [s["shard"] for s in shards if s["owner"] is None],
+    }
+
+
+def _event_of(raw: bytes | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        event = parse_message(raw).kwargs.get("event")
+    except MalformedMessage:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def _describe(raw: bytes | None) -> str | None:
+    event = _event_of(raw)
+    if raw is None:
+        return None
+    if event is None:
+        return "(malformed)"
+    return f"{event.get('source')}/{event.get('event_id')} -> {event.get('record_key')}"

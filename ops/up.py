@@ -1,0 +1,201 @@
+"""``keylane up``: the whole stack on one machine, supervised.
+
+Starts (in this order) the embedded Redis when no ``KEYLANE_REDIS_URL`` is set, the
+store schema, the shard workers, the receiver and Flower; restarts a child that dies
+(with back-off); on SIGTERM or Ctrl-C stops the receiver first (no new deliveries), then
+the workers (each finishes and acknowledges its in-flight messages and releases its
+shards), then Flower and Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ops.embedded_redis import EmbeddedRedis
+from workers.errors import ConfigError
+from workers.settings import Settings
+from workers.stores import open_store
+
+log = logging.getLogger("keylane.up")
+
+STOP_GRACE_S = 30.0
+MAX_RESTART_BACKOFF_S = 30.0
+
+
+@dataclass
+class Child:
+    """A supervised process."""
+
+    name: str
+    argv: list[str]
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    exits: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    """What ``keylane up`` runs."""
+
+    workers: int = 2
+    flower: bool = True
+    restart: bool = True
+
+
+class Supervisor:
+    """Runs and watches the children of ``keylane up``."""
+
+    def __init__(self, settings: Settings, options: UpOptions) -> None:
+        self.settings = settings
+        self.options = options
+        self.redis: EmbeddedRedis | None = None
+        self.children: list[Child] = []
+        self._stop = threading.Event()
+        self._env = dict(os.environ)
+
+    def run(self) -> int:
+        """Start everything, supervise until told to stop, stop everything."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            self._prepare()
+            self._spawn_all()
+            self._announce()
+            self._watch()
+        finally:
+            self._shutdown()
+        return 0
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        self._stop.set()
+
+    def _prepare(self) -> None:
+        s = self.settings
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        self._env["KEYLANE_DATA_DIR"] = str(s.data_dir.resolve())
+        if s.redis_url is None:
+            embedded = EmbeddedRedis(s.data_dir)
+            url = embedded.running_url()
+            if url is None:
+                url = embedded.start()
+                self.redis = embedded
+                log.info(
+                    "embedded Redis on %s (append-only, fsync always) in %s", url, embedded.dir
+                )
+            else:
+                log.info("using the embedded Redis already running on %s", url)
+            self._env["KEYLANE_REDIS_URL"] = url
+        store = open_store(s.store_dsn(), s.store_timeout_ms, s.sqlite_synchronous)
+        try:
+            store.migrate()
+        finally:
+            store.close()
+
+    def _spawn_all(self) -> None:
+        me = [sys.executable, "-m", "ops.cli"]
+        s = self.settings
+        for n in range(self.options.workers):
+            self.children.append(Child(f"worker-{n}", [*me, "worker", "--lanes", str(s.lanes)]))
+        self.children.append(
+            Child("receiver", [*me, "serve", "--host", s.host, "--port", str(s.port)])
+        )
+        if self.options.flower:
+            self.children.append(Child("flower", [*me, "flower", "--port", str(s.flower_port)]))
+        for child in self.children:
+            self._spawn(child)
+
+    def _spawn(self, child: Child) -> None:
+        # A new session: Ctrl-C reaches only the supervisor, which stops children in order.
+        child.process = subprocess.Popen(child.argv, env=self._env, start_new_session=True)
+        child.started_at = time.monotonic()
+        log.info("started %s (pid %s)", child.name, child.process.pid)
+
+    def _announce(self) -> None:
+        s = self.settings
+        base = f"http://{s.host}:{s.port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not self._stop.is_set():
+            try:
+                with urllib.request.urlopen(f"{base}/healthz", timeout=1) as reply:  # noqa: S310
+                    if reply.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        print(f"keylane is up: POST {base}/webhooks/demo", flush=True)
+        if self.options.flower:
+            print(f"Flower: http://{s.host}:{s.flower_port}", flush=True)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            for child in self.children:
+                assert child.process is not None
+                code = child.process.poll()
+                if code is None:
+                    continue
+                child.exits.append(code)
+                log.error("%s (pid %s) exited with %s", child.name, child.process.pid, code)
+                _report_exit(child, code)
+                if not self.options.restart:
+                    self._stop.set()
+                    return
+                uptime = time.monotonic() - child.started_at
+                child.restarts = 0 if uptime > 60 else child.restarts + 1
+                backoff = min(MAX_RESTART_BACKOFF_S, 0.5 * 2 ** max(0, child.restarts - 1))
+                if self._stop.wait(backoff if child.restarts else 0):
+                    return
+                self._spawn(child)
+
+    def _shutdown(self) -> None:
+        order = ["receiver", "worker", "flower"]
+        for prefix in order:
+            group = [c for c in self.children if c.name.startswith(prefix)]
+            for child in group:
+                if child.process is not None and child.process.poll() is None:
+                    child.process.send_signal(signal.SIGTERM)
+            for child in group:
+                _wait_or_kill(child)
+        if self.redis is not None:
+            self.redis.stop()
+        log.info("keylane stopped")
+
+
+def _wait_or_kill(child: Child) -> None:
+    if child.process is None:
+        return
+    try:
+        child.process.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        log.error("%s did not stop within %ss; killing it", child.name, STOP_GRACE_S)
+        child.process.kill()
+        child.process.wait()
+
+
+def _report_exit(child: Child, code: int) -> None:
+    """Tell Sentry (when configured) that a child died, e.g. a worker killed by SIGKILL."""
+    try:
+        import sentry_sdk
+    except ImportError:  # pragma: no cover
+        return
+    how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    with sentry_sdk.new_scope() as scope:
+        scope.set_tag("keylane.child", child.name)
+        sentry_sdk.capture_message(f"keylane {child.name} died ({how}); restarting", level="error")
+
+
+def data_dir_redis(data_dir: Path) -> str | None:
+    """The URL of the embedded Redis running for ``data_dir``, if any."""
+    return EmbeddedRedis(data_dir).running_url()
+
+
+__all__ = ["ConfigError", "Supervisor", "UpOptions", "data_dir_redis"]

@@ -1,0 +1,1 @@
+"""The webhook receiver, source definitions, dedupe and the producer API."""

@@ -1,0 +1,88 @@
+"""Every Redis key keylane uses, under one configurable namespace.
+
+kombu is given the same namespace as its ``global_keyprefix``, so a shard queue
+``keylane.shard.07`` lives at ``<ns>:keylane.shard.07``, where Flower also finds it.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RedisKeys:
+    """Key names for one keylane deployment (one namespace)."""
+
+    namespace: str = "keylane"
+
+    def __post_init__(self) -> None:
+        if not self.namespace or any(c in self.namespace for c in " {}*?[]"):
+            raise ValueError(f"invalid namespace {self.namespace!r}")
+
+    @property
+    def prefix(self) -> str:
+        """Prefix of every key, also kombu's ``global_keyprefix``."""
+        return f"{self.namespace}:"
+
+    def queue(self, queue_name: str) -> str:
+        """The list holding a Celery queue's messages (kombu's layout, priority 0)."""
+        return f"{self.prefix}{queue_name}"
+
+    def inflight(self, shard: int) -> str:
+        """The list holding the message a shard's owner is working on (at most one)."""
+        return f"{self.prefix}inflight:{shard}"
+
+    def lease(self, shard: int) -> str:
+        """The shard's lease: the owner's token, with a TTL."""
+        return f"{self.prefix}lease:{shard}"
+
+    def fence(self, shard: int) -> str:
+        """Counter of lease acquisitions: the fencing token, only ever grows."""
+        return f"{self.prefix}fence:{shard}"
+
+    def deliveries(self, shard: int) -> str:
+        """Hash event-id -> number of times the shard's in-flight message was started."""
+        return f"{self.prefix}deliveries:{shard}"
+
+    def dedupe(self, source: str, event_id: str) -> str:
+        """The first answer given for a sender's event id."""
+        return f"{self.prefix}seen:{source}:{event_id}"
+
+    def reused(self, source: str, event_id: str, body_hash: str) -> str:
+        """Marker that one reuse of an event id with another body was already recorded."""
+        return f"{self.prefix}reused:{source}:{event_id}:{body_hash}"
+
+    @property
+    def doorbell(self) -> str:
+        """Pub/sub channel: a shard number is published when its queue gets a message."""
+        return f"{self.prefix}doorbell"
+
+    @property
+    def members(self) -> str:
+        """Sorted set worker-id -> last heartbeat (ms since epoch)."""
+        return f"{self.prefix}members"
+
+    def member(self, worker_id: str) -> str:
+        """Hash describing one worker (host, pid, lanes, started)."""
+        return f"{self.prefix}member:{worker_id}"
+
+    @property
+    def lease_log(self) -> str:
+        """Stream of lease events (acquired, released, lost), for audits and tests."""
+        return f"{self.prefix}lease-log"
+
+    @property
+    def counters(self) -> str:
+        """Hash of monotonically increasing counters (accepted, conflicts, ...)."""
+        return f"{self.prefix}counters"
+
+    @property
+    def held(self) -> str:
+        """Hash record-key -> open dead-letter id, for sources whose policy holds the key."""
+        return f"{self.prefix}held"
+
+    def parked(self, record_key: str) -> str:
+        """List of events waiting behind an open dead letter on a held key."""
+        return f"{self.prefix}parked:{record_key}"
+
+    def pattern(self) -> str:
+        """SCAN pattern matching every key of this namespace."""
+        return f"{self.prefix}*"

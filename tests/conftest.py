@@ -1,0 +1,131 @@
+"""Fixtures that give tests real services, started when absent, and never touch data
+the tests did not create.
+
+* Redis: ``KEYLANE_TEST_REDIS_URL``, else 127.0.0.1:6379, else a ``redis-server`` started
+  on a free port for the session. Each test gets its own key namespace, deleted after it.
+* PostgreSQL: ``KEYLANE_TEST_PG_URL``, else 127.0.0.1:5432 database ``test``, else a
+  cluster created with ``initdb`` in a temporary directory. Each test gets its own schema,
+  dropped after it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.support.services import (
+    EmbeddedPostgres,
+    pg_reachable,
+    redis_reachable,
+    start_session_redis,
+)
+from tests.support.stack import Stack
+from workers.settings import Settings, load_settings
+from workers.stores import open_store
+from workers.stores.base import Store
+
+STORE_KINDS = ["sqlite", "postgres"]
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis server URL (an existing one, or one started for the session)."""
+    for url in (os.environ.get("KEYLANE_TEST_REDIS_URL"), "redis://127.0.0.1:6379/0"):
+        if url and redis_reachable(url):
+            yield url
+            return
+    server = start_session_redis(tmp_path_factory.mktemp("redis"))
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A PostgreSQL URL (an existing server, or a cluster created for the session)."""
+    for url in (os.environ.get("KEYLANE_TEST_PG_URL"), "postgresql://postgres@127.0.0.1:5432/test"):
+        if url and pg_reachable(url):
+            yield url
+            return
+    cluster = EmbeddedPostgres(tmp_path_factory.mktemp("pg"))
+    if not cluster.available():
+        pytest.skip("no PostgreSQL reachable and no initdb to create one")
+    cluster.start()
+    try:
+        yield cluster.url
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def namespace(redis_url: str) -> Iterator[str]:
+    """A Redis key namespace private to this test; its keys are deleted afterwards."""
+    ns = f"kltest-{uuid.uuid4().hex[:10]}"
+    yield ns
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=f"{ns}:*", count=1000))
+    for start in range(0, len(keys), 500):
+        client.delete(*keys[start : start + 500])
+    client.close()
+
+
+def _pg_schema_url(base: str, schema: str) -> str:
+    sep = "&" if "?" in base else "?"
+    return f"{base}{sep}options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty store of each kind: a SQLite file, or a PostgreSQL schema."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.sqlite3'}"
+        return
+    import psycopg
+
+    base: str = request.getfixturevalue("pg_url")
+    schema = f"kltest_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield _pg_schema_url(base, schema)
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    """An open, migrated store."""
+    s = open_store(store_url)
+    s.migrate()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def settings(redis_url: str, namespace: str, store_url: str, tmp_path: Path) -> Settings:
+    """Settings for a test deployment: private namespace and store, fast timings."""
+    return load_settings(
+        data_dir=tmp_path / "data",
+        redis_url=redis_url,
+        store_url=store_url,
+        namespace=namespace,
+        lease_ttl_ms=3000,
+        heartbeat_ms=500,
+        idle_poll_ms=50,
+    )
+
+
+@pytest.fixture
+def stack(settings: Settings, tmp_path: Path) -> Iterator[Stack]:
+    """A deployment of real processes on the test's namespace and store; every process
+    it starts is stopped when the test ends."""
+    deployment = Stack(settings, tmp_path)
+    yield deployment
+    deployment.stop_all()

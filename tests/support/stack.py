@@ -1,0 +1,288 @@
+"""Real keylane processes for end-to-end tests: receivers and workers as subprocesses,
+real HTTP, real signals. Every process a test starts is stopped when the test ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+
+from ops.embedded_redis import free_port
+from workers.lanebroker import LaneBroker
+from workers.settings import Settings
+from workers.stores import open_store
+from workers.stores.base import Store
+
+REPO = Path(__file__).resolve().parents[2]
+
+_ENV_FIELDS = (
+    "data_dir",
+    "redis_url",
+    "store_url",
+    "namespace",
+    "shard_count",
+    "max_attempts",
+    "max_deliveries",
+    "lease_ttl_ms",
+    "heartbeat_ms",
+    "idle_poll_ms",
+    "shard_high_water",
+    "dedupe_retention_s",
+    "sources_file",
+    "log_level",
+    "store_timeout_ms",
+)
+
+
+def settings_env(settings: Settings, **extra: Any) -> dict[str, str]:
+    """The environment that makes a keylane process use ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEYLANE_")}
+    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONUNBUFFERED"] = "1"
+    values = {name: getattr(settings, name) for name in _ENV_FIELDS}
+    values["faults"] = [f.model_dump() for f in settings.faults] or None
+    values.update(extra)
+    for name, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        elif isinstance(value, list | dict):
+            value = json.dumps(value)
+        env[f"KEYLANE_{name.upper()}"] = str(value)
+    return env
+
+
+@dataclass
+class Proc:
+    """One keylane subprocess with its log file."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Proc:
+        """Start it (output to the log file)."""
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                start_new_session=True,
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        """Still running."""
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        """Send a signal if it runs."""
+        if self.alive():
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        """``kill -9``, then reap."""
+        if self.alive():
+            os.kill(self.pid, signal.SIGKILL)
+            assert self.process is not None
+            self.process.wait(10)
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM and wait (SIGKILL after ``timeout_s``); the exit code."""
+        if self.process is None:
+            return None
+        if self.alive():
+            os.kill(self.pid, signal.SIGCONT)
+            os.kill(self.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.process.returncode
+
+    def log(self) -> str:
+        """Everything it wrote so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@dataclass
+class Stack:
+    """A test deployment: the processes of one namespace, plus helpers to drive it."""
+
+    settings: Settings
+    tmp: Path
+    procs: list[Proc] = field(default_factory=list)
+    url: str = ""
+    stores: list[Store] = field(default_factory=list)
+
+    def _spawn(self, name: str, args: list[str], **env: Any) -> Proc:
+        n = sum(1 for p in self.procs if p.name.startswith(name))
+        proc = Proc(
+            f"{name}-{n}",
+            [sys.executable, "-m", "ops.cli", *args],
+            settings_env(self.settings, **env),
+            self.tmp / f"{name}-{n}.log",
+        )
+        self.procs.append(proc.start())
+        return proc
+
+    def worker(self, lanes: int = 4, **env: Any) -> Proc:
+        """Start a worker process."""
+        return self._spawn("worker", ["worker", "--lanes", str(lanes)], **env)
+
+    def receiver(self, port: int | None = None, **env: Any) -> Proc:
+        """Start a receiver and wait until it answers; sets :attr:`url`."""
+        port = port or free_port()
+        proc = self._spawn("receiver", ["serve", "--port", str(port)], **env)
+        self.url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _healthy(self.url) or not proc.alive(), 30, "receiver to start")
+        assert proc.alive(), proc.log()
+        return proc
+
+    def broker(self) -> LaneBroker:
+        """A Redis handle on this deployment's namespace."""
+        s = self.settings
+        return LaneBroker.from_url(s.redis_dsn(), s.keys, s.shards)
+
+    def wait_all_owned(self, workers: int | None = None, timeout_s: float = 30) -> None:
+        """Wait until every shard has an owner (and, if given, ``workers`` live members
+        each owning some)."""
+        broker = self.broker()
+
+        def ready() -> bool:
+            holders = broker.holders()
+            if len(holders) < self.settings.shard_count:
+                return False
+            if workers is None:
+                return True
+            owners = {h.rsplit("/", 1)[0] for h in holders.values()}
+            return len(owners) == workers
+
+        wait_until(
+            ready,
+            timeout_s,
+            f"all shards owned by {workers or 'some'} worker(s)",
+            on_timeout=self.logs,
+        )
+
+    def open_store(self) -> Store:
+        """A connection to the deployment's store (closed when the test ends)."""
+        store = open_store(self.settings.store_dsn())
+        self.stores.append(store)
+        return store
+
+    def wait_journal(self, count: int, timeout_s: float = 120) -> None:
+        """Wait until the journal holds ``count`` event ids."""
+        store = self.open_store()
+        wait_until(
+            lambda: store.journal_size() >= count,
+            timeout_s,
+            f"{count} journal entries",
+            on_timeout=lambda: f"have {store.journal_size()}\n" + self.logs(),
+        )
+
+    def post(
+        self,
+        body: Any,
+        source: str = "demo",
+        client: httpx.Client | None = None,
+        retries: int = 0,
+        **headers: str,
+    ) -> httpx.Response:
+        """POST a webhook (JSON-encoded ``body``) and return the answer."""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        hdrs = {"content-type": "application/json", **headers}
+        own = client is None
+        c = client or httpx.Client(timeout=30)
+        try:
+            for attempt in range(retries + 1):
+                try:
+                    return c.post(f"{self.url}/webhooks/{source}", content=data, headers=hdrs)
+                except httpx.TransportError:
+                    if attempt == retries:
+                        raise
+                    time.sleep(0.2)
+            raise AssertionError("unreachable")
+        finally:
+            if own:
+                c.close()
+
+    def logs(self) -> str:
+        """The tail of every process's log, for failure messages."""
+        return "\n".join(f"--- {p.name} (alive={p.alive()})\n{p.log()[-3000:]}" for p in self.procs)
+
+    def stop_all(self) -> None:
+        """Stop every process (SIGTERM, then SIGKILL)."""
+        for proc in reversed(self.procs):
+            proc.stop(timeout_s=20)
+        for store in self.stores:
+            store.close()
+        self.stores.clear()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_until(
+    predicate: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    on_timeout: Callable[[], str] | None = None,
+    interval_s: float = 0.05,
+) -> None:
+    """Poll ``predicate`` until true; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval_s)
+    detail = on_timeout() if on_timeout else ""
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}\n{detail}")
+
+
+def send_all(
+    stack: Stack, bodies: Iterable[Any], senders: int, source: str = "demo", retries: int = 3
+) -> list[httpx.Response]:
+    """POST every body with ``senders`` concurrent HTTP clients."""
+    items = list(bodies)
+    clients = [httpx.Client(timeout=30) for _ in range(senders)]
+    try:
+        with ThreadPoolExecutor(senders) as pool:
+            futures = [
+                pool.submit(stack.post, body, source, clients[i % senders], retries)
+                for i, body in enumerate(items)
+            ]
+            return [f.result() for f in futures]
+    finally:
+        for c in clients:
+            c.close()
+
+
+def event(event_id: str, record_key: str, **changes: Any) -> dict[str, Any]:
+    """keylane's envelope for one event."""
+    return {"id": event_id, "type": "test", "record_key": record_key, "changes": changes}

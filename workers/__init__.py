@@ -1,0 +1,1 @@
+"""The lanes: the apply task, stores, shard ownership, retry and dead-lettering."""

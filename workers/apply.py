@@ -1,0 +1,163 @@
+"""Applying one event to its record: fresh read, change, conditional write, bounded retry.
+
+This is the whole of the write discipline (invariants 2, 5 and 6):
+
+1. the journal is asked first: an event id with an outcome has no second effect;
+2. each attempt reads the record fresh and re-applies the change to what it read;
+3. the write names the revision it read; the store refuses it if the record moved on,
+   and the attempt is repeated from a fresh read, at most ``max_attempts`` times;
+4. what still does not apply becomes a dead-letter row carrying the attempted change,
+   the revision read and the revision found; the lane then moves on.
+
+Retrying happens here, in place: never ``Task.retry`` or a requeue, which would put the
+event behind later events of the same record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Literal
+
+from producers.sources import SourceConfig
+from workers.changes import apply_changes
+from workers.errors import AlreadyApplied, ChangeNotApplicable, FieldNotOwned, VersionConflict
+from workers.events import Event
+from workers.faults import NO_FAULTS, Faults
+from workers.stores.base import DeadLetterDraft, EventWrite, Fence, Store
+
+Outcome = Literal["applied", "duplicate", "dead_lettered"]
+
+REVIEW_ERRORS = {
+    "id_reused": "the sender reused this event id with a different body; the first body "
+    "was accepted, this one was not applied",
+}
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What became of one delivery."""
+
+    outcome: Outcome
+    attempts: int = 0
+    conflicts: int = 0
+    revision: int | None = None
+    dead_letter_id: int | None = None
+    reason: str | None = None
+
+
+def apply_event(
+    store: Store,
+    event: Event,
+    fence: Fence | None,
+    source: SourceConfig | None,
+    max_attempts: int,
+    faults: Faults = NO_FAULTS,
+) -> ApplyResult:
+    """Apply ``event`` once (see the module docstring). Raises only for infrastructure
+    errors (:class:`StoreUnavailable`) and lost ownership (:class:`StaleFence`)."""
+    if event.review is not None:
+        return dead_letter(
+            store,
+            event,
+            fence,
+            event.review,
+            attempts=1,
+            close_event=False,
+            error=REVIEW_ERRORS.get(event.review, event.review),
+        )
+    if event.retry_of is None and store.journal(event.source, event.event_id) is not None:
+        return ApplyResult("duplicate")
+    if source is None:
+        return dead_letter(
+            store,
+            event,
+            fence,
+            "unknown_source",
+            attempts=1,
+            error=f"source {event.source!r} is not configured",
+        )
+    revision_read = found = 0
+    for attempt in range(1, max_attempts + 1):
+        record = store.read(event.record_key)
+        revision_read = record.revision
+        try:
+            fields = apply_changes(record.fields, event.changes, source.ownership, source.name)
+        except FieldNotOwned as exc:
+            return dead_letter(store, event, fence, "not_owned", attempt, str(exc), record.revision)
+        except ChangeNotApplicable as exc:
+            return dead_letter(store, event, fence, "type", attempt, str(exc), record.revision)
+        faults.hit("worker.before_write", event.record_key, bump=lambda: _bump(store, event))
+        write = EventWrite(
+            source=event.source,
+            event_id=event.event_id,
+            record_key=event.record_key,
+            shard=event.shard,
+            fields=fields,
+            expected_revision=record.revision,
+            attempts=attempt,
+            retry_of=event.retry_of,
+        )
+        try:
+            revision = store.commit_event(write, fence)
+        except VersionConflict as exc:
+            found = exc.found
+            continue
+        except AlreadyApplied:
+            return ApplyResult("duplicate", attempts=attempt, conflicts=attempt - 1)
+        return ApplyResult("applied", attempts=attempt, conflicts=attempt - 1, revision=revision)
+    return dead_letter(
+        store,
+        event,
+        fence,
+        "conflict",
+        max_attempts,
+        f"revision moved from {revision_read} to {found} on each of {max_attempts} attempts",
+        revision_read,
+        found,
+        conflicts=max_attempts,
+    )
+
+
+def dead_letter(
+    store: Store,
+    event: Event,
+    fence: Fence | None,
+    reason: str,
+    attempts: int,
+    error: str,
+    revision_read: int | None = None,
+    revision_found: int | None = None,
+    conflicts: int = 0,
+    close_event: bool = True,
+) -> ApplyResult:
+    """Record ``event`` for review and (unless ``close_event`` is false) close it in the
+    journal, in one transaction."""
+    draft = DeadLetterDraft(
+        source=event.source,
+        event_id=event.event_id,
+        record_key=event.record_key,
+        shard=event.shard,
+        reason=reason,
+        event=event.model_dump(mode="json"),
+        attempted_change=event.changes_wire(),
+        revision_read=revision_read,
+        revision_found=revision_found if revision_found is not None else revision_read,
+        attempts=attempts,
+        error=error,
+        retry_of=event.retry_of,
+    )
+    try:
+        row = store.commit_dead_letter(draft, fence, close_event=close_event)
+    except AlreadyApplied:
+        return ApplyResult("duplicate", attempts=attempts, conflicts=conflicts)
+    return ApplyResult(
+        "dead_lettered", attempts=attempts, conflicts=conflicts, dead_letter_id=row, reason=reason
+    )
+
+
+def _bump(store: Store, event: Event) -> None:
+    """An outside write that leaves the fields as they are but advances the revision."""
+    record = store.read(event.record_key)
+    with contextlib.suppress(VersionConflict):
+        store.write_outside(event.record_key, record.fields, record.revision)

@@ -1,0 +1,114 @@
+"""Applying a change to a record's fields: pure functions, no I/O.
+
+The lane re-runs these on a fresh read after every version conflict, which is why a change
+is a list of operations (increment by 1) and not a computed value (set to 11).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from workers.errors import ChangeNotApplicable, FieldNotOwned
+from workers.events import Change
+
+
+@dataclass(frozen=True)
+class FieldOwnership:
+    """The fields a source may write: a set of names, or every field (``*``)."""
+
+    fields: frozenset[str] = frozenset()
+    everything: bool = False
+
+    @classmethod
+    def of(cls, names: Iterable[str]) -> FieldOwnership:
+        """``["*"]`` owns every field; otherwise exactly the names given."""
+        names = list(names)
+        if "*" in names:
+            return cls(everything=True)
+        return cls(fields=frozenset(names))
+
+    def not_owned(self, names: Iterable[str]) -> list[str]:
+        """The names among ``names`` that this ownership does not cover."""
+        if self.everything:
+            return []
+        return sorted(n for n in names if n not in self.fields)
+
+
+ALL_FIELDS = FieldOwnership(everything=True)
+
+
+def apply_changes(
+    fields: Mapping[str, Any],
+    changes: Mapping[str, Change],
+    ownership: FieldOwnership = ALL_FIELDS,
+    source: str = "",
+) -> dict[str, Any]:
+    """Return ``fields`` with ``changes`` applied; the input is not modified.
+
+    Raises :class:`FieldNotOwned` when a change touches a field the source does not own,
+    and :class:`ChangeNotApplicable` when an operation does not fit the current value.
+    """
+    stray = ownership.not_owned(changes)
+    if stray:
+        raise FieldNotOwned(source, stray)
+    out = copy.deepcopy(dict(fields))
+    for name, change in changes.items():
+        _apply_one(out, name, change)
+    return out
+
+
+def _apply_one(fields: dict[str, Any], name: str, change: Change) -> None:
+    current = fields.get(name)
+    if change.op == "set":
+        fields[name] = copy.deepcopy(change.value)
+    elif change.op == "unset":
+        fields.pop(name, None)
+    elif change.op == "increment":
+        fields[name] = _increment(name, current, change.value)
+    elif change.op == "remove" and current is None:
+        return  # removing from a list that does not exist leaves it absent
+    else:
+        fields[name] = _list_op(name, current, change)
+
+
+def _increment(name: str, current: Any, by: int | float) -> int | float:
+    if current is None:
+        return by
+    if isinstance(current, bool) or not isinstance(current, int | float):
+        raise ChangeNotApplicable(
+            name, "increment", f"current value is {_kind(current)}, not a number"
+        )
+    return current + by
+
+
+def _list_op(name: str, current: Any, change: Change) -> list[Any]:
+    if current is None:
+        current = []
+    if not isinstance(current, list):
+        raise ChangeNotApplicable(name, change.op, f"current value is {_kind(current)}, not a list")
+    items = list(current)
+    if change.op == "append":
+        items.append(copy.deepcopy(change.value))
+    elif change.op == "add":
+        if change.value not in items:
+            items.append(copy.deepcopy(change.value))
+    else:  # remove
+        items = [item for item in items if item != change.value]
+    return items
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, int | float):
+        return "a number"
+    return type(value).__name__

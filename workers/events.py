@@ -1,0 +1,116 @@
+"""Events as they travel from the receiver to a lane, and the changes they carry.
+
+A change names fields and one operation per field::
+
+    {"email": {"set": "a@b.c"}, "visits": {"increment": 1}, "tags": {"add": "vip"}}
+
+Operations: ``set``, ``unset``, ``increment``, ``append``, ``add`` and ``remove``
+(``add``/``remove`` treat a list as a set of JSON values).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Op = Literal["set", "unset", "increment", "append", "add", "remove"]
+OPS: tuple[str, ...] = ("set", "unset", "increment", "append", "add", "remove")
+
+MAX_ID_CHARS = 255
+MAX_KEY_CHARS = 512
+MAX_FIELD_CHARS = 128
+MAX_FIELDS = 256
+
+
+class Change(BaseModel):
+    """One operation on one field."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    op: Op
+    value: Any = None
+
+    @classmethod
+    def parse(cls, field: str, raw: object) -> Change:
+        """Read ``{"<op>": value}`` as sent in an envelope; ``ValueError`` says what is wrong."""
+        if not isinstance(raw, dict) or len(raw) != 1:
+            raise ValueError(f"field {field!r}: a change is an object with exactly one operation")
+        ((op, value),) = raw.items()
+        if op not in OPS:
+            raise ValueError(f"field {field!r}: unknown operation {op!r} (known: {', '.join(OPS)})")
+        if op == "increment" and not _is_number(value):
+            raise ValueError(f"field {field!r}: increment needs a finite number")
+        if op == "unset" and value not in (True, None):
+            raise ValueError(f"field {field!r}: unset takes true or null")
+        return cls(op=op, value=None if op == "unset" else value)
+
+    def as_wire(self) -> dict[str, Any]:
+        """The ``{"<op>": value}`` form."""
+        return {self.op: True if self.op == "unset" else self.value}
+
+
+def _is_number(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return not (isinstance(value, float) and not math.isfinite(value))
+
+
+def parse_changes(raw: object) -> dict[str, Change]:
+    """Validate a ``changes`` object; ``ValueError`` names the first problem."""
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError("changes must be a non-empty object of field -> operation")
+    if len(raw) > MAX_FIELDS:
+        raise ValueError(f"at most {MAX_FIELDS} fields may change in one event")
+    out: dict[str, Change] = {}
+    for field, change in raw.items():
+        check_field_name(field)
+        out[field] = Change.parse(field, change)
+    return out
+
+
+def check_field_name(field: object) -> None:
+    """Field names are short, printable and non-empty."""
+    if not isinstance(field, str) or not field or len(field) > MAX_FIELD_CHARS:
+        raise ValueError(f"field names are 1..{MAX_FIELD_CHARS} characters")
+    if any(ord(c) < 32 for c in field):
+        raise ValueError(f"field name {field!r} has control characters")
+
+
+class Envelope(BaseModel):
+    """keylane's own delivery format (the ``demo`` source and programmatic producers)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    type: str = Field("event", min_length=1, max_length=MAX_ID_CHARS)
+    record_key: str = Field(min_length=1, max_length=MAX_KEY_CHARS)
+    changes: dict[str, Change]
+
+    @field_validator("changes", mode="before")
+    @classmethod
+    def _parse_changes(cls, raw: object) -> dict[str, Change]:
+        return parse_changes(raw)
+
+
+class Event(BaseModel):
+    """An accepted event, as queued for its record's lane."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str
+    event_id: str
+    event_type: str
+    record_key: str
+    changes: dict[str, Change]
+    body_sha256: str
+    accepted_at: float
+    shard: int
+    key_missing: bool = False
+    retry_of: int | None = None  # dead-letter id when an operator retries the event
+    review: str | None = None  # set on a review-only message: record, never apply
+
+    def changes_wire(self) -> dict[str, dict[str, Any]]:
+        """The changes in envelope form, for review rows and logs."""
+        return {field: change.as_wire() for field, change in self.changes.items()}

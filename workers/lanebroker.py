@@ -1,0 +1,369 @@
+"""The Redis side of the lanes: leases, atomic take/ack of shard messages, membership.
+
+Why keylane does not let kombu's Redis consumer read the shard queues (facts.md):
+kombu pops with ``BRPOP`` and only afterwards records the message as unacknowledged, so a
+``kill -9`` between the two loses it; a restored or rejected message can land at the tail;
+a message read for a cancelled queue is requeued at the tail. Each of those breaks
+per-record order or exactly-once. Here every step is one Lua script:
+
+* **take**: only while this worker's token is the shard's lease value and the shard has
+  nothing in flight, ``LMOVE`` the head of the shard queue into the shard's in-flight list.
+  A worker that lost its lease cannot take, even if it wakes up from a pause.
+* **ack**: only while still the owner, remove the message from the in-flight list.
+* **acquire**: take the lease if free, advance the shard's fencing counter, and put any
+  message left in flight by the previous owner back at the head of the queue, in order.
+
+The queue itself stays an ordinary Celery queue (kombu's list at ``<ns>:<queue>``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from routing import ShardMap
+from routing.keys import RedisKeys
+from workers.errors import BrokerUnavailable
+
+_ACQUIRE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {0, redis.call('GET', KEYS[1]), 0}
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. '/' .. token, 'PX', ARGV[2])
+local restored = 0
+while true do
+  local m = redis.call('LMOVE', KEYS[3], KEYS[4], 'LEFT', 'RIGHT')
+  if not m then break end
+  restored = restored + 1
+end
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[4], '*', 'event', 'acquired',
+  'shard', ARGV[3], 'worker', ARGV[1], 'token', token, 'restored', restored)
+return {1, ARGV[1] .. '/' .. token, restored}
+"""
+
+_RENEW = """
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[i + 1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[1])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[3],
+  'shard', ARGV[2], 'worker', ARGV[5], 'token', ARGV[6], 'restored', 0)
+return 1
+"""
+
+_TAKE = """
+for i = 1, #ARGV do
+  local lease, inflight, queue = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  if redis.call('GET', lease) == ARGV[i] then
+    local held = redis.call('LINDEX', inflight, -1)
+    if held then
+      return {i, held, 1}
+    end
+    local m = redis.call('LMOVE', queue, inflight, 'RIGHT', 'LEFT')
+    if m then return {i, m, 0} end
+  end
+end
+return nil
+"""
+
+_ACK = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('LREM', KEYS[2], 1, ARGV[2])
+redis.call('HDEL', KEYS[3], ARGV[3], ARGV[3] .. ':error')
+return 1
+"""
+
+_BUMP_FENCE = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if current < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+return current
+"""
+
+LEASE_LOG_MAXLEN = 100_000
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A held lease: its value in Redis (``worker/token``) and the fencing token."""
+
+    shard: int
+    value: str
+    token: int
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A message taken into a shard's in-flight slot."""
+
+    shard: int
+    raw: bytes
+    resumed: bool  # it was already in flight (an earlier attempt did not finish)
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """The result of an acquisition attempt."""
+
+    lease: Lease | None
+    holder: str
+    restored: int
+
+
+class LaneBroker:
+    """Typed access to the lane scripts. Thread-safe (redis-py's pool)."""
+
+    def __init__(self, client: redis.Redis, keys: RedisKeys, shards: ShardMap) -> None:
+        self.client = client
+        self.keys = keys
+        self.shards = shards
+        self._acquire = client.register_script(_ACQUIRE)
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+        self._take = client.register_script(_TAKE)
+        self._ack = client.register_script(_ACK)
+        self._bump_fence = client.register_script(_BUMP_FENCE)
+
+    @classmethod
+    def from_url(cls, url: str, keys: RedisKeys, shards: ShardMap) -> LaneBroker:
+        """Connect to Redis at ``url``."""
+        return cls(connect(url), keys, shards)
+
+    def queue_key(self, shard: int) -> str:
+        """The Redis list of the shard's Celery queue."""
+        return self.keys.queue(self.shards.queue_name(shard))
+
+    # -- leases ------------------------------------------------------------------------
+
+    def acquire(self, shard: int, worker_id: str, ttl_ms: int) -> Acquired:
+        """Take the shard's lease if it is free, restoring a dead owner's in-flight message."""
+        k = self.keys
+        ok, holder, restored = _call(
+            self._acquire,
+            [k.lease(shard), k.fence(shard), k.inflight(shard), self.queue_key(shard), k.lease_log],
+            [worker_id, ttl_ms, shard, LEASE_LOG_MAXLEN],
+        )
+        holder = _text(holder)
+        if not ok:
+            return Acquired(None, holder, 0)
+        token = int(holder.rsplit("/", 1)[1])
+        return Acquired(Lease(shard, holder, token), holder, int(restored))
+
+    def renew(self, leases: Sequence[Lease], ttl_ms: int) -> list[bool]:
+        """Extend the leases still held; False for each one that was lost."""
+        if not leases:
+            return []
+        result = _call(
+            self._renew,
+            [self.keys.lease(lease.shard) for lease in leases],
+            [ttl_ms, *(lease.value for lease in leases)],
+        )
+        return [bool(x) for x in result]
+
+    def release(self, lease: Lease, worker_id: str, reason: str = "released") -> bool:
+        """Give the lease up (only if still ours); logged as ``reason``."""
+        k = self.keys
+        return bool(
+            _call(
+                self._release,
+                [k.lease(lease.shard), k.lease_log],
+                [lease.value, lease.shard, reason, LEASE_LOG_MAXLEN, worker_id, lease.token],
+            )
+        )
+
+    def log_lease_event(self, event: str, lease: Lease, worker_id: str) -> None:
+        """Record a lease event seen only by the worker (e.g. ``lost``)."""
+        fields = {
+            "event": event,
+            "shard": lease.shard,
+            "worker": worker_id,
+            "token": lease.token,
+            "restored": 0,
+        }
+        _do(lambda: self.client.xadd(self.keys.lease_log, fields, maxlen=LEASE_LOG_MAXLEN))  # type: ignore[arg-type]
+
+    def bump_fence(self, shard: int, at_least: int) -> int:
+        """Raise the shard's fencing counter to ``at_least`` (after Redis lost data)."""
+        return int(_call(self._bump_fence, [self.keys.fence(shard)], [at_least]))
+
+    def holders(self) -> dict[int, str]:
+        """Current lease values by shard."""
+        names = [self.keys.lease(s) for s in range(self.shards.count)]
+        values = _do(lambda: self.client.mget(names))
+        return {s: _text(v) for s, v in enumerate(values) if v is not None}
+
+    # -- messages ----------------------------------------------------------------------
+
+    def take(self, leases: Sequence[Lease]) -> Taken | None:
+        """The next message of the first of ``leases`` that has one, in that order.
+
+        A shard whose in-flight slot is occupied returns that message again (``resumed``):
+        the caller must therefore pass only shards that none of its own lanes is working
+        on. Another worker's shards are never taken: the lease value must match.
+        """
+        if not leases:
+            return None
+        keys: list[str] = []
+        for lease in leases:
+            keys += [
+                self.keys.lease(lease.shard),
+                self.keys.inflight(lease.shard),
+                self.queue_key(lease.shard),
+            ]
+        result = _call(self._take, keys, [lease.value for lease in leases])
+        if result is None:
+            return None
+        index, raw, resumed = result
+        return Taken(leases[int(index) - 1].shard, bytes(raw), bool(resumed))
+
+    def ack(self, lease: Lease, raw: bytes, event_id: str) -> bool:
+        """Drop the message from the in-flight slot if the lease is still ours."""
+        k = self.keys
+        return bool(
+            _call(
+                self._ack,
+                [k.lease(lease.shard), k.inflight(lease.shard), k.deliveries(lease.shard)],
+                [lease.value, raw, event_id],
+            )
+        )
+
+    def count_delivery(self, shard: int, event_id: str, by: int = 1) -> int:
+        """Count one more start of this event's processing; returns the count."""
+        return int(_do(lambda: self.client.hincrby(self.keys.deliveries(shard), event_id, by)))
+
+    def note_failure(self, shard: int, event_id: str, error: str) -> None:
+        """Remember why the last delivery failed (shown when it becomes poison)."""
+        _do(
+            lambda: self.client.hset(self.keys.deliveries(shard), f"{event_id}:error", error[:2000])
+        )
+
+    def last_failure(self, shard: int, event_id: str) -> str:
+        """The error of the last failed delivery, if any."""
+        return _text(
+            _do(lambda: self.client.hget(self.keys.deliveries(shard), f"{event_id}:error"))
+        )
+
+    def depth(self, shard: int) -> int:
+        """Messages waiting in the shard queue (not counting the one in flight)."""
+        return int(_do(lambda: self.client.llen(self.queue_key(shard))))
+
+    def shard_states(self) -> list[dict[str, Any]]:
+        """Per shard: lease holder, fencing counter, depth, in-flight message, head message."""
+        k = self.keys
+        n = self.shards.count
+        pipe = self.client.pipeline(transaction=False)
+        for shard in range(n):
+            pipe.get(k.lease(shard))
+            pipe.pttl(k.lease(shard))
+            pipe.get(k.fence(shard))
+            pipe.llen(self.queue_key(shard))
+            pipe.lindex(k.inflight(shard), -1)
+            pipe.lindex(self.queue_key(shard), -1)
+        raw = _do(pipe.execute)
+        out = []
+        for shard in range(n):
+            holder, ttl, fence, depth, inflight, head = raw[shard * 6 : shard * 6 + 6]
+            out.append(
+                {
+                    "shard": shard,
+                    "queue": self.shards.queue_name(shard),
+                    "holder": _text(holder) or None,
+                    "lease_ttl_ms": int(ttl) if holder is not None else None,
+                    "fence": int(fence or 0),
+                    "depth": int(depth),
+                    "inflight": inflight,
+                    "head": head,
+                }
+            )
+        return out
+
+    def members_info(self) -> list[dict[str, Any]]:
+        """Live and recently seen workers with their last heartbeat."""
+        k = self.keys
+        entries = _do(lambda: self.client.zrange(k.members, 0, -1, withscores=True))
+        out = []
+        for member, score in entries:
+            worker = _text(member)
+            info = _do(lambda worker=worker: self.client.hget(k.member(worker), "info"))
+            out.append(
+                {
+                    "worker": worker,
+                    "heartbeat_ms": int(score),
+                    "info": json.loads(info) if info else {},
+                }
+            )
+        return out
+
+    def counters(self) -> dict[str, int]:
+        """The deployment's counters."""
+        raw = _do(lambda: self.client.hgetall(self.keys.counters))
+        return {_text(k): int(v) for k, v in raw.items()}
+
+    # -- membership and counters ---------------------------------------------------------
+
+    def heartbeat(self, worker_id: str, info: dict[str, Any], member_ttl_ms: int) -> list[str]:
+        """Record this worker as alive, drop members silent for ``member_ttl_ms``, and
+        return the live members."""
+        now_ms = int(time.time() * 1000)
+        k = self.keys
+        pipe = self.client.pipeline(transaction=True)
+        pipe.zadd(k.members, {worker_id: now_ms})
+        pipe.hset(k.member(worker_id), mapping={"info": json.dumps(info), "seen_ms": now_ms})
+        pipe.pexpire(k.member(worker_id), member_ttl_ms * 10)
+        pipe.zremrangebyscore(k.members, 0, now_ms - member_ttl_ms)
+        pipe.zrange(k.members, 0, -1)
+        result = _do(pipe.execute)
+        return [_text(m) for m in result[-1]]
+
+    def leave(self, worker_id: str) -> None:
+        """Remove this worker from the members (graceful stop)."""
+        _do(lambda: self.client.zrem(self.keys.members, worker_id))
+
+    def incr(self, counter: str, by: int = 1) -> None:
+        """Add to one of the deployment's counters."""
+        _do(lambda: self.client.hincrby(self.keys.counters, counter, by))
+
+
+def connect(url: str) -> redis.Redis:
+    """A Redis client with timeouts, so a dead server is an error, not a hang."""
+    return redis.Redis.from_url(
+        url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=15
+    )
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
+
+
+def _call(script: Any, keys: list[str], args: list[Any]) -> Any:
+    return _do(lambda: script(keys=keys, args=args))
+
+
+def _do(fn: Any) -> Any:
+    try:
+        return fn()
+    except redis.RedisError as exc:
+        raise BrokerUnavailable(f"Redis: {exc}") from exc
+
+
+__all__ = ["Acquired", "LaneBroker", "Lease", "Taken", "connect"]

@@ -1,0 +1,274 @@
+"""Lanes: the threads of a worker process that take shard messages and apply them.
+
+A lane takes one message at a time from a shard this worker owns, into that shard's
+in-flight slot (never two of one shard: the take script refuses while the slot is full
+and a local mark keeps other lanes of the process off the shard), applies it, and only
+then acknowledges it. Several lanes work on different shards at once.
+
+What a lane does with a message it cannot finish:
+
+* store or Redis unavailable: leave it in flight, back off, take it again (order kept);
+* lease lost or fence refused: drop the shard, leave the message for the next owner;
+* handler raised: count the delivery, back off, try again; after ``max_deliveries``
+  starts (crashes included) the event becomes a ``poison`` dead letter and the shard
+  moves on;
+* bytes that are not a keylane task: a ``malformed`` dead letter, and move on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from pydantic import ValidationError
+
+from producers.sources import Sources
+from routing.router import APPLY_TASK
+from workers.apply import ApplyResult, apply_event, dead_letter
+from workers.errors import BrokerUnavailable, StaleFence, StoreUnavailable
+from workers.events import Event
+from workers.faults import Faults
+from workers.lanebroker import LaneBroker, Lease, Taken
+from workers.message import MalformedMessage, parse_message
+from workers.ownership import Ownership
+from workers.settings import Settings
+from workers.stores.base import DeadLetterDraft, Fence, Store
+
+log = logging.getLogger("keylane.lanes")
+
+MAX_BACKOFF_S = 5.0
+
+
+class Doorbell:
+    """Wakes idle lanes when the receiver publishes to a shard (pub/sub), with a timeout
+    fallback so a missed ring costs at most ``idle_poll_ms``."""
+
+    def __init__(self, broker: LaneBroker) -> None:
+        self._broker = broker
+        self._cond = threading.Condition()
+        self._rings = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._listen, name="keylane-doorbell", daemon=True)
+
+    def start(self) -> None:
+        """Start listening."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop listening and wake every waiter."""
+        self._stop.set()
+        self.ring()
+
+    def ring(self) -> None:
+        """Wake the lanes."""
+        with self._cond:
+            self._rings += 1
+            self._cond.notify_all()
+
+    def wait(self, seen: int, timeout_s: float) -> int:
+        """Wait for a ring after ``seen`` (or the timeout); return the ring count."""
+        with self._cond:
+            if self._rings == seen:
+                self._cond.wait(timeout_s)
+            return self._rings
+
+    @property
+    def rings(self) -> int:
+        """Rings so far."""
+        return self._rings
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            try:
+                pubsub = self._broker.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+                pubsub.subscribe(self._broker.keys.doorbell)
+                while not self._stop.is_set():
+                    if pubsub.get_message(timeout=1.0) is not None:
+                        self.ring()
+                pubsub.close()
+            except Exception as exc:  # any connection error: lanes still poll
+                log.debug("doorbell reconnecting: %s", exc)
+                self._stop.wait(1.0)
+
+
+class Lanes:
+    """The lane threads of one worker process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        broker: LaneBroker,
+        ownership: Ownership,
+        sources: Sources,
+        store_factory: Callable[[], Store],
+        faults: Faults,
+        on_result: Callable[[Event, ApplyResult, float], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.broker = broker
+        self.ownership = ownership
+        self.sources = sources
+        self.faults = faults
+        self._store_factory = store_factory
+        self._on_result = on_result
+        self._take_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.doorbell = Doorbell(broker)
+
+    def start(self) -> None:
+        """Start the doorbell and the lane threads."""
+        self.doorbell.start()
+        for n in range(self.settings.lanes):
+            thread = threading.Thread(target=self._run, name=f"keylane-lane-{n}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Let each lane finish its message, then stop."""
+        self._stop.set()
+        self.doorbell.stop()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        store: Store | None = None
+        idle_s = self.settings.idle_poll_ms / 1000
+        while not self._stop.is_set():
+            try:
+                store = store or self._store_factory()
+                seen = self.doorbell.rings
+                if not self._step(store):
+                    self.doorbell.wait(seen, idle_s)
+            except StoreUnavailable as exc:
+                log.warning("store unavailable: %s", exc)
+                _close(store)
+                store = None
+                self._stop.wait(1.0)
+            except BrokerUnavailable as exc:
+                log.warning("Redis unavailable: %s", exc)
+                self._stop.wait(1.0)
+            except Exception:
+                log.exception("lane error")
+                _close(store)
+                store = None
+                self._stop.wait(1.0)
+        _close(store)
+
+    def _step(self, store: Store) -> bool:
+        """Take and handle one message; False when there was nothing to take."""
+        with self._take_lock:
+            taken = self.broker.take(self.ownership.candidates())
+            if taken is None:
+                return False
+            lease = self.ownership.begin(taken.shard)
+        if lease is None:
+            return True  # lost meanwhile: the next owner restores the message
+        try:
+            self._handle(store, lease, taken)
+        finally:
+            self.ownership.end(taken.shard)
+        return True
+
+    def _handle(self, store: Store, lease: Lease, taken: Taken) -> None:
+        try:
+            message = parse_message(taken.raw)
+            if message.task_name != APPLY_TASK:
+                raise MalformedMessage(f"unexpected task {message.task_name!r}")
+            event = Event.model_validate(message.kwargs.get("event"))
+        except (MalformedMessage, ValidationError) as exc:
+            self._malformed(store, lease, taken, str(exc))
+            return
+        ref = f"{event.source}/{event.event_id}"
+        deliveries = self.broker.count_delivery(lease.shard, ref)
+        fence = Fence(lease.shard, lease.token)
+        started = time.monotonic()
+        try:
+            if deliveries > self.settings.max_deliveries:
+                result = dead_letter(
+                    store,
+                    event,
+                    fence,
+                    "poison",
+                    deliveries - 1,
+                    f"started {deliveries - 1} times without finishing; last error: "
+                    + (self.broker.last_failure(lease.shard, ref) or "worker died"),
+                )
+            elif not self.ownership.valid(lease):
+                return
+            else:
+                result = apply_event(
+                    store,
+                    event,
+                    fence,
+                    self.sources.get(event.source),
+                    self.settings.max_attempts,
+                    self.faults,
+                )
+        except StaleFence as exc:
+            self.ownership.lost(lease, str(exc))
+            return
+        except StoreUnavailable:
+            self.broker.count_delivery(lease.shard, ref, -1)  # an outage is not the event's fault
+            self.ownership.back_off(lease.shard, 1.0)
+            raise
+        except Exception as exc:
+            log.exception("handler error on %s (delivery %s)", ref, deliveries)
+            self.broker.note_failure(lease.shard, ref, f"{type(exc).__name__}: {exc}")
+            self.ownership.back_off(lease.shard, min(MAX_BACKOFF_S, 0.05 * 2**deliveries))
+            return
+        self.faults.hit("worker.before_ack", event.record_key)
+        self.broker.ack(lease, taken.raw, ref)
+        self._count(result)
+        if self._on_result is not None:
+            self._on_result(event, result, time.monotonic() - started)
+
+    def _malformed(self, store: Store, lease: Lease, taken: Taken, error: str) -> None:
+        digest = hashlib.sha256(taken.raw).hexdigest()
+        draft = DeadLetterDraft(
+            source="",
+            event_id=f"sha256:{digest}",
+            record_key="",
+            shard=lease.shard,
+            reason="malformed",
+            event={"raw": taken.raw[:4096].decode("utf-8", "replace")},
+            attempted_change={},
+            revision_read=None,
+            revision_found=None,
+            attempts=1,
+            error=error[:2000],
+        )
+        try:
+            store.commit_dead_letter(draft, Fence(lease.shard, lease.token), close_event=False)
+        except StaleFence as exc:
+            self.ownership.lost(lease, str(exc))
+            return
+        self.broker.ack(lease, taken.raw, draft.event_id)
+        self.broker.incr("dead_letters")
+
+    def _count(self, result: ApplyResult) -> None:
+        pipe = self.broker.client.pipeline(transaction=False)
+        key = self.broker.keys.counters
+        pipe.hincrby(key, result.outcome, 1)
+        if result.conflicts:
+            pipe.hincrby(key, "conflicts", result.conflicts)
+        if result.outcome == "dead_lettered":
+            pipe.hincrby(key, "dead_letters", 1)
+        try:
+            pipe.execute()
+        except Exception as exc:  # counters are best effort; the store is the record
+            log.debug("counter update failed: %s", exc)
+
+
+def _close(store: Store | None) -> None:
+    if store is not None:
+        try:
+            store.close()
+        except Exception as exc:
+            log.debug("closing store: %s", exc)

@@ -1,0 +1,115 @@
+"""Celery task messages for ``keylane.apply``, as they sit in a shard queue in Redis.
+
+The receiver does not go through a kombu producer: it pushes the message and records the
+dedupe mark in one Lua script (so an accepted event and its mark can never exist one
+without the other), which needs the message as bytes. This module builds those bytes in
+exactly the layout kombu's Redis transport uses for Celery's task protocol 2
+(https://docs.celeryq.dev/en/stable/internals/protocol.html), so the queues remain
+ordinary Celery queues: Flower, ``celery inspect`` and a plain Celery worker read them.
+``tests/test_message.py`` checks the layout against a real kombu round trip.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from routing.router import APPLY_TASK
+from workers.events import Event
+
+_ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
+
+
+@dataclass(frozen=True)
+class TaskMessage:
+    """A decoded task message."""
+
+    task_id: str
+    task_name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    headers: dict[str, Any]
+    redelivered: bool
+
+
+class MalformedMessage(ValueError):
+    """Bytes in a shard queue that are not a keylane task message."""
+
+
+def build_apply_message(event: Event, queue: str, task_id: str | None = None) -> bytes:
+    """The Redis list entry that asks a lane to apply ``event``."""
+    task_id = task_id or str(uuid.uuid4())
+    kwargs = {"event": event.model_dump(mode="json")}
+    body = json.dumps(
+        [[], kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
+    )
+    headers: dict[str, Any] = {
+        "lang": "py",
+        "task": APPLY_TASK,
+        "id": task_id,
+        "shadow": None,
+        "eta": None,
+        "expires": None,
+        "group": None,
+        "group_index": None,
+        "retries": 0,
+        "timelimit": [None, None],
+        "root_id": task_id,
+        "parent_id": None,
+        "argsrepr": "()",
+        "kwargsrepr": f"{{'event': '{event.source}/{event.event_id} -> {event.record_key}'}}",
+        "origin": _ORIGIN,
+        "ignore_result": True,
+        "replaced_task_nesting": 0,
+        "stamped_headers": None,
+        "stamps": {},
+    }
+    envelope = {
+        "body": base64.b64encode(body.encode()).decode(),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": headers,
+        "properties": {
+            "correlation_id": task_id,
+            "reply_to": "",
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": 0,
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+        },
+    }
+    return json.dumps(envelope).encode()
+
+
+def parse_message(raw: bytes) -> TaskMessage:
+    """Decode a shard-queue entry; :class:`MalformedMessage` says why it is not one."""
+    try:
+        envelope = json.loads(raw)
+        headers = envelope["headers"]
+        props = envelope["properties"]
+        if envelope.get("content-type") != "application/json":
+            raise MalformedMessage(f"unsupported content type {envelope.get('content-type')!r}")
+        body_raw = envelope["body"]
+        if props.get("body_encoding") == "base64":
+            body_raw = base64.b64decode(body_raw)
+        args, kwargs, _embed = json.loads(body_raw)
+        return TaskMessage(
+            task_id=str(headers["id"]),
+            task_name=str(headers["task"]),
+            args=list(args),
+            kwargs=dict(kwargs),
+            headers=dict(headers),
+            redelivered=bool(
+                headers.get("redelivered") or props.get("delivery_info", {}).get("redelivered")
+            ),
+        )
+    except MalformedMessage:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MalformedMessage(f"not a Celery task message: {exc}") from exc

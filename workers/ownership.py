@@ -1,0 +1,279 @@
+"""Shard ownership of one worker process: membership, leases, fencing, handoff.
+
+A background thread beats every ``heartbeat_ms``:
+
+1. it records the worker as a live member and reads the live members;
+2. it renews the leases it holds; a lease that could not be renewed is dropped at once,
+   and lanes stop writing under it as soon as its local validity runs out, even when
+   Redis cannot be reached to say so;
+3. it computes the shards this worker should own (:func:`routing.assignment.assign_shards`)
+   and releases the others gracefully: no new message is taken from a shard being
+   released, the one in flight is finished and acknowledged, then the lease is freed;
+4. it acquires the shards it should own that are free. Each acquisition advances the
+   shard's fencing token, and the token is registered with the store before the first
+   message is taken, so from then on the store refuses any write of an older owner.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from routing.assignment import assign_shards
+from workers.errors import BrokerUnavailable, StoreUnavailable
+from workers.lanebroker import LaneBroker, Lease
+from workers.settings import Settings
+from workers.stores.base import Store
+
+log = logging.getLogger("keylane.ownership")
+
+#: Fraction of the lease TTL that a lane may use after the last successful renewal.
+VALIDITY_FRACTION = 0.9
+
+
+@dataclass
+class HeldShard:
+    """A shard this worker holds, as the lanes see it."""
+
+    lease: Lease
+    valid_until: float
+    releasing: bool = False
+    busy: bool = False
+    not_before: float = 0.0
+
+
+class Ownership:
+    """The shards one worker owns. Lanes ask it what they may take; a thread keeps it."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        broker: LaneBroker,
+        store_factory: Callable[[], Store],
+        worker_id: str,
+        info: dict[str, object],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.broker = broker
+        self.worker_id = worker_id
+        self.info = info
+        self._store_factory = store_factory
+        self._clock = clock
+        self._held: dict[int, HeldShard] = {}
+        self._lock = threading.Condition()
+        self._stopping = False
+        self._rotation = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.ticks = 0
+
+    # -- what lanes use ------------------------------------------------------------------
+
+    def candidates(self) -> list[Lease]:
+        """Leases a lane may take a message under now: valid, not busy, not being
+        released, not backing off. Rotated on each call so no shard starves."""
+        now = self._clock()
+        with self._lock:
+            if self._stopping:
+                return []
+            ready = [
+                h.lease
+                for h in self._held.values()
+                if not h.busy and not h.releasing and h.valid_until > now and h.not_before <= now
+            ]
+            self._rotation += 1
+        if not ready:
+            return []
+        ready.sort(key=lambda lease: lease.shard)
+        start = self._rotation % len(ready)
+        return ready[start:] + ready[:start]
+
+    def begin(self, shard: int) -> Lease | None:
+        """Mark ``shard`` busy for a lane that took its message; the lease, or None if
+        the shard is no longer held."""
+        with self._lock:
+            held = self._held.get(shard)
+            if held is None:
+                return None
+            held.busy = True
+            return held.lease
+
+    def end(self, shard: int) -> None:
+        """The lane is done with ``shard``'s message."""
+        with self._lock:
+            held = self._held.get(shard)
+            if held is not None:
+                held.busy = False
+            self._lock.notify_all()
+
+    def back_off(self, shard: int, seconds: float) -> None:
+        """Take nothing from ``shard`` for ``seconds`` (after an infrastructure error)."""
+        with self._lock:
+            held = self._held.get(shard)
+            if held is not None:
+                held.not_before = self._clock() + seconds
+
+    def valid(self, lease: Lease) -> bool:
+        """Whether ``lease`` is still held and within its local validity."""
+        with self._lock:
+            held = self._held.get(lease.shard)
+            return held is not None and held.lease == lease and held.valid_until > self._clock()
+
+    def lost(self, lease: Lease, why: str) -> None:
+        """A lane learned that ``lease`` is gone (e.g. the store refused its fence)."""
+        with self._lock:
+            held = self._held.get(lease.shard)
+            if held is None or held.lease != lease:
+                return
+            del self._held[lease.shard]
+        log.warning("lost shard %s (token %s): %s", lease.shard, lease.token, why)
+        self._try(lambda: self.broker.log_lease_event("lost", lease, self.worker_id))
+
+    def owned(self) -> dict[int, Lease]:
+        """The leases held now, by shard."""
+        with self._lock:
+            return {s: h.lease for s, h in self._held.items()}
+
+    # -- the heartbeat thread ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Join the members and start the heartbeat thread (first beat before returning)."""
+        self.tick()
+        self._thread = threading.Thread(target=self._run, name="keylane-ownership", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        store = None
+        while not self._stop.wait(self.settings.heartbeat_ms / 1000):
+            try:
+                store = store or self._store_factory()
+                self.tick(store)
+            except StoreUnavailable as exc:
+                log.warning("store unavailable during heartbeat: %s", exc)
+                store = None
+            except Exception:
+                log.exception("heartbeat failed")
+        if store is not None:
+            store.close()
+
+    def tick(self, store: Store | None = None) -> None:
+        """One heartbeat: membership, renewals, releases, acquisitions."""
+        own_store = store is None
+        store = store or self._store_factory()
+        try:
+            self._tick(store)
+        finally:
+            if own_store:
+                store.close()
+            self.ticks += 1
+
+    def _tick(self, store: Store) -> None:
+        s = self.settings
+        try:
+            members = self.broker.heartbeat(self.worker_id, self.info, member_ttl_ms=s.lease_ttl_ms)
+        except BrokerUnavailable as exc:
+            log.warning("cannot reach Redis for heartbeat: %s", exc)
+            return
+        self._renew()
+        wanted = (
+            set()
+            if self._stopping
+            else set(assign_shards(s.shard_count, members).get(self.worker_id, []))
+        )
+        self._release_unwanted(wanted)
+        for shard in sorted(wanted - set(self.owned())):
+            self._acquire(shard, store)
+
+    def _renew(self) -> None:
+        held = list(self.owned().values())
+        sent_at = self._clock()
+        try:
+            renewed = self.broker.renew(held, self.settings.lease_ttl_ms)
+        except BrokerUnavailable as exc:
+            log.warning("cannot renew leases: %s", exc)
+            return
+        valid_until = sent_at + self.settings.lease_ttl_ms / 1000 * VALIDITY_FRACTION
+        for lease, ok in zip(held, renewed, strict=True):
+            if ok:
+                with self._lock:
+                    held_shard = self._held.get(lease.shard)
+                    if held_shard is not None and held_shard.lease == lease:
+                        held_shard.valid_until = valid_until
+            else:
+                self.lost(lease, "lease expired or taken before renewal")
+
+    def _release_unwanted(self, wanted: set[int]) -> None:
+        with self._lock:
+            for shard, held in self._held.items():
+                if shard not in wanted:
+                    held.releasing = True
+            ready = [h.lease for h in self._held.values() if h.releasing and not h.busy]
+        for lease in ready:
+            try:
+                self.broker.release(lease, self.worker_id)
+            except BrokerUnavailable as exc:
+                log.warning("cannot release shard %s: %s", lease.shard, exc)
+                continue
+            with self._lock:
+                self._held.pop(lease.shard, None)
+            log.info("released shard %s (token %s)", lease.shard, lease.token)
+
+    def _acquire(self, shard: int, store: Store) -> None:
+        sent_at = self._clock()
+        try:
+            got = self.broker.acquire(shard, self.worker_id, self.settings.lease_ttl_ms)
+        except BrokerUnavailable as exc:
+            log.warning("cannot acquire shard %s: %s", shard, exc)
+            return
+        if got.lease is None:
+            return
+        lease = got.lease
+        try:
+            newest = store.advance_fence(shard, lease.token)
+        except StoreUnavailable as exc:
+            log.warning("cannot register fence of shard %s: %s", shard, exc)
+            self._try(lambda: self.broker.release(lease, self.worker_id, "abandoned"))
+            return
+        if newest > lease.token:
+            # Redis lost its counter (restart without AOF): move it past the store's.
+            log.warning(
+                "shard %s: store fence %s is ahead of Redis %s; skipping ahead",
+                shard,
+                newest,
+                lease.token,
+            )
+            self._try(lambda: self.broker.bump_fence(shard, newest))
+            self._try(lambda: self.broker.release(lease, self.worker_id, "abandoned"))
+            return
+        valid_until = sent_at + self.settings.lease_ttl_ms / 1000 * VALIDITY_FRACTION
+        with self._lock:
+            self._held[shard] = HeldShard(lease, valid_until)
+            self._lock.notify_all()
+        log.info("acquired shard %s (token %s, restored %s)", shard, lease.token, got.restored)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop taking messages, wait for lanes to finish, release every lease, leave."""
+        deadline = self._clock() + timeout_s
+        with self._lock:
+            self._stopping = True
+            while any(h.busy for h in self._held.values()) and self._clock() < deadline:
+                self._lock.wait(0.05)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(0.0, deadline - self._clock()) + 1)
+        for lease in list(self.owned().values()):
+            self._try(lambda lease=lease: self.broker.release(lease, self.worker_id))  # type: ignore[misc]
+        with self._lock:
+            self._held.clear()
+        self._try(lambda: self.broker.leave(self.worker_id))
+
+    @staticmethod
+    def _try(fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except BrokerUnavailable as exc:
+            log.warning("Redis call failed: %s", exc)

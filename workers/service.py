@@ -1,0 +1,88 @@
+"""One worker process's lane machinery: Redis, ownership, lanes. Celery-independent, so
+the Celery bootstep (:mod:`workers.worker`) only starts and stops it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+
+from producers.sources import Sources, load_sources
+from workers.apply import ApplyResult
+from workers.events import Event
+from workers.faults import Faults
+from workers.lanebroker import LaneBroker
+from workers.lanes import Lanes
+from workers.ownership import Ownership
+from workers.settings import Settings
+from workers.stores import open_store
+from workers.stores.base import Store
+
+log = logging.getLogger("keylane.worker")
+
+
+def new_worker_id() -> str:
+    """A worker id unique across hosts and restarts: host, pid and a random part."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class LaneService:
+    """Everything a worker process runs besides Celery's own consumer."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        worker_id: str | None = None,
+        sources: Sources | None = None,
+        on_result: Callable[[Event, ApplyResult, float], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.worker_id = worker_id or new_worker_id()
+        self.broker = LaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+        self.sources = sources or load_sources(settings)
+        info: dict[str, object] = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "lanes": settings.lanes,
+            "started": time.time(),
+        }
+        self.ownership = Ownership(settings, self.broker, self.open_store, self.worker_id, info)
+        self.lanes = Lanes(
+            settings,
+            self.broker,
+            self.ownership,
+            self.sources,
+            self.open_store,
+            Faults(settings.faults),
+            on_result,
+        )
+
+    def open_store(self) -> Store:
+        """A new store connection (one per thread)."""
+        s = self.settings
+        return open_store(s.store_dsn(), s.store_timeout_ms, s.sqlite_synchronous)
+
+    def start(self) -> None:
+        """Create the schema, join the members, take shards and start the lanes."""
+        store = self.open_store()
+        try:
+            store.migrate()
+        finally:
+            store.close()
+        self.ownership.start()
+        self.lanes.start()
+        log.info(
+            "worker %s started with %s lanes, owns %s shards",
+            self.worker_id,
+            self.settings.lanes,
+            len(self.ownership.owned()),
+        )
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Finish in-flight messages, acknowledge them, release every lease, leave."""
+        self.ownership.stop(timeout_s)
+        self.lanes.stop(timeout_s)
+        log.info("worker %s stopped", self.worker_id)

@@ -1,0 +1,119 @@
+"""keylane's settings: one object, built once at start-up from ``KEYLANE_*`` variables.
+
+Nothing reads the environment at import time; processes call :func:`load_settings` in
+their entry point and pass the object down.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from routing import DEFAULT_SHARD_COUNT, ShardMap
+from routing.keys import RedisKeys
+from workers.errors import ConfigError
+
+THREE_DAYS_S = 3 * 24 * 3600
+
+
+class FaultSpec(BaseModel):
+    """A fault to inject at a named point (testing only; off unless configured)."""
+
+    point: str
+    action: Literal["kill", "sleep", "raise", "bump"]
+    match: str | None = None  # only when the record key starts with this
+    sleep_ms: int = 0
+    times: int | None = None  # fire at most this many times per process
+
+
+class Settings(BaseSettings):
+    """Every knob of a keylane deployment. Environment: ``KEYLANE_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="KEYLANE_", extra="ignore")
+
+    data_dir: Path = Path("keylane-data")
+    redis_url: SecretStr | None = None
+    store_url: SecretStr | None = None
+    namespace: str = "keylane"
+
+    # Lanes
+    shard_count: int = Field(DEFAULT_SHARD_COUNT, ge=1, le=4096)
+    max_attempts: int = Field(3, ge=1, le=100)
+    max_deliveries: int = Field(5, ge=1, le=1000)
+    lanes: int = Field(4, ge=1, le=256)
+    lease_ttl_ms: int = Field(10_000, ge=200)
+    heartbeat_ms: int = Field(2_000, ge=50)
+    handler_time_limit_ms: int = Field(10_000, ge=10)
+    store_timeout_ms: int = Field(5_000, ge=10)
+    idle_poll_ms: int = Field(200, ge=1)
+
+    # Receiver
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    dedupe_retention_s: int = Field(THREE_DAYS_S, ge=1)
+    shard_high_water: int = Field(10_000, ge=1)
+    sources_file: Path | None = None
+
+    # Operations
+    sentry_dsn: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("KEYLANE_SENTRY_DSN", "SENTRY_DSN")
+    )
+    flower_port: int = Field(5555, ge=0, le=65535)
+    flower_basic_auth: SecretStr | None = None
+    sqlite_synchronous: Literal["NORMAL", "FULL"] = "FULL"
+    log_level: str = "INFO"
+    faults: list[FaultSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check_timing(self) -> Settings:
+        if self.heartbeat_ms * 3 > self.lease_ttl_ms:
+            raise ValueError(
+                f"heartbeat_ms ({self.heartbeat_ms}) must be at most a third of "
+                f"lease_ttl_ms ({self.lease_ttl_ms}), so two renewals can fail before it expires"
+            )
+        return self
+
+    @property
+    def shards(self) -> ShardMap:
+        """The deployment's shard map."""
+        return ShardMap(self.shard_count)
+
+    @property
+    def keys(self) -> RedisKeys:
+        """Redis key names under this deployment's namespace."""
+        return RedisKeys(self.namespace)
+
+    @property
+    def sqlite_path(self) -> Path:
+        """Where the default SQLite store lives."""
+        return self.data_dir / "keylane.sqlite3"
+
+    def store_dsn(self) -> str:
+        """The store URL: ``KEYLANE_STORE_URL`` or the SQLite file in the data directory."""
+        if self.store_url is not None:
+            return self.store_url.get_secret_value()
+        return f"sqlite:///{self.sqlite_path.resolve()}"
+
+    def redis_dsn(self) -> str:
+        """The Redis URL: ``KEYLANE_REDIS_URL``, else the embedded server of the data directory."""
+        if self.redis_url is not None:
+            return self.redis_url.get_secret_value()
+        marker = self.data_dir / "redis" / "url"
+        if marker.exists():
+            return marker.read_text().strip()
+        raise ConfigError(
+            "no Redis configured: set KEYLANE_REDIS_URL, or run `keylane up`, which starts an "
+            f"embedded Redis in {self.data_dir}"
+        )
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build the settings from the environment, with explicit overrides (e.g. CLI flags)."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise ConfigError(f"invalid settings: {exc}") from exc

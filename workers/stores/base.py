@@ -1,0 +1,205 @@
+"""The record store interface: records with revisions, the applied-events journal,
+shard fences and dead-letter review rows.
+
+Every implementation keeps four promises, checked by the shared test suite:
+
+* the store assigns revisions: a write names the revision it read and the statement that
+  writes also advances it, so a stale write fails (:class:`VersionConflict`);
+* the journal entry of an event is written in the same transaction as its effect, so a
+  redelivered event has no second effect (:class:`AlreadyApplied`);
+* a write carrying a fencing token older than the newest the store has seen for that
+  shard is refused in the same transaction (:class:`StaleFence`);
+* a dead-letter row and the journal entry that closes its event are one transaction.
+
+A store object holds one connection and is used by one thread at a time.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Outcome = Literal["applied", "dead_lettered"]
+DeadLetterStatus = Literal["open", "retried", "discarded", "resolved"]
+DEAD_LETTER_STATUSES: tuple[str, ...] = ("open", "retried", "discarded", "resolved")
+
+
+@dataclass(frozen=True)
+class Record:
+    """A record as read: its fields and the revision the store gave it (0: absent)."""
+
+    key: str
+    fields: dict[str, Any]
+    revision: int
+    updated_at: float | None = None
+
+    @property
+    def exists(self) -> bool:
+        """Whether the store has the record at all."""
+        return self.revision > 0
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The shard and fencing token a lane writes under."""
+
+    shard: int
+    token: int
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """What happened to one sender event id."""
+
+    source: str
+    event_id: str
+    record_key: str
+    shard: int
+    outcome: Outcome
+    revision: int | None
+    attempts: int
+    recorded_at: float
+    fence: int | None = None
+
+
+@dataclass(frozen=True)
+class EventWrite:
+    """An event's effect: the record's new fields, written if the record is still at
+    ``expected_revision``, together with the event's journal entry."""
+
+    source: str
+    event_id: str
+    record_key: str
+    shard: int
+    fields: dict[str, Any]
+    expected_revision: int
+    attempts: int
+    retry_of: int | None = None
+
+
+@dataclass(frozen=True)
+class DeadLetterDraft:
+    """Everything a person needs to decide what to do with an event that did not apply."""
+
+    source: str
+    event_id: str
+    record_key: str
+    shard: int
+    reason: str
+    event: dict[str, Any]
+    attempted_change: dict[str, Any]
+    revision_read: int | None
+    revision_found: int | None
+    attempts: int
+    error: str
+    retry_of: int | None = None
+
+
+@dataclass(frozen=True)
+class DeadLetter(DeadLetterDraft):
+    """A stored review row."""
+
+    id: int = 0
+    created_at: float = 0.0
+    status: str = "open"
+    status_by: str | None = None
+    status_at: float | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class DeadLetterFilter:
+    """Which review rows to list. Ages are in seconds; ``None`` means any."""
+
+    statuses: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+    record_key: str | None = None
+    older_than_s: float | None = None
+    newer_than_s: float | None = None
+    ids: tuple[int, ...] = ()
+    limit: int | None = None
+
+
+class Store(ABC):
+    """A record store. See the module docstring for the promises."""
+
+    @abstractmethod
+    def migrate(self) -> None:
+        """Create or upgrade the schema (idempotent)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the connection."""
+
+    @abstractmethod
+    def read(self, record_key: str) -> Record:
+        """The record as it is now (revision 0 and no fields when absent)."""
+
+    @abstractmethod
+    def journal(self, source: str, event_id: str) -> JournalEntry | None:
+        """What happened to an event id, if anything."""
+
+    @abstractmethod
+    def commit_event(self, write: EventWrite, fence: Fence | None) -> int:
+        """Write an event's effect and its journal entry; return the new revision.
+
+        Raises :class:`VersionConflict`, :class:`AlreadyApplied` or :class:`StaleFence`;
+        in each case nothing was written.
+        """
+
+    @abstractmethod
+    def commit_dead_letter(
+        self, draft: DeadLetterDraft, fence: Fence | None, close_event: bool = True
+    ) -> int:
+        """Store a review row and, unless ``close_event`` is false, close its event in the
+        journal (outcome ``dead_lettered``) in the same transaction; return the row id.
+
+        Raises :class:`AlreadyApplied` (the event already has an effect) or
+        :class:`StaleFence`; in each case nothing was written.
+        """
+
+    @abstractmethod
+    def write_outside(self, record_key: str, fields: dict[str, Any], expected_revision: int) -> int:
+        """A write from outside the lanes (a person, another system): same revision
+        check, no journal. Returns the new revision or raises :class:`VersionConflict`."""
+
+    @abstractmethod
+    def advance_fence(self, shard: int, token: int) -> int:
+        """Record ``token`` as the shard's newest if it is newer; return the newest."""
+
+    @abstractmethod
+    def fence_of(self, shard: int) -> int:
+        """The newest fencing token the store has seen for ``shard`` (0 if none)."""
+
+    @abstractmethod
+    def dead_letters(self, flt: DeadLetterFilter) -> list[DeadLetter]:
+        """Review rows matching ``flt``, oldest first."""
+
+    @abstractmethod
+    def dead_letter(self, dead_letter_id: int) -> DeadLetter | None:
+        """One review row."""
+
+    @abstractmethod
+    def set_dead_letter_status(
+        self,
+        dead_letter_id: int,
+        to: DeadLetterStatus,
+        allowed_from: tuple[str, ...],
+        by: str,
+        note: str | None = None,
+    ) -> bool:
+        """Move a row to ``to`` if its status is one of ``allowed_from``; False if not."""
+
+    @abstractmethod
+    def dead_letter_stats(self) -> list[dict[str, Any]]:
+        """Counts by status, reason and source, with the oldest row's time."""
+
+    @abstractmethod
+    def record_keys(self, prefix: str = "", limit: int = 100) -> list[str]:
+        """Record keys starting with ``prefix``, in key order."""
+
+    @abstractmethod
+    def journal_size(self) -> int:
+        """How many event ids the journal holds."""

@@ -1,0 +1,143 @@
+"""PostgreSQL store (``KEYLANE_STORE_URL=postgresql://...``).
+
+Fields and review payloads are ``jsonb``. The fence row is read ``FOR SHARE`` inside each
+write transaction, so an owner's write and a new owner's fence advance (an ``UPDATE``
+of the same row) are serialized: whichever commits second sees the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from workers.errors import StoreUnavailable
+from workers.stores.sql import Cursor, SqlStore
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    key TEXT PRIMARY KEY,
+    fields JSONB NOT NULL,
+    revision BIGINT NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE IF NOT EXISTS journal (
+    source TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    record_key TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    revision BIGINT,
+    attempts INTEGER NOT NULL,
+    recorded_at DOUBLE PRECISION NOT NULL,
+    fence BIGINT,
+    PRIMARY KEY (source, event_id)
+);
+CREATE INDEX IF NOT EXISTS journal_record ON journal (record_key);
+CREATE TABLE IF NOT EXISTS shard_fences (
+    shard INTEGER PRIMARY KEY,
+    token BIGINT NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id BIGSERIAL PRIMARY KEY,
+    created_at DOUBLE PRECISION NOT NULL,
+    source TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    record_key TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    event JSONB NOT NULL,
+    attempted_change JSONB NOT NULL,
+    revision_read BIGINT,
+    revision_found BIGINT,
+    attempts INTEGER NOT NULL,
+    error TEXT NOT NULL,
+    status TEXT NOT NULL,
+    status_by TEXT,
+    status_at DOUBLE PRECISION,
+    note TEXT,
+    retry_of BIGINT
+);
+CREATE INDEX IF NOT EXISTS dead_letters_status ON dead_letters (status, created_at);
+CREATE INDEX IF NOT EXISTS dead_letters_key ON dead_letters (record_key);
+"""
+
+# Serializes concurrent migrations (two workers starting at once) on a fixed lock id.
+_MIGRATION_LOCK = 0x6B65796C616E65
+
+
+class PostgresStore(SqlStore):
+    """A :class:`~workers.stores.base.Store` in PostgreSQL."""
+
+    json_param = "%s::jsonb"
+
+    def __init__(self, dsn: str, timeout_ms: int = 5000) -> None:
+        self._dsn = dsn
+        # Keep the URL's own options (e.g. -c search_path=...) and add the timeouts.
+        params = conninfo_to_dict(dsn)
+        options = f"-c statement_timeout={int(timeout_ms)} -c lock_timeout={int(timeout_ms)}"
+        params["options"] = f"{params.get('options') or ''} {options}".strip()
+        params.setdefault("connect_timeout", max(1, timeout_ms // 1000))
+        try:
+            self._conn = psycopg.connect(make_conninfo("", **params), autocommit=True)
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
+
+    def json_out(self, column: str) -> str:
+        return f"{column}::text"
+
+    def _q(self, sql: str) -> str:
+        return sql.replace("?", "%s")
+
+    def migrate(self) -> None:
+        with self._transaction() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            cur.execute(_SCHEMA)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Cursor]:
+        try:
+            with self._conn.transaction(), self._conn.cursor() as cur:
+                yield _PgCursor(cur)
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"PostgreSQL write failed: {exc}") from exc
+
+    @contextmanager
+    def _cursor(self) -> Iterator[Cursor]:
+        try:
+            with self._conn.cursor() as cur:
+                yield _PgCursor(cur)
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"PostgreSQL read failed: {exc}") from exc
+
+    def _lock_fence(self, cur: Cursor, shard: int) -> int:
+        cur.execute("SELECT token FROM shard_fences WHERE shard = %s FOR SHARE", (shard,))
+        row = cur.fetchone()
+        return int(row[0]) if row else 0
+
+
+class _PgCursor:
+    """psycopg's cursor, with ``execute`` accepting the same SQL text as SQLite's."""
+
+    def __init__(self, cur: psycopg.Cursor[Any]) -> None:
+        self._cur = cur
+
+    @property
+    def rowcount(self) -> int:
+        return self._cur.rowcount
+
+    def execute(self, sql: Any, params: Any = None) -> Any:
+        return self._cur.execute(sql, params)
+
+    def fetchone(self) -> Any:
+        return self._cur.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self._cur.fetchall()

@@ -1,0 +1,419 @@
+"""The store's logic, written once in SQL that SQLite and PostgreSQL both run.
+
+Dialects differ in four places only: how a write transaction begins, how the shard's
+fence row is locked, how JSON goes in and out, and the DDL. Subclasses supply those.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from abc import abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from workers.errors import AlreadyApplied, StaleFence, VersionConflict
+from workers.stores.base import (
+    DeadLetter,
+    DeadLetterDraft,
+    DeadLetterFilter,
+    DeadLetterStatus,
+    EventWrite,
+    Fence,
+    JournalEntry,
+    Record,
+    Store,
+)
+
+
+class Cursor(Protocol):
+    """The part of a DB-API cursor the store uses."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def execute(self, sql: Any, params: Sequence[Any] = ...) -> Any: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+
+
+def dump_json(value: Any) -> str:
+    """Compact, key-sorted JSON, so equal values store equal text."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+_DL_COLUMNS = (
+    "id, created_at, source, event_id, record_key, shard, reason, {event}, {change}, "
+    "revision_read, revision_found, attempts, error, status, status_by, status_at, note, retry_of"
+)
+
+
+class SqlStore(Store):
+    """Store logic over a DB-API connection; see :mod:`workers.stores.base`."""
+
+    #: SQL text of a JSON parameter and of a JSON column read back as text.
+    json_param = "?"
+
+    def json_out(self, column: str) -> str:
+        """SQL that reads a JSON column as text."""
+        return column
+
+    @abstractmethod
+    @contextmanager
+    def _transaction(self) -> Iterator[Cursor]:
+        """A write transaction; commits on success, rolls back on any exception."""
+
+    @abstractmethod
+    @contextmanager
+    def _cursor(self) -> Iterator[Cursor]:
+        """A cursor for reads outside a transaction."""
+
+    @abstractmethod
+    def _lock_fence(self, cur: Cursor, shard: int) -> int:
+        """Read (and lock against advances) the shard's newest fencing token; 0 if none."""
+
+    def _q(self, sql: str) -> str:
+        """Adapt ``?`` placeholders to the driver (overridden by PostgreSQL)."""
+        return sql
+
+    # -- records -----------------------------------------------------------------------
+
+    def read(self, record_key: str) -> Record:
+        with self._cursor() as cur:
+            cur.execute(
+                self._q(
+                    f"SELECT {self.json_out('fields')}, revision, updated_at "
+                    "FROM records WHERE key = ?"
+                ),
+                (record_key,),
+            )
+            row = cur.fetchone()
+        if row is None:
+            return Record(record_key, {}, 0)
+        return Record(record_key, json.loads(row[0]), int(row[1]), float(row[2]))
+
+    def _write_record(
+        self, cur: Cursor, record_key: str, fields: dict[str, Any], expected: int
+    ) -> int:
+        """The conditional write: the revision check and the revision advance are one
+        statement, so two writers that read the same revision cannot both succeed."""
+        now = time.time()
+        if expected == 0:
+            cur.execute(
+                self._q(
+                    "INSERT INTO records (key, fields, revision, updated_at) "
+                    f"VALUES (?, {self.json_param}, 1, ?) ON CONFLICT (key) DO NOTHING "
+                    "RETURNING revision"
+                ),
+                (record_key, dump_json(fields), now),
+            )
+        else:
+            cur.execute(
+                self._q(
+                    f"UPDATE records SET fields = {self.json_param}, revision = revision + 1, "
+                    "updated_at = ? WHERE key = ? AND revision = ? RETURNING revision"
+                ),
+                (dump_json(fields), now, record_key, expected),
+            )
+        row = cur.fetchone()
+        if row is None:
+            cur.execute(self._q("SELECT revision FROM records WHERE key = ?"), (record_key,))
+            found = cur.fetchone()
+            raise VersionConflict(record_key, expected, int(found[0]) if found else 0)
+        return int(row[0])
+
+    def write_outside(self, record_key: str, fields: dict[str, Any], expected_revision: int) -> int:
+        with self._transaction() as cur:
+            return self._write_record(cur, record_key, fields, expected_revision)
+
+    def record_keys(self, prefix: str = "", limit: int = 100) -> list[str]:
+        with self._cursor() as cur:
+            cur.execute(
+                self._q("SELECT key FROM records WHERE substr(key, 1, ?) = ? ORDER BY key LIMIT ?"),
+                (len(prefix), prefix, limit),
+            )
+            return [str(r[0]) for r in cur.fetchall()]
+
+    # -- fences ------------------------------------------------------------------------
+
+    def _check_fence(self, cur: Cursor, fence: Fence | None) -> None:
+        if fence is None:
+            return
+        current = self._lock_fence(cur, fence.shard)
+        if current > fence.token:
+            raise StaleFence(fence.shard, fence.token, current)
+        if current < fence.token:
+            self._upsert_fence(cur, fence.shard, fence.token)
+
+    def _upsert_fence(self, cur: Cursor, shard: int, token: int) -> None:
+        cur.execute(
+            self._q(
+                "INSERT INTO shard_fences (shard, token, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (shard) DO UPDATE SET token = excluded.token, "
+                "updated_at = excluded.updated_at WHERE shard_fences.token < excluded.token"
+            ),
+            (shard, token, time.time()),
+        )
+
+    def advance_fence(self, shard: int, token: int) -> int:
+        with self._transaction() as cur:
+            self._upsert_fence(cur, shard, token)
+            return self._lock_fence(cur, shard)
+
+    def fence_of(self, shard: int) -> int:
+        with self._cursor() as cur:
+            cur.execute(self._q("SELECT token FROM shard_fences WHERE shard = ?"), (shard,))
+            row = cur.fetchone()
+        return int(row[0]) if row else 0
+
+    # -- journal -----------------------------------------------------------------------
+
+    def journal(self, source: str, event_id: str) -> JournalEntry | None:
+        with self._cursor() as cur:
+            return self._journal(cur, source, event_id)
+
+    def _journal(self, cur: Cursor, source: str, event_id: str) -> JournalEntry | None:
+        cur.execute(
+            self._q(
+                "SELECT record_key, shard, outcome, revision, attempts, recorded_at, fence "
+                "FROM journal WHERE source = ? AND event_id = ?"
+            ),
+            (source, event_id),
+        )
+        row = cur.fetchone()
+        if row is None:
+            return None
+        return JournalEntry(
+            source,
+            event_id,
+            row[0],
+            int(row[1]),
+            row[2],
+            row[3],
+            int(row[4]),
+            float(row[5]),
+            row[6],
+        )
+
+    def _close_event(
+        self,
+        cur: Cursor,
+        *,
+        source: str,
+        event_id: str,
+        record_key: str,
+        shard: int,
+        outcome: str,
+        attempts: int,
+        fence: Fence | None,
+        reopen: bool,
+    ) -> None:
+        """Journal the event's outcome, or raise :class:`AlreadyApplied`.
+
+        ``reopen`` is an operator's retry of a dead-lettered event: its journal entry
+        exists with outcome ``dead_lettered`` and may be closed once more, once.
+        """
+        now = time.time()
+        token = fence.token if fence else None
+        if reopen:
+            cur.execute(
+                self._q(
+                    "UPDATE journal SET outcome = ?, attempts = ?, fence = ?, recorded_at = ? "
+                    "WHERE source = ? AND event_id = ? AND outcome = 'dead_lettered'"
+                ),
+                (outcome, attempts, token, now, source, event_id),
+            )
+            if cur.rowcount == 1:
+                return
+        cur.execute(
+            self._q(
+                "INSERT INTO journal (source, event_id, record_key, shard, outcome, revision, "
+                "attempts, recorded_at, fence) VALUES (?, ?, ?, ?, ?, NULL, ?, ?, ?) "
+                "ON CONFLICT (source, event_id) DO NOTHING"
+            ),
+            (source, event_id, record_key, shard, outcome, attempts, now, token),
+        )
+        if cur.rowcount == 1:
+            return
+        existing = self._journal(cur, source, event_id)
+        raise AlreadyApplied(source, event_id, existing.outcome if existing else "recorded")
+
+    def commit_event(self, write: EventWrite, fence: Fence | None) -> int:
+        with self._transaction() as cur:
+            self._check_fence(cur, fence)
+            self._close_event(
+                cur,
+                source=write.source,
+                event_id=write.event_id,
+                record_key=write.record_key,
+                shard=write.shard,
+                outcome="applied",
+                attempts=write.attempts,
+                fence=fence,
+                reopen=write.retry_of is not None,
+            )
+            revision = self._write_record(
+                cur, write.record_key, write.fields, write.expected_revision
+            )
+            cur.execute(
+                self._q("UPDATE journal SET revision = ? WHERE source = ? AND event_id = ?"),
+                (revision, write.source, write.event_id),
+            )
+            return revision
+
+    # -- dead letters ------------------------------------------------------------------
+
+    def commit_dead_letter(
+        self, draft: DeadLetterDraft, fence: Fence | None, close_event: bool = True
+    ) -> int:
+        with self._transaction() as cur:
+            self._check_fence(cur, fence)
+            if close_event:
+                self._close_event(
+                    cur,
+                    source=draft.source,
+                    event_id=draft.event_id,
+                    record_key=draft.record_key,
+                    shard=draft.shard,
+                    outcome="dead_lettered",
+                    attempts=draft.attempts,
+                    fence=fence,
+                    reopen=draft.retry_of is not None,
+                )
+            cur.execute(
+                self._q(
+                    "INSERT INTO dead_letters (created_at, source, event_id, record_key, shard, "
+                    "reason, event, attempted_change, revision_read, revision_found, attempts, "
+                    "error, status, retry_of) VALUES (?, ?, ?, ?, ?, ?, "
+                    f"{self.json_param}, {self.json_param}, ?, ?, ?, ?, 'open', ?) RETURNING id"
+                ),
+                (
+                    time.time(),
+                    draft.source,
+                    draft.event_id,
+                    draft.record_key,
+                    draft.shard,
+                    draft.reason,
+                    dump_json(draft.event),
+                    dump_json(draft.attempted_change),
+                    draft.revision_read,
+                    draft.revision_found,
+                    draft.attempts,
+                    draft.error,
+                    draft.retry_of,
+                ),
+            )
+            return int(cur.fetchone()[0])
+
+    def _dl_select(self) -> str:
+        cols = _DL_COLUMNS.format(
+            event=self.json_out("event"), change=self.json_out("attempted_change")
+        )
+        return f"SELECT {cols} FROM dead_letters"
+
+    @staticmethod
+    def _dl_row(row: Sequence[Any]) -> DeadLetter:
+        return DeadLetter(
+            id=int(row[0]),
+            created_at=float(row[1]),
+            source=row[2],
+            event_id=row[3],
+            record_key=row[4],
+            shard=int(row[5]),
+            reason=row[6],
+            event=json.loads(row[7]),
+            attempted_change=json.loads(row[8]),
+            revision_read=row[9],
+            revision_found=row[10],
+            attempts=int(row[11]),
+            error=row[12],
+            status=row[13],
+            status_by=row[14],
+            status_at=row[15],
+            note=row[16],
+            retry_of=row[17],
+        )
+
+    def dead_letter(self, dead_letter_id: int) -> DeadLetter | None:
+        with self._cursor() as cur:
+            cur.execute(self._q(self._dl_select() + " WHERE id = ?"), (dead_letter_id,))
+            row = cur.fetchone()
+        return self._dl_row(row) if row else None
+
+    def dead_letters(self, flt: DeadLetterFilter) -> list[DeadLetter]:
+        where, params = _dl_where(flt, time.time())
+        sql = self._dl_select() + where + " ORDER BY id"
+        if flt.limit is not None:
+            sql += " LIMIT ?"
+            params.append(flt.limit)
+        with self._cursor() as cur:
+            cur.execute(self._q(sql), params)
+            return [self._dl_row(r) for r in cur.fetchall()]
+
+    def set_dead_letter_status(
+        self,
+        dead_letter_id: int,
+        to: DeadLetterStatus,
+        allowed_from: tuple[str, ...],
+        by: str,
+        note: str | None = None,
+    ) -> bool:
+        marks = ", ".join("?" for _ in allowed_from)
+        with self._transaction() as cur:
+            cur.execute(
+                self._q(
+                    "UPDATE dead_letters SET status = ?, status_by = ?, status_at = ?, "
+                    f"note = COALESCE(?, note) WHERE id = ? AND status IN ({marks})"
+                ),
+                (to, by, time.time(), note, dead_letter_id, *allowed_from),
+            )
+            return cur.rowcount == 1
+
+    def dead_letter_stats(self) -> list[dict[str, Any]]:
+        with self._cursor() as cur:
+            cur.execute(
+                "SELECT status, reason, source, COUNT(*), MIN(created_at) FROM dead_letters "
+                "GROUP BY status, reason, source ORDER BY status, reason, source"
+            )
+            rows = cur.fetchall()
+        return [
+            {
+                "status": r[0],
+                "reason": r[1],
+                "source": r[2],
+                "count": int(r[3]),
+                "oldest": float(r[4]),
+            }
+            for r in rows
+        ]
+
+    def journal_size(self) -> int:
+        with self._cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM journal")
+            return int(cur.fetchone()[0])
+
+
+def _dl_where(flt: DeadLetterFilter, now: float) -> tuple[str, list[Any]]:
+    clauses: list[str] = []
+    params: list[Any] = []
+
+    def any_of(column: str, values: tuple[Any, ...]) -> None:
+        if values:
+            clauses.append(f"{column} IN ({', '.join('?' for _ in values)})")
+            params.extend(values)
+
+    any_of("status", flt.statuses)
+    any_of("reason", flt.reasons)
+    any_of("source", flt.sources)
+    any_of("id", flt.ids)
+    if flt.record_key is not None:
+        clauses.append("record_key = ?")
+        params.append(flt.record_key)
+    if flt.older_than_s is not None:
+        clauses.append("created_at <= ?")
+        params.append(now - flt.older_than_s)
+    if flt.newer_than_s is not None:
+        clauses.append("created_at >= ?")
+        params.append(now - flt.newer_than_s)
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params

@@ -1,0 +1,136 @@
+"""SQLite store: the default, one file in the data directory, WAL journal.
+
+Several processes share the file: write transactions start with ``BEGIN IMMEDIATE`` so
+that a writer takes the database lock before it reads the fence (no lock upgrade, no
+deadlock), and wait up to ``busy_timeout`` for it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Literal
+
+from workers.errors import StoreUnavailable
+from workers.stores.sql import Cursor, SqlStore
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    key TEXT PRIMARY KEY,
+    fields TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS journal (
+    source TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    record_key TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    revision INTEGER,
+    attempts INTEGER NOT NULL,
+    recorded_at REAL NOT NULL,
+    fence INTEGER,
+    PRIMARY KEY (source, event_id)
+);
+CREATE INDEX IF NOT EXISTS journal_record ON journal (record_key);
+CREATE TABLE IF NOT EXISTS shard_fences (
+    shard INTEGER PRIMARY KEY,
+    token INTEGER NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    created_at REAL NOT NULL,
+    source TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    record_key TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    event TEXT NOT NULL,
+    attempted_change TEXT NOT NULL,
+    revision_read INTEGER,
+    revision_found INTEGER,
+    attempts INTEGER NOT NULL,
+    error TEXT NOT NULL,
+    status TEXT NOT NULL,
+    status_by TEXT,
+    status_at REAL,
+    note TEXT,
+    retry_of INTEGER
+);
+CREATE INDEX IF NOT EXISTS dead_letters_status ON dead_letters (status, created_at);
+CREATE INDEX IF NOT EXISTS dead_letters_key ON dead_letters (record_key);
+"""
+
+
+class SqliteStore(SqlStore):
+    """A :class:`~workers.stores.base.Store` in one SQLite file."""
+
+    def __init__(
+        self,
+        path: Path,
+        timeout_ms: int = 5000,
+        synchronous: Literal["NORMAL", "FULL"] = "FULL",
+    ) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        try:
+            self._conn = sqlite3.connect(path, timeout=timeout_ms / 1000, isolation_level=None)
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute(f"PRAGMA synchronous = {synchronous}")
+            self._conn.execute(f"PRAGMA busy_timeout = {int(timeout_ms)}")
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open SQLite store {path}: {exc}") from exc
+
+    def migrate(self) -> None:
+        try:
+            self._conn.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot create schema in {self.path}: {exc}") from exc
+
+    def close(self) -> None:
+        self._conn.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Cursor]:
+        cur = self._conn.cursor()
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            cur.close()
+            raise StoreUnavailable(f"SQLite store busy: {exc}") from exc
+        try:
+            yield cur
+        except sqlite3.OperationalError as exc:
+            self._conn.rollback()
+            raise StoreUnavailable(f"SQLite write failed: {exc}") from exc
+        except BaseException:
+            self._conn.rollback()
+            raise
+        else:
+            try:
+                cur.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                self._conn.rollback()
+                raise StoreUnavailable(f"SQLite commit failed: {exc}") from exc
+        finally:
+            cur.close()
+
+    @contextmanager
+    def _cursor(self) -> Iterator[Cursor]:
+        cur = self._conn.cursor()
+        try:
+            yield cur
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(f"SQLite store busy: {exc}") from exc
+        finally:
+            cur.close()
+
+    def _lock_fence(self, cur: Cursor, shard: int) -> int:
+        # BEGIN IMMEDIATE already holds the database's write lock: no advance can interleave.
+        cur.execute("SELECT token FROM shard_fences WHERE shard = ?", (shard,))
+        row = cur.fetchone()
+        return int(row[0]) if row else 0

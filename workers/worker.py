@@ -1,0 +1,78 @@
+"""``keylane worker``: a Celery worker process that hosts the lanes.
+
+Celery gives the process its life cycle (warm shutdown on SIGTERM/SIGINT), heartbeats and
+remote control, so Flower and ``celery inspect`` see it; the lanes run beside Celery's
+consumer as a worker bootstep.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from celery import bootsteps
+from celery.worker.control import inspect_command
+from kombu.entity import Queue
+
+from workers.app import CONTROL_QUEUE, create_app
+from workers.service import LaneService
+from workers.settings import Settings
+
+
+class LaneStep(bootsteps.StartStopStep):
+    """Starts the lane service after the worker is up; stops it first on shutdown."""
+
+    label = "keylane lanes"
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.service: LaneService | None = None
+
+    def start(self, worker: Any) -> None:
+        settings: Settings = worker.app.keylane_settings
+        self.service = LaneService(settings)
+        worker.keylane_service = self.service
+        self.service.start()
+
+    def stop(self, worker: Any) -> None:
+        if self.service is not None:
+            self.service.stop()
+            self.service = None
+
+    def shutdown(self, worker: Any) -> None:
+        self.stop(worker)
+
+
+@inspect_command()
+def active_queues(state: Any) -> list[dict[str, Any]]:
+    """The queues this worker consumes: the control queue and the shards it owns now.
+
+    Replaces Celery's command of the same name, which only knows Celery's own consumer;
+    Flower's broker page reads this list to know which queue depths to show.
+    """
+    names = [CONTROL_QUEUE]
+    service: LaneService | None = getattr(state.consumer.controller, "keylane_service", None)
+    if service is not None:
+        shards = service.settings.shards
+        names += [shards.queue_name(s) for s in sorted(service.ownership.owned())]
+    return [dict(Queue(name).as_dict(recurse=True)) for name in names]
+
+
+def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
+    """Run a worker in this process until it is told to stop."""
+    app = create_app(settings)
+    app.keylane_settings = settings
+    app.steps["worker"].add(LaneStep)
+    worker = app.Worker(
+        hostname=f"keylane-{os.getpid()}@{socket.gethostname()}",
+        pool="solo",
+        concurrency=1,
+        queues=[CONTROL_QUEUE],
+        without_mingle=True,
+        without_gossip=True,
+        loglevel=loglevel,
+    )
+    worker.start()
+    raise SystemExit(worker.exitcode)
+
