@@ -34,6 +34,11 @@ class RedisKeys:
         """The shard's lease: the owner's token, with a TTL."""
         return f"{self.prefix}lease:{shard}"
 
+    def last_owner(self, shard: int) -> str:
+        """The lease value of the shard's last owner, deleted when it releases cleanly:
+        still present at the next acquisition means that owner's lease expired."""
+        return f"{self.prefix}last-owner:{shard}"
+
     def fence(self, shard: int) -> str:
         """Counter of lease acquisitions: the fencing token, only ever grows."""
         return f"{self.prefix}fence:{shard}"

@@ -35,7 +35,12 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0, redis.call('GET', KEYS[1]), 0}
 end
 local token = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1] .. '/' .. token, 'PX', ARGV[2])
+local value = ARGV[1] .. '/' .. token
+-- KEYS[6] holds the last owner until it releases: if it is still set, that owner's
+-- lease expired (crash, pause, partition) and this is a takeover.
+local previous = redis.call('GET', KEYS[6]) or ''
+redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+redis.call('SET', KEYS[6], value)
 local restored = 0
 while true do
   local m = redis.call('LMOVE', KEYS[3], KEYS[4], 'LEFT', 'RIGHT')
@@ -43,8 +48,9 @@ while true do
   restored = restored + 1
 end
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[4], '*', 'event', 'acquired',
-  'shard', ARGV[3], 'worker', ARGV[1], 'token', token, 'restored', restored)
-return {1, ARGV[1] .. '/' .. token, restored}
+  'shard', ARGV[3], 'worker', ARGV[1], 'token', token, 'restored', restored,
+  'expired', previous)
+return {1, value, restored}
 """
 
 _RENEW = """
@@ -62,9 +68,9 @@ return out
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[3])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[3],
-  'shard', ARGV[2], 'worker', ARGV[5], 'token', ARGV[6], 'restored', 0)
+  'shard', ARGV[2], 'worker', ARGV[5], 'token', ARGV[6], 'restored', 0, 'expired', '')
 return 1
 """
 
@@ -156,7 +162,14 @@ class LaneBroker:
         k = self.keys
         ok, holder, restored = _call(
             self._acquire,
-            [k.lease(shard), k.fence(shard), k.inflight(shard), self.queue_key(shard), k.lease_log],
+            [
+                k.lease(shard),
+                k.fence(shard),
+                k.inflight(shard),
+                self.queue_key(shard),
+                k.lease_log,
+                k.last_owner(shard),
+            ],
             [worker_id, ttl_ms, shard, LEASE_LOG_MAXLEN],
         )
         holder = _text(holder)
@@ -182,7 +195,7 @@ class LaneBroker:
         return bool(
             _call(
                 self._release,
-                [k.lease(lease.shard), k.lease_log],
+                [k.lease(lease.shard), k.lease_log, k.last_owner(lease.shard)],
                 [lease.value, lease.shard, reason, LEASE_LOG_MAXLEN, worker_id, lease.token],
             )
         )
@@ -195,6 +208,7 @@ class LaneBroker:
             "worker": worker_id,
             "token": lease.token,
             "restored": 0,
+            "expired": "",
         }
         _do(lambda: self.client.xadd(self.keys.lease_log, fields, maxlen=LEASE_LOG_MAXLEN))  # type: ignore[arg-type]
 
@@ -309,6 +323,14 @@ class LaneBroker:
                 }
             )
         return out
+
+    def lease_events(self) -> list[dict[str, str]]:
+        """The lease log, oldest first (trimmed to about the last 100,000 events)."""
+        entries = _do(lambda: self.client.xrange(self.keys.lease_log, "-", "+"))
+        return [
+            {"id": _text(entry_id), **{_text(k): _text(v) for k, v in fields.items()}}
+            for entry_id, fields in entries
+        ]
 
     def counters(self) -> dict[str, int]:
         """The deployment's counters."""

@@ -212,6 +212,7 @@ class Lanes:
                     self.faults,
                 )
         except StaleFence as exc:
+            log.warning("write of %s refused, the shard has a newer owner: %s", ref, exc)
             self.ownership.lost(lease, str(exc))
             return
         except StoreUnavailable:

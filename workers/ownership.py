@@ -17,6 +17,7 @@ A background thread beats every ``heartbeat_ms``:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +34,9 @@ log = logging.getLogger("keylane.ownership")
 #: Fraction of the lease TTL that a lane may use after the last successful renewal.
 VALIDITY_FRACTION = 0.9
 
+#: Exit status of a worker whose lanes are all stuck (EX_SOFTWARE).
+EXIT_ALL_LANES_STUCK = 70
+
 
 @dataclass
 class HeldShard:
@@ -42,6 +46,7 @@ class HeldShard:
     valid_until: float
     releasing: bool = False
     busy: bool = False
+    busy_since: float = 0.0
     not_before: float = 0.0
 
 
@@ -69,6 +74,7 @@ class Ownership:
         self._rotation = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._stuck: set[int] = set()
         self.ticks = 0
 
     # -- what lanes use ------------------------------------------------------------------
@@ -100,11 +106,13 @@ class Ownership:
             if held is None:
                 return None
             held.busy = True
+            held.busy_since = self._clock()
             return held.lease
 
     def end(self, shard: int) -> None:
         """The lane is done with ``shard``'s message."""
         with self._lock:
+            self._stuck.discard(shard)
             held = self._held.get(shard)
             if held is not None:
                 held.busy = False
@@ -179,6 +187,7 @@ class Ownership:
             log.warning("cannot reach Redis for heartbeat: %s", exc)
             return
         self._renew()
+        self._abandon_stuck()
         wanted = (
             set()
             if self._stopping
@@ -205,6 +214,33 @@ class Ownership:
                         held_shard.valid_until = valid_until
             else:
                 self.lost(lease, "lease expired or taken before renewal")
+
+    def _abandon_stuck(self) -> None:
+        """A lane on one message past ``inflight_deadline_ms`` is stuck (a handler that
+        hangs): give its shard up so another worker restores the message and goes on (its
+        delivery count rises; past ``max_deliveries`` it becomes a poison dead letter).
+        Python cannot stop the thread, but the store refuses its write once the next
+        owner registered a newer fence. When every lane is stuck, the process exits so
+        that its supervisor starts a fresh one."""
+        deadline_s = self.settings.inflight_deadline_ms / 1000
+        now = self._clock()
+        with self._lock:
+            stuck = [
+                h.lease for h in self._held.values() if h.busy and now - h.busy_since > deadline_s
+            ]
+            for lease in stuck:
+                del self._held[lease.shard]
+                self._stuck.add(lease.shard)
+            hopeless = len(self._stuck) >= self.settings.lanes
+        for lease in stuck:
+            log.critical(
+                "lane stuck on shard %s for over %ss: giving the shard up", lease.shard, deadline_s
+            )
+            self._try(lambda lease=lease: self.broker.release(lease, self.worker_id, "stuck"))  # type: ignore[misc]
+        if hopeless:
+            log.critical("every lane is stuck; exiting so the supervisor restarts this worker")
+            logging.shutdown()
+            os._exit(EXIT_ALL_LANES_STUCK)
 
     def _release_unwanted(self, wanted: set[int]) -> None:
         with self._lock:

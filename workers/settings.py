@@ -48,6 +48,7 @@ class Settings(BaseSettings):
     heartbeat_ms: int = Field(2_000, ge=50)
     handler_time_limit_ms: int = Field(10_000, ge=10)
     store_timeout_ms: int = Field(5_000, ge=10)
+    inflight_deadline_ms: int = Field(120_000, ge=100)
     idle_poll_ms: int = Field(200, ge=1)
 
     # Receiver
@@ -75,7 +76,19 @@ class Settings(BaseSettings):
                 f"heartbeat_ms ({self.heartbeat_ms}) must be at most a third of "
                 f"lease_ttl_ms ({self.lease_ttl_ms}), so two renewals can fail before it expires"
             )
+        if self.worst_case_ms * 2 > self.inflight_deadline_ms:
+            raise ValueError(
+                f"a message's worst case, max_attempts x (handler_time_limit_ms + "
+                f"2 x store_timeout_ms) = {self.worst_case_ms} ms, must stay under half of "
+                f"inflight_deadline_ms ({self.inflight_deadline_ms}), after which a lane "
+                "counts as stuck"
+            )
         return self
+
+    @property
+    def worst_case_ms(self) -> int:
+        """The longest one message may legitimately keep a lane busy."""
+        return self.max_attempts * (self.handler_time_limit_ms + 2 * self.store_timeout_ms)
 
     @property
     def shards(self) -> ShardMap:

@@ -75,4 +75,3 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
     )
     worker.start()
     raise SystemExit(worker.exitcode)
-

@@ -203,3 +203,7 @@ class Store(ABC):
     @abstractmethod
     def journal_size(self) -> int:
         """How many event ids the journal holds."""
+
+    @abstractmethod
+    def journal_entries(self, record_key: str | None = None) -> list[JournalEntry]:
+        """Journal entries (of one record, or all), by record key then revision."""

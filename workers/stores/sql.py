@@ -388,6 +388,24 @@ class SqlStore(Store):
             for r in rows
         ]
 
+    def journal_entries(self, record_key: str | None = None) -> list[JournalEntry]:
+        sql = (
+            "SELECT source, event_id, record_key, shard, outcome, revision, attempts, "
+            "recorded_at, fence FROM journal"
+        )
+        params: tuple[Any, ...] = ()
+        if record_key is not None:
+            sql += " WHERE record_key = ?"
+            params = (record_key,)
+        sql += " ORDER BY record_key, revision, recorded_at"
+        with self._cursor() as cur:
+            cur.execute(self._q(sql), params)
+            rows = cur.fetchall()
+        return [
+            JournalEntry(r[0], r[1], r[2], int(r[3]), r[4], r[5], int(r[6]), float(r[7]), r[8])
+            for r in rows
+        ]
+
     def journal_size(self) -> int:
         with self._cursor() as cur:
             cur.execute("SELECT COUNT(*) FROM journal")

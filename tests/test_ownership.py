@@ -1,0 +1,192 @@
+"""One owner per shard, enforced, and nothing lost or reordered when anything dies:
+real worker processes, real ``kill -9``/``SIGSTOP``, a real Redis killed mid-run."""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from ops.audit import audit_journal, audit_lease_log
+from ops.embedded_redis import EmbeddedRedis
+from tests.support.load import SequentialLoad
+from tests.support.stack import Stack, event, wait_until
+from workers.settings import FaultSpec, Settings
+
+pytestmark = [pytest.mark.slow, pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)]
+
+
+def _owners(stack: Stack) -> set[str]:
+    return {h.rsplit("/", 1)[0] for h in stack.broker().holders().values()}
+
+
+def _audit(stack: Stack) -> None:
+    assert audit_lease_log(stack.broker().lease_events()) == []
+    assert audit_journal(stack.open_store().journal_entries()) == []
+
+
+def test_workers_join_and_leave_under_load_without_overlap(stack: Stack) -> None:
+    # Given three workers sharing the shards, and steady ordered load on 50 keys
+    for _ in range(3):
+        stack.worker(lanes=2)
+    stack.receiver()
+    stack.wait_all_owned(workers=3)
+    load = SequentialLoad(stack, [f"member:{k}" for k in range(50)], per_key=40).start()
+    # When a fourth worker joins under load
+    wait_until(lambda: load.progress() > 0.2, 120, "some load")
+    stack.worker(lanes=2)
+    stack.wait_all_owned(workers=4)
+    # And then one worker stops gracefully under load
+    wait_until(lambda: load.progress() > 0.5, 120, "more load")
+    assert stack.procs[0].stop() == 0
+    stack.wait_all_owned(workers=3)
+    load.join()
+    stack.wait_journal(load.total)
+    # Then every event was applied once and in order, and no shard ever had two owners
+    load.verify(stack.open_store())
+    _audit(stack)
+    events = stack.broker().lease_events()
+    assert any(e["event"] == "released" for e in events), "the stopped worker handed off"
+    assert all(e["expired"] == "" for e in events if e["event"] == "acquired"), (
+        "graceful handoffs never wait for a lease to expire"
+    )
+
+
+def test_kill_minus_nine_ten_times_loses_and_reorders_nothing(stack: Stack) -> None:
+    # Given three workers and 5,000 ordered events on 50 keys
+    for _ in range(3):
+        stack.worker(lanes=2)
+    stack.receiver()
+    stack.wait_all_owned(workers=3)
+    load = SequentialLoad(stack, [f"crash:{k}" for k in range(50)], per_key=100).start()
+    # When a worker is killed with SIGKILL at a random moment, ten times, and restarted
+    rng = random.Random(5)
+    kills = 0
+    while kills < 10 and load.progress() < 1.0:
+        time.sleep(rng.uniform(0.5, 2.0))
+        victim = rng.choice([p for p in stack.procs if p.name.startswith("worker") and p.alive()])
+        victim.kill()
+        kills += 1
+        stack.worker(lanes=2)
+    load.join()
+    stack.wait_journal(load.total, timeout_s=180)
+    # Then sums and order are exact and each event id has one journal entry
+    assert kills == 10
+    load.verify(stack.open_store())
+    assert stack.open_store().journal_size() == load.total
+    _audit(stack)
+    takeovers = [e for e in stack.broker().lease_events() if e["expired"]]
+    assert takeovers, "killed workers' shards were taken over after their leases expired"
+
+
+def test_paused_owner_is_fenced_off_after_takeover(stack: Stack) -> None:
+    # Given a worker that pauses inside its first write to paused:1
+    stack.settings.faults.append(
+        FaultSpec(
+            point="worker.before_write", action="sleep", sleep_ms=4000, match="paused:", times=1
+        )
+    )
+    paused = stack.worker(lanes=2)
+    stack.settings.faults.clear()
+    stack.receiver()
+    stack.wait_all_owned(workers=1)
+    shard = stack.settings.shards.shard_for_key("paused:1")
+    assert stack.post(event("p-1", "paused:1", seq={"append": 1})).status_code == 202
+    inflight_key = stack.settings.keys.inflight(shard)
+    wait_until(lambda: stack.broker().client.llen(inflight_key) == 1, 10, "p-1 in flight")
+    old_token = int(stack.broker().holders()[shard].rsplit("/", 1)[1])
+    # When it is stopped (SIGSTOP) for longer than the lease TTL while it holds p-1
+    paused.signal(signal.SIGSTOP)
+    try:
+        stack.worker(lanes=2)
+        wait_until(
+            lambda: paused_gone(stack, old_token, shard),
+            30,
+            "another worker to take the shard over",
+        )
+        # Then the new owner restores p-1 at the head, applies it, and goes on with p-2
+        assert stack.post(event("p-2", "paused:1", seq={"append": 2})).status_code == 202
+        stack.wait_journal(2)
+    finally:
+        paused.signal(signal.SIGCONT)
+    # And when the paused worker wakes up, its late write is refused by the fence
+    wait_until(
+        lambda: "fencing token" in paused.log(),
+        20,
+        "the paused worker to be fenced",
+        on_timeout=paused.log,
+    )
+    assert stack.post(event("p-3", "paused:1", seq={"append": 3})).status_code == 202
+    stack.wait_journal(3)
+    store = stack.open_store()
+    assert store.read("paused:1").fields["seq"] == [1, 2, 3]
+    entry = store.journal("demo", "p-1")
+    assert entry is not None
+    assert entry.fence is not None
+    assert entry.fence > old_token
+    _audit(stack)
+
+
+def paused_gone(stack: Stack, old_token: int, shard: int) -> bool:
+    holder = stack.broker().holders().get(shard, "")
+    return bool(holder) and int(holder.rsplit("/", 1)[1]) > old_token
+
+
+def test_redis_killed_mid_run_loses_no_acknowledged_event(
+    settings: Settings, tmp_path: Path
+) -> None:
+    # Given a deployment on its own Redis with an fsync-always append-only file
+    redis_server = EmbeddedRedis(tmp_path / "redis-data")
+    url = redis_server.start()
+    stack = Stack(settings.model_copy(update={"redis_url": SecretStr(url)}), tmp_path)
+    try:
+        for _ in range(2):
+            stack.worker(lanes=2)
+        stack.receiver()
+        stack.wait_all_owned(workers=2)
+        load = SequentialLoad(stack, [f"durable:{k}" for k in range(20)], per_key=60).start()
+        # When Redis is killed with SIGKILL mid-run and restarted a second later
+        wait_until(lambda: load.progress() > 0.3, 120, "load to get going")
+        redis_server.kill()
+        time.sleep(1.0)
+        redis_server.start()
+        # Then the senders' retries get through, and every event that got a 2xx is
+        # applied exactly once, in order
+        load.join()
+        stack.wait_journal(load.total, timeout_s=120)
+        load.verify(stack.open_store())
+        assert load.retries > 0, "some deliveries were refused while Redis was down"
+        _audit(stack)
+    finally:
+        stack.stop_all()
+        redis_server.stop()
+
+
+def test_extra_workers_started_at_once_never_share_a_shard(stack: Stack) -> None:
+    # Given one worker under ordered load
+    stack.worker(lanes=2)
+    stack.receiver()
+    stack.wait_all_owned(workers=1)
+    load = SequentialLoad(stack, [f"burst:{k}" for k in range(30)], per_key=40).start()
+    wait_until(lambda: load.progress() > 0.1, 60, "load")
+    # When three more workers are started at the same moment
+    starters = [threading.Thread(target=stack.worker, kwargs={"lanes": 2}) for _ in range(3)]
+    for t in starters:
+        t.start()
+    for t in starters:
+        t.join()
+    stack.wait_all_owned(workers=4)
+    load.join()
+    stack.wait_journal(load.total)
+    # Then order holds everywhere and the lease log and journal show one owner at a time
+    load.verify(stack.open_store())
+    _audit(stack)
+    counts = [
+        sum(1 for h in stack.broker().holders().values() if h.startswith(w)) for w in _owners(stack)
+    ]
+    assert max(counts) - min(counts) <= 1, counts
