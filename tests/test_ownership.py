@@ -190,3 +190,44 @@ def test_extra_workers_started_at_once_never_share_a_shard(stack: Stack) -> None
         sum(1 for h in stack.broker().holders().values() if h.startswith(w)) for w in _owners(stack)
     ]
     assert max(counts) - min(counts) <= 1, counts
+
+
+def test_a_hung_handler_gives_its_shard_up_and_the_event_applies_once(stack: Stack) -> None:
+    # Given a short in-flight deadline, and a worker whose one lane hangs on stuck:1
+    stack.settings = stack.settings.model_copy(
+        update={"inflight_deadline_ms": 2000, "handler_time_limit_ms": 100, "store_timeout_ms": 100}
+    )
+    hung = stack.worker(
+        lanes=1,
+        faults=[
+            FaultSpec(
+                point="worker.before_write",
+                action="sleep",
+                sleep_ms=60_000,
+                match="stuck:",
+                times=1,
+            ).model_dump()
+        ],
+    )
+    stack.receiver()
+    stack.wait_all_owned(workers=1)
+    # When an event for stuck:1 arrives, its only lane hangs on it
+    assert stack.post(event("s-1", "stuck:1", n={"increment": 1})).status_code == 202
+    shard = stack.settings.shards.shard_for_key("stuck:1")
+    wait_until(
+        lambda: stack.broker().client.llen(stack.settings.keys.inflight(shard)) == 1,
+        10,
+        "s-1 in flight",
+    )
+    helper = stack.worker(lanes=2)
+    # Then past the deadline the hung worker gives the shard up and, every lane being
+    # stuck, exits with 70; the other worker restores the event and applies it once
+    wait_until(lambda: not hung.alive(), 30, "the hung worker to exit", on_timeout=hung.log)
+    assert hung.process is not None
+    assert hung.process.returncode == 70, hung.log()
+    assert "every lane is stuck" in hung.log()
+    stack.wait_journal(1, timeout_s=60)
+    store = stack.open_store()
+    assert store.read("stuck:1").fields == {"n": 1}
+    assert helper.alive()
+    _audit(stack)

@@ -26,31 +26,13 @@ from workers.stores.base import Store
 
 REPO = Path(__file__).resolve().parents[2]
 
-_ENV_FIELDS = (
-    "data_dir",
-    "redis_url",
-    "store_url",
-    "namespace",
-    "shard_count",
-    "max_attempts",
-    "max_deliveries",
-    "lease_ttl_ms",
-    "heartbeat_ms",
-    "idle_poll_ms",
-    "shard_high_water",
-    "dedupe_retention_s",
-    "sources_file",
-    "log_level",
-    "store_timeout_ms",
-)
-
 
 def settings_env(settings: Settings, **extra: Any) -> dict[str, str]:
     """The environment that makes a keylane process use ``settings``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEYLANE_")}
     env["PYTHONPATH"] = str(REPO)
     env["PYTHONUNBUFFERED"] = "1"
-    values = {name: getattr(settings, name) for name in _ENV_FIELDS}
+    values = {name: getattr(settings, name) for name in type(settings).model_fields}
     values["faults"] = [f.model_dump() for f in settings.faults] or None
     values.update(extra)
     for name, value in values.items():

@@ -1,0 +1,42 @@
+"""Webhook signature verification: one verifier per scheme, built from a source's config.
+
+Usage, at start-up::
+
+    verifier = verifier_from_environ(parse_verify_config(table), os.environ)
+
+and per delivery, before anything else reads the body::
+
+    verified = verifier.verify(request.headers, body, now=time.time())  # or SignatureError
+"""
+
+from producers.signatures.base import Verified, Verifier
+from producers.signatures.config import (
+    GithubConfig,
+    HmacConfig,
+    NoneConfig,
+    ShopifyConfig,
+    StandardWebhooksConfig,
+    StripeConfig,
+    VerifyConfig,
+    load_secrets,
+    parse_verify_config,
+)
+from producers.signatures.factory import build_verifier, verifier_from_environ
+from producers.signatures.keys import SecretInput
+
+__all__ = [
+    "GithubConfig",
+    "HmacConfig",
+    "NoneConfig",
+    "SecretInput",
+    "ShopifyConfig",
+    "StandardWebhooksConfig",
+    "StripeConfig",
+    "Verified",
+    "Verifier",
+    "VerifyConfig",
+    "build_verifier",
+    "load_secrets",
+    "parse_verify_config",
+    "verifier_from_environ",
+]

@@ -1,0 +1,178 @@
+"""How a source's signature scheme is written in a sources file, and where its secrets live.
+
+A source's ``verify`` table names the scheme and its options, and names environment
+variables for the secrets, never the secrets themselves::
+
+    verify = {scheme = "stripe", secrets_env = ["STRIPE_WHSEC", "STRIPE_WHSEC_OLD"]}
+    verify = {scheme = "standard_webhooks", secrets_env = ["SVIX_SECRET"], tolerance_s = 300}
+    verify = {scheme = "github", secrets_env = ["GITHUB_WEBHOOK_SECRET"]}
+    verify = {scheme = "shopify", secrets_env = ["SHOPIFY_CLIENT_SECRET"]}
+    verify = {scheme = "hmac", secrets_env = ["FORMS_SECRET"], header = "X-Signature",
+              algorithm = "sha256", encoding = "hex", prefix = "sha256=",
+              timestamp_header = "X-Timestamp", signed_payload = "{timestamp}.{body}",
+              event_id_header = "X-Event-Id"}
+    verify = {scheme = "none"}
+
+Listing several variables is how a secret is rotated: a delivery verifies if any matches.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Annotated, Literal, TypeAlias
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
+
+from producers.signatures.generic import HmacSpec
+from producers.signatures.keys import Algorithm, Encoding
+from workers.errors import ConfigError
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# RFC 9110 token characters: what a header name may be made of.
+_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
+
+# An hour at most: a wider window lets a captured delivery be replayed for longer and
+# hides clock trouble; providers re-sign every retry with a fresh timestamp anyway.
+Tolerance = Annotated[int, Field(ge=1, le=3600)]
+
+
+class NoneConfig(BaseModel):
+    """Deliveries are not signed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    scheme: Literal["none"] = "none"
+
+
+class SignedConfig(BaseModel):
+    """What every signed scheme has: the environment variables holding its secrets."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    secrets_env: tuple[str, ...] = Field(min_length=1)
+
+    @field_validator("secrets_env", mode="before")
+    @classmethod
+    def _one_name_is_a_list(cls, value: object) -> object:
+        return (value,) if isinstance(value, str) else value
+
+    @field_validator("secrets_env")
+    @classmethod
+    def _check_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"not an environment variable name: {name!r}")
+        return names
+
+
+class StandardWebhooksConfig(SignedConfig):
+    """Standard Webhooks / Svix: secrets are ``whsec_<base64>``."""
+
+    scheme: Literal["standard_webhooks"] = "standard_webhooks"
+    tolerance_s: Tolerance = 300
+
+
+class StripeConfig(SignedConfig):
+    """Stripe: secrets are the endpoint's ``whsec_…`` signing secrets."""
+
+    scheme: Literal["stripe"] = "stripe"
+    tolerance_s: Tolerance = 300
+
+
+class GithubConfig(SignedConfig):
+    """GitHub: secrets are the webhook's secret."""
+
+    scheme: Literal["github"] = "github"
+
+
+class ShopifyConfig(SignedConfig):
+    """Shopify: secrets are the app's client secret."""
+
+    scheme: Literal["shopify"] = "shopify"
+
+
+class HmacConfig(SignedConfig):
+    """Any other sender's HMAC signature (see :mod:`producers.signatures.generic`)."""
+
+    scheme: Literal["hmac"] = "hmac"
+    header: str
+    algorithm: Algorithm = "sha256"
+    encoding: Encoding = "hex"
+    prefix: str = ""
+    timestamp_header: str | None = None
+    signed_payload: str = "{body}"
+    tolerance_s: Tolerance = 300
+    event_id_header: str | None = None
+
+    @field_validator("header", "timestamp_header", "event_id_header")
+    @classmethod
+    def _check_header(cls, name: str | None) -> str | None:
+        if name is not None and not _HEADER_NAME.fullmatch(name):
+            raise ValueError(f"not a header name: {name!r}")
+        return None if name is None else name.lower()
+
+    @model_validator(mode="after")
+    def _check_spec(self) -> HmacConfig:
+        self.spec()  # the spec's own checks, reported as a validation error
+        return self
+
+    def spec(self) -> HmacSpec:
+        """The signature layout this configuration describes."""
+        return HmacSpec(
+            header=self.header,
+            algorithm=self.algorithm,
+            encoding=self.encoding,
+            prefix=self.prefix,
+            timestamp_header=self.timestamp_header,
+            signed_payload=self.signed_payload,
+            tolerance_s=self.tolerance_s,
+            event_id_header=self.event_id_header,
+        )
+
+
+VerifyConfig: TypeAlias = Annotated[
+    NoneConfig | StandardWebhooksConfig | StripeConfig | GithubConfig | ShopifyConfig | HmacConfig,
+    Field(discriminator="scheme"),
+]
+_VERIFY_CONFIG: TypeAdapter[VerifyConfig] = TypeAdapter(VerifyConfig)
+
+
+def parse_verify_config(data: object) -> VerifyConfig:
+    """The configuration in ``data`` (a sources file's ``verify`` table); raises ValidationError."""
+    return _VERIFY_CONFIG.validate_python(data)
+
+
+def load_secrets(config: VerifyConfig, environ: Mapping[str, str]) -> list[SecretStr]:
+    """The secrets ``config`` names, read from ``environ`` in the order listed.
+
+    Raises ``ConfigError`` naming the first variable that is unset or unusable; the
+    message never carries a secret's value.
+    """
+    if isinstance(config, NoneConfig):
+        return []
+    return [_read_secret(name, config.scheme, environ) for name in config.secrets_env]
+
+
+def _read_secret(name: str, scheme: str, environ: Mapping[str, str]) -> SecretStr:
+    value = environ.get(name)
+    if value is None:
+        raise ConfigError(f"environment variable {name} is not set (a {scheme} signing secret)")
+    if not value.strip():
+        raise ConfigError(f"environment variable {name} is empty (a {scheme} signing secret)")
+    if value != value.strip():
+        # Almost always a pasted newline; it would change every HMAC and surface only
+        # later as "no signature matched" on every delivery.
+        raise ConfigError(
+            f"environment variable {name} has leading or trailing whitespace "
+            f"(a {scheme} signing secret)"
+        )
+    return SecretStr(value)

@@ -1,0 +1,81 @@
+"""Signing keys held out of sight, and signatures compared in constant time.
+
+Keys live in :class:`SigningKeys` as pydantic ``SecretBytes``, so neither a verifier's
+``repr`` nor a traceback's locals display them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import re
+from collections.abc import Iterable, Sequence
+from typing import Literal, TypeAlias
+
+from pydantic import SecretBytes, SecretStr
+
+from workers.errors import ConfigError
+
+SecretInput: TypeAlias = str | bytes | SecretStr | SecretBytes
+Algorithm: TypeAlias = Literal["sha1", "sha256", "sha512"]
+Encoding: TypeAlias = Literal["hex", "base64"]
+
+_HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
+
+
+def reveal(secret: SecretInput) -> str | bytes:
+    """The plain value of ``secret``."""
+    if isinstance(secret, SecretStr | SecretBytes):
+        return secret.get_secret_value()
+    return secret
+
+
+def utf8_key(secret: SecretInput) -> bytes:
+    """``secret`` used as written: text as UTF-8, bytes as they are."""
+    value = reveal(secret)
+    return value.encode() if isinstance(value, str) else value
+
+
+class SigningKeys:
+    """The HMAC keys a sender may have used: several while a secret is being rotated."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, scheme: str, keys: Iterable[bytes]) -> None:
+        held = tuple(SecretBytes(key) for key in keys)
+        if not held:
+            raise ConfigError(f"the {scheme} signature scheme needs at least one secret")
+        for position, key in enumerate(held, 1):
+            # hmac accepts an empty key, and anyone can sign with it.
+            if not key.get_secret_value():
+                raise ConfigError(f"secret #{position} for the {scheme} signature is empty")
+        self._keys = held
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __repr__(self) -> str:
+        return f"SigningKeys({len(self._keys)} keys)"
+
+    def match(self, message: bytes, candidates: Sequence[bytes], algorithm: Algorithm) -> bool:
+        """Whether any key's HMAC of ``message`` equals any of the ``candidates``."""
+        for key in self._keys:
+            expected = hmac.new(key.get_secret_value(), message, algorithm).digest()
+            if any(hmac.compare_digest(expected, candidate) for candidate in candidates):
+                return True
+        return False
+
+
+def decode_signature(text: str, encoding: Encoding) -> bytes | None:
+    """The digest written in ``text``, or None if it is not valid ``encoding``.
+
+    Comparing decoded digests (not text) lets ``compare_digest`` take any input: on
+    ``str`` it raises ``TypeError`` for non-ASCII, which a sender could trigger.
+    """
+    if encoding == "hex":
+        return bytes.fromhex(text) if _HEX.fullmatch(text) else None
+    try:
+        digest = base64.b64decode(text, validate=True)
+    except ValueError:  # binascii.Error, or non-ASCII text
+        return None
+    return digest or None
