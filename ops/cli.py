@@ -453,5 +453,44 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo(f"\nunowned shards: {report['unowned']}")
 
 
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def audit(ctx: click.Context, as_json: bool) -> None:
+    """Check the lease log and the journal for any sign of two owners of one shard.
+
+    Exit code 0 when both are clean, 1 when a problem is found.
+    """
+    from ops.audit import audit_journal, audit_lease_log
+    from workers.lanebroker import LaneBroker
+
+    settings = _settings(ctx)
+    broker = LaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+    events = broker.lease_events()
+    store = _store(settings)
+    try:
+        entries = store.journal_entries()
+    finally:
+        store.close()
+    lease_problems, journal_problems = audit_lease_log(events), audit_journal(entries)
+    problems = lease_problems + journal_problems
+    report = {
+        "lease_events": len(events),
+        "journal_entries": len(entries),
+        "lease_log_problems": lease_problems,
+        "journal_problems": journal_problems,
+    }
+    if as_json:
+        _emit_json(report)
+    else:
+        click.echo(f"lease log: {len(events)} events; journal: {len(entries)} entries")
+        for line in problems:
+            click.echo(f"PROBLEM {line}")
+        click.echo(
+            "no shard ever had two owners" if not problems else f"{len(problems)} problem(s)"
+        )
+    raise SystemExit(1 if problems else 0)
+
+
 if __name__ == "__main__":
     main()
