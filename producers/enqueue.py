@@ -25,17 +25,22 @@ local seen = redis.call('GET', KEYS[1])
 if seen then
   local sep = string.find(seen, '\\n', 1, true)
   if string.sub(seen, 1, sep - 1) == ARGV[1] then
+    redis.call('HINCRBY', KEYS[3], 'duplicate_deliveries', 1)
     return {'duplicate', string.sub(seen, sep + 1)}
   end
+  redis.call('HINCRBY', KEYS[3], 'reused_ids', 1)
   return {'reused', string.sub(seen, sep + 1)}
 end
 local depth = redis.call('LLEN', KEYS[2])
 if depth >= tonumber(ARGV[5]) then
+  redis.call('HINCRBY', KEYS[3], 'refused_full', 1)
   return {'full', tostring(depth)}
 end
 redis.call('LPUSH', KEYS[2], ARGV[2])
 redis.call('SET', KEYS[1], ARGV[1] .. '\\n' .. ARGV[3], 'PX', ARGV[4])
 redis.call('PUBLISH', ARGV[6], ARGV[7])
+redis.call('HINCRBY', KEYS[3], 'accepted', 1)
+if ARGV[8] == '1' then redis.call('HINCRBY', KEYS[3], 'keyless', 1) end
 return {'accepted', ARGV[3]}
 """
 
@@ -81,13 +86,23 @@ class Enqueuer:
         answer: str,
         retention_ms: int,
         high_water: int,
+        key_missing: bool = False,
     ) -> EnqueueResult:
         """Push ``message`` and mark ``event_id`` seen, unless already seen or the shard
         queue is at its high-water mark."""
         result = await self._run(
             self._enqueue,
-            [self.keys.dedupe(source, event_id), self.keys.queue(queue)],
-            [body_sha256, message, answer, retention_ms, high_water, self.keys.doorbell, shard],
+            [self.keys.dedupe(source, event_id), self.keys.queue(queue), self.keys.counters],
+            [
+                body_sha256,
+                message,
+                answer,
+                retention_ms,
+                high_water,
+                self.keys.doorbell,
+                shard,
+                "1" if key_missing else "0",
+            ],
         )
         verdict, detail = (_text(x) for x in result)
         return EnqueueResult(verdict, detail)  # type: ignore[arg-type]

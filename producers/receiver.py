@@ -3,9 +3,11 @@
 The receiver is thin on purpose: it checks, dedupes and enqueues, and never touches the
 record store. Its answers (the external contract, README "Receiver answers"):
 
-* 202 accepted, with event id, record key and shard;
+* 202 accepted, with event id, record key and shard (and ``key_missing`` when the sender
+  gave no event id); 200 ``ignored`` when the source maps nothing for the event type;
 * 200 duplicate, replaying the first delivery's answer (``Keylane-Replayed: true``);
-* 400 malformed or invalid, 404 unknown source, 409 same id with a different body
+* 400 malformed or invalid, 401 bad signature, 404 unknown source, 409 same id with a
+  different body
   (queued for review), 413 too large, 415 not JSON;
 * 503 with ``Retry-After`` when the shard is over its high-water mark or Redis is down.
 
@@ -18,20 +20,23 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
-from pydantic import ValidationError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from producers.enqueue import Enqueuer
+from producers.intake import Ignored, Intake, take_in
 from producers.sources import SourceConfig, Sources, load_sources
-from workers.errors import BrokerUnavailable, InvalidEvent
-from workers.events import Envelope, Event
+from workers.errors import BrokerUnavailable, InvalidEvent, SignatureError
+from workers.events import Event
 from workers.faults import Faults
 from workers.message import build_apply_message
 from workers.settings import Settings
@@ -44,50 +49,77 @@ FULL_RETRY_AFTER_S = 2
 
 
 class Receiver:
-    """The receiver's state: settings, sources, the Redis script runner."""
+    """The receiver's state: settings, sources and their verifiers, the accept script."""
 
-    def __init__(self, settings: Settings, sources: Sources, enqueuer: Enqueuer) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        sources: Sources,
+        enqueuer: Enqueuer,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
         self.settings = settings
         self.sources = sources
         self.enqueuer = enqueuer
         self.faults = Faults(settings.faults)
+        self.verifiers = sources.verifiers(os.environ if environ is None else environ)
+        self.hooks = {s.name: s.load_hook() for s in sources.all()}
+        for source in sources.all():
+            if source.unsigned and source.name != "demo":
+                log.warning(
+                    "source %s accepts unsigned deliveries (verify.scheme = none)", source.name
+                )
 
     async def webhook(self, request: Request) -> Response:
         """``POST /webhooks/{source}``."""
-        source = self.sources.get(request.path_params["source"])
+        name = request.path_params["source"]
+        source = self.sources.get(name)
         if source is None:
-            return _error(
-                404, "unknown_source", f"no source named {request.path_params['source']!r}"
-            )
+            return _error(404, "unknown_source", f"no source named {name!r}")
         try:
             _check_media_type(request)
             body = await _read_body(request, self.settings.max_body_bytes)
-            event = self._event(source, body)
+            verified = self.verifiers[source.name].verify(request.headers, body, time.time())
+            intake = take_in(
+                source,
+                verified,
+                body,
+                _parse_json(body),
+                _lower(request.headers),
+                self.hooks[source.name],
+            )
+        except SignatureError as exc:
+            log.info("refused a delivery for %s: %s", source.name, exc)
+            return _error(401, "bad_signature", str(exc))
         except InvalidEvent as exc:
             return _error(exc.status, exc.code, str(exc))
-        return await self._accept(source, event)
+        if isinstance(intake, Ignored):
+            return JSONResponse(
+                {
+                    "status": "ignored",
+                    "source": source.name,
+                    "event_type": intake.event_type,
+                    "reason": intake.reason,
+                }
+            )
+        return await self._accept(source, self._event(source, intake, body))
 
-    def _event(self, source: SourceConfig, body: bytes) -> Event:
-        payload = _parse_json(body)
-        try:
-            envelope = Envelope.model_validate(payload)
-        except ValidationError as exc:
-            raise InvalidEvent(_describe(exc)) from None
-        shard = self.settings.shards.shard_for_key(envelope.record_key)
+    def _event(self, source: SourceConfig, intake: Intake, body: bytes) -> Event:
         return Event(
             source=source.name,
-            event_id=envelope.id,
-            event_type=envelope.type,
-            record_key=envelope.record_key,
-            changes=envelope.changes,
+            event_id=intake.event_id,
+            event_type=intake.event_type,
+            record_key=intake.record_key,
+            changes=intake.changes,
             body_sha256=hashlib.sha256(body).hexdigest(),
             accepted_at=time.time(),
-            shard=shard,
+            shard=self.settings.shards.shard_for_key(intake.record_key),
+            key_missing=intake.key_missing,
         )
 
     async def _accept(self, source: SourceConfig, event: Event) -> Response:
         queue = self.settings.shards.queue_name(event.shard)
-        answer = {
+        answer: dict[str, Any] = {
             "status": "accepted",
             "source": event.source,
             "event_id": event.event_id,
@@ -95,6 +127,8 @@ class Receiver:
             "shard": event.shard,
             "queue": queue,
         }
+        if event.key_missing:
+            answer["key_missing"] = True
         retention_ms = source.retention(self.settings) * 1000
         self.faults.hit("receiver.before_enqueue", event.record_key)
         try:
@@ -108,6 +142,7 @@ class Receiver:
                 answer=json.dumps(answer),
                 retention_ms=retention_ms,
                 high_water=self.settings.shard_high_water,
+                key_missing=event.key_missing,
             )
             if result.verdict == "reused":
                 review = event.model_copy(update={"review": "id_reused"})
@@ -145,6 +180,10 @@ class Receiver:
             "Redis does not answer",
             retry_after=BROKER_DOWN_RETRY_AFTER_S,
         )
+
+
+def _lower(headers: Mapping[str, str]) -> dict[str, str]:
+    return {name.lower(): value for name, value in headers.items()}
 
 
 def _answer(verdict: str, detail: str, event: Event) -> Response:
@@ -226,28 +265,33 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _describe(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err["loc"]) or "body"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
-
-
 def _error(status: int, code: str, detail: str, retry_after: int | None = None) -> Response:
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
     return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
 
 
-def create_receiver(settings: Settings, sources: Sources | None = None) -> Starlette:
-    """The receiver's ASGI application for ``settings``."""
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 (no such route, wrong method) as JSON like every answer."""
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return _error(exc.status_code, code, str(exc.detail))
+
+
+def create_receiver(
+    settings: Settings,
+    sources: Sources | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Starlette:
+    """The receiver's ASGI application for ``settings`` (signing secrets are read from
+    ``environ``, by default the process environment)."""
     client = aioredis.Redis.from_url(
         settings.redis_dsn(), socket_timeout=5, socket_connect_timeout=5, health_check_interval=15
     )
     receiver = Receiver(
-        settings, sources or load_sources(settings), Enqueuer(client, settings.keys)
+        settings, sources or load_sources(settings), Enqueuer(client, settings.keys), environ
     )
     app = Starlette(
+        exception_handlers={HTTPException: _http_error},
         routes=[
             Route("/webhooks/{source}", receiver.webhook, methods=["POST"]),
             Route("/healthz", receiver.healthz, methods=["GET"]),

@@ -1,20 +1,89 @@
-"""Source definitions: who may send, which fields each sender owns, how long ids are kept.
+"""Source definitions: who may send, how to read their deliveries, which fields they own.
 
-With no sources file, one source exists: ``demo``, unsigned, taking keylane's own
-envelope and owning every field.
+With no sources file, one source exists: ``demo``, unsigned, taking keylane's own envelope
+and owning every field. A sources file (``KEYLANE_SOURCES_FILE``, TOML) replaces it; see
+README "Sources" for a complete example. Per source:
+
+* ``verify``: the signature scheme and the environment variables holding its secrets;
+* ``format``: ``keylane`` (the envelope) or ``mapped`` (``record_key`` template plus a
+  declarative ``on`` table of changes per event type, or a ``hook = "module:function"``);
+* ``event_id``: where the sender's id lives (``body:<path>``, ``header:<name>``,
+  ``signature`` for the scheme's id header, or ``content-hash``) and ``missing_id``: what
+  to do when a delivery has none (``unique``: a synthetic id that can never match
+  another; ``content-hash``; ``reject``);
+* ``owns``: the fields it may write; ``retention_s``: how long ids are remembered
+  (default: the provider's longest retry window); ``on_dead_letter``: ``continue`` or
+  ``hold`` (later events of the key wait until the review row is closed).
 """
 
 from __future__ import annotations
 
+import importlib
 import re
-from typing import Literal
+import tomllib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from producers.mapping import check_reference, check_template, is_reference
+from producers.signatures import NoneConfig, Verifier, VerifyConfig, verifier_from_environ
 from workers.changes import FieldOwnership
+from workers.errors import ConfigError
+from workers.events import OPS, check_field_name
 from workers.settings import Settings
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+DAY_S = 24 * 3600
+
+#: Dedupe retention by scheme: each provider's longest automatic retry window, plus margin.
+#: Stripe retries for up to 3 days; Svix (Standard Webhooks) for about 28 hours; Shopify
+#: for 48 hours; GitHub never retries by itself, but a person can redeliver for 3 days.
+PROVIDER_RETENTION_S = {
+    "stripe": 3 * DAY_S,
+    "standard_webhooks": 2 * DAY_S,
+    "shopify": 3 * DAY_S,
+    "github": 3 * DAY_S,
+}
+
+Hook = Callable[[Any, Mapping[str, str]], "Mapping[str, Any] | None"]
+
+
+class FieldRule(BaseModel):
+    """One field's change in a mapping: ``{increment = "body:amount"}``, ``{set = "x"}``.
+
+    A string that starts with ``body:`` or ``header:`` is read from the delivery; any
+    other value is a literal. A reference that is absent in a delivery leaves the field
+    out of that event's change.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    op: str
+    value: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_op(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and "op" not in raw:
+            if len(raw) != 1:
+                raise ValueError('a field rule has exactly one operation, e.g. {set = "body:x"}')
+            ((op, value),) = raw.items()
+            raw = {"op": op, "value": value}
+        return raw
+
+    @field_validator("op")
+    @classmethod
+    def _known_op(cls, op: str) -> str:
+        if op not in OPS:
+            raise ValueError(f"unknown operation {op!r} (known: {', '.join(OPS)})")
+        return op
+
+    @property
+    def reference(self) -> str | None:
+        """The reference the value is read from, or None for a literal."""
+        return self.value if is_reference(self.value) else None
 
 
 class SourceConfig(BaseModel):
@@ -23,6 +92,14 @@ class SourceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
+    verify: VerifyConfig = Field(default_factory=NoneConfig)
+    format: Literal["keylane", "mapped"] = "keylane"
+    event_id: str = "body:id"
+    missing_id: Literal["unique", "content-hash", "reject"] = "unique"
+    event_type: str | None = "body:type"
+    record_key: str | None = None
+    on: dict[str, dict[str, FieldRule]] = Field(default_factory=dict)
+    hook: str | None = None
     owns: tuple[str, ...] = ("*",)
     retention_s: int | None = Field(None, ge=1)
     on_dead_letter: Literal["continue", "hold"] = "continue"
@@ -34,14 +111,84 @@ class SourceConfig(BaseModel):
             raise ValueError(f"source names are lowercase [a-z0-9_.-], 1..64 chars: {name!r}")
         return name
 
+    @field_validator("event_id")
+    @classmethod
+    def _check_event_id(cls, rule: str) -> str:
+        return rule if rule in ("signature", "content-hash") else check_reference(rule)
+
+    @field_validator("event_type")
+    @classmethod
+    def _check_event_type(cls, rule: str | None) -> str | None:
+        return rule if rule is None else check_reference(rule)
+
+    @field_validator("record_key")
+    @classmethod
+    def _check_record_key(cls, template: str | None) -> str | None:
+        return template if template is None else check_template(template)
+
+    @field_validator("on")
+    @classmethod
+    def _check_fields(cls, on: dict[str, dict[str, FieldRule]]) -> dict[str, dict[str, FieldRule]]:
+        for rules in on.values():
+            for field in rules:
+                check_field_name(field)
+        return on
+
+    @field_validator("hook")
+    @classmethod
+    def _check_hook(cls, hook: str | None) -> str | None:
+        if hook is not None and not re.fullmatch(r"[\w.]+:\w+", hook):
+            raise ValueError(f"hook must be 'package.module:function', got {hook!r}")
+        return hook
+
+    @model_validator(mode="after")
+    def _check_format(self) -> SourceConfig:
+        unmapped = self.record_key is None or not self.on
+        if self.format == "mapped" and self.hook is None and unmapped:
+            raise ValueError("a mapped source needs record_key and an `on` table, or a hook")
+        if self.format == "keylane" and (self.on or self.hook or self.record_key):
+            raise ValueError('record_key, on and hook apply to format = "mapped" only')
+        if self.event_id == "signature" and _scheme(self) not in (
+            "standard_webhooks",
+            "github",
+            "shopify",
+            "hmac",
+        ):
+            raise ValueError(f'event_id = "signature": scheme {_scheme(self)!r} has no id header')
+        return self
+
     @property
     def ownership(self) -> FieldOwnership:
         """The fields this source may write."""
         return FieldOwnership.of(self.owns)
 
+    @property
+    def unsigned(self) -> bool:
+        """Whether deliveries are accepted without a signature."""
+        return isinstance(self.verify, NoneConfig)
+
     def retention(self, settings: Settings) -> int:
         """Seconds a delivered event id is remembered in Redis."""
-        return self.retention_s or settings.dedupe_retention_s
+        return self.retention_s or PROVIDER_RETENTION_S.get(
+            _scheme(self), settings.dedupe_retention_s
+        )
+
+    def load_hook(self) -> Hook | None:
+        """The hook function, imported (raises ConfigError when it cannot be)."""
+        if self.hook is None:
+            return None
+        module_name, func_name = self.hook.split(":")
+        try:
+            fn = getattr(importlib.import_module(module_name), func_name)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"source {self.name}: cannot load hook {self.hook}: {exc}") from exc
+        if not callable(fn):
+            raise ConfigError(f"source {self.name}: hook {self.hook} is not callable")
+        return fn  # type: ignore[no-any-return]
+
+
+def _scheme(source: SourceConfig) -> str:
+    return str(source.verify.scheme)
 
 
 DEMO = SourceConfig(name="demo")
@@ -61,7 +208,44 @@ class Sources:
         """Every configured source name."""
         return sorted(self._by_name)
 
+    def all(self) -> list[SourceConfig]:
+        """Every source."""
+        return [self._by_name[n] for n in self.names()]
+
+    def verifiers(self, environ: Mapping[str, str]) -> dict[str, Verifier]:
+        """Each source's verifier, with secrets read from ``environ`` (at start-up: a
+        missing secret is a ConfigError naming the variable, never its value)."""
+        return {s.name: verifier_from_environ(s.verify, environ) for s in self.all()}
+
+
+def parse_sources(text: str, origin: str = "sources file") -> Sources:
+    """Sources from TOML text with one ``[sources.<name>]`` table per source."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{origin}: not valid TOML: {exc}") from exc
+    tables = data.get("sources")
+    if not isinstance(tables, dict) or not tables:
+        raise ConfigError(f"{origin}: no [sources.<name>] table")
+    unknown = set(data) - {"sources"}
+    if unknown:
+        raise ConfigError(f"{origin}: unknown top-level key(s) {', '.join(sorted(unknown))}")
+    sources = []
+    for name, table in tables.items():
+        try:
+            sources.append(SourceConfig(name=name, **table))
+        except (ValidationError, TypeError) as exc:
+            raise ConfigError(f"{origin}: source {name!r}: {exc}") from exc
+    return Sources(sources)
+
 
 def load_sources(settings: Settings) -> Sources:
     """The sources of this deployment (the ``demo`` source when no file is configured)."""
-    return Sources([DEMO])
+    if settings.sources_file is None:
+        return Sources([DEMO])
+    path = Path(settings.sources_file)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read sources file {path}: {exc}") from exc
+    return parse_sources(text, str(path))

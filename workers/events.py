@@ -83,7 +83,7 @@ class Envelope(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    id: str | None = Field(None, min_length=1, max_length=MAX_ID_CHARS)
     type: str = Field("event", min_length=1, max_length=MAX_ID_CHARS)
     record_key: str = Field(min_length=1, max_length=MAX_KEY_CHARS)
     changes: dict[str, Change]
@@ -107,7 +107,7 @@ class Event(BaseModel):
     body_sha256: str
     accepted_at: float
     shard: int
-    key_missing: bool = False
+    key_missing: bool = False  # the sender gave no id: event_id is synthetic
     retry_of: int | None = None  # dead-letter id when an operator retries the event
     review: str | None = None  # set on a review-only message: record, never apply
 

@@ -117,13 +117,14 @@ class Stack:
     procs: list[Proc] = field(default_factory=list)
     url: str = ""
     stores: list[Store] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. signing secrets
 
     def _spawn(self, name: str, args: list[str], **env: Any) -> Proc:
         n = sum(1 for p in self.procs if p.name.startswith(name))
         proc = Proc(
             f"{name}-{n}",
             [sys.executable, "-m", "ops.cli", *args],
-            settings_env(self.settings, **env),
+            {**settings_env(self.settings, **env), **self.extra_env},
             self.tmp / f"{name}-{n}.log",
         )
         self.procs.append(proc.start())

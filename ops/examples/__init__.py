@@ -1,0 +1,1 @@
+"""Example configuration: a sources file and a mapping hook."""

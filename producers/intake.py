@@ -1,0 +1,157 @@
+"""From a verified delivery to what keylane will enqueue: the sender's event id, the
+record key, the event type and the change, as the source's definition says.
+
+Event ids always come from the sender (a body field, a header, the signature scheme's id
+header, or a hash of the body). A delivery without one gets a synthetic id that is unique
+to this delivery, so a missing id can never make two different events look like one
+(a "null" key must never match); the answer says so and a counter records it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from producers.mapping import MISSING, Delivery, render, resolve
+from producers.signatures import Verified
+from producers.sources import Hook, SourceConfig
+from workers.errors import InvalidEvent
+from workers.events import MAX_ID_CHARS, MAX_KEY_CHARS, Change, Envelope, parse_changes
+
+KEYLESS_PREFIX = "keyless:"
+
+
+@dataclass(frozen=True)
+class Intake:
+    """A delivery ready to enqueue."""
+
+    event_id: str
+    key_missing: bool
+    event_type: str
+    record_key: str
+    changes: dict[str, Change]
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A verified delivery the source's mapping has nothing to apply for."""
+
+    event_type: str
+    reason: str
+
+
+def take_in(
+    source: SourceConfig,
+    verified: Verified,
+    body: bytes,
+    payload: Any,
+    headers: Mapping[str, str],
+    hook: Hook | None = None,
+) -> Intake | Ignored:
+    """Read the event out of a delivery; :class:`InvalidEvent` (400) when it cannot be."""
+    delivery = Delivery(payload, headers)
+    event_id, key_missing = _event_id(source, verified, body, delivery)
+    if source.format == "keylane":
+        return _keylane(payload, event_id, key_missing)
+    event_type = (render(source.event_type, delivery) if source.event_type else None) or "event"
+    if hook is not None:
+        return _hooked(hook, payload, headers, event_id, key_missing, event_type)
+    return _mapped(source, delivery, event_id, key_missing, event_type)
+
+
+def _event_id(
+    source: SourceConfig, verified: Verified, body: bytes, delivery: Delivery
+) -> tuple[str, bool]:
+    rule = source.event_id
+    if rule == "content-hash":
+        return _content_hash(body), False
+    found = verified.event_id if rule == "signature" else render(rule, delivery)
+    if found is not None:
+        if len(found) > MAX_ID_CHARS:
+            raise InvalidEvent(f"event id is longer than {MAX_ID_CHARS} characters")
+        return found, False
+    if source.missing_id == "reject":
+        raise InvalidEvent(f"no event id at {rule}", code="missing_event_id")
+    if source.missing_id == "content-hash":
+        return _content_hash(body), True
+    return f"{KEYLESS_PREFIX}{uuid.uuid4()}", True
+
+
+def _content_hash(body: bytes) -> str:
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def _keylane(payload: Any, event_id: str, key_missing: bool) -> Intake:
+    try:
+        envelope = Envelope.model_validate(payload)
+    except ValidationError as exc:
+        raise InvalidEvent(describe(exc)) from None
+    return Intake(event_id, key_missing, envelope.type, envelope.record_key, envelope.changes)
+
+
+def _mapped(
+    source: SourceConfig, delivery: Delivery, event_id: str, key_missing: bool, event_type: str
+) -> Intake | Ignored:
+    rules = source.on.get(event_type) or source.on.get("*")
+    if rules is None:
+        return Ignored(event_type, f"source {source.name} maps no changes for {event_type!r}")
+    assert source.record_key is not None
+    record_key = _record_key(render(source.record_key, delivery), source.record_key)
+    raw: dict[str, Any] = {}
+    for field, rule in rules.items():
+        value = resolve(rule.reference, delivery) if rule.reference else rule.value
+        if value is not MISSING:
+            raw[field] = {rule.op: value}
+    if not raw:
+        return Ignored(event_type, "none of the mapped fields is present in the delivery")
+    return Intake(event_id, key_missing, event_type, record_key, _changes(raw))
+
+
+def _hooked(
+    hook: Hook,
+    payload: Any,
+    headers: Mapping[str, str],
+    event_id: str,
+    key_missing: bool,
+    event_type: str,
+) -> Intake | Ignored:
+    try:
+        result = hook(payload, headers)
+    except (ValueError, KeyError, TypeError, LookupError) as exc:
+        raise InvalidEvent(f"the source's hook could not map this delivery: {exc}") from None
+    if result is None:
+        return Ignored(event_type, "the source's hook maps nothing for this delivery")
+    if not isinstance(result, Mapping):
+        raise InvalidEvent("the source's hook returned neither a mapping nor None")
+    record_key = _record_key(result.get("record_key"), "the hook's record_key")
+    event_type = str(result.get("event_type") or event_type)
+    return Intake(event_id, key_missing, event_type, record_key, _changes(result.get("changes")))
+
+
+def _record_key(value: object, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidEvent(f"no record key at {where}", code="missing_record_key")
+    if len(value) > MAX_KEY_CHARS:
+        raise InvalidEvent(f"record key is longer than {MAX_KEY_CHARS} characters")
+    return value
+
+
+def _changes(raw: object) -> dict[str, Change]:
+    try:
+        return parse_changes(raw)
+    except ValueError as exc:
+        raise InvalidEvent(f"changes: {exc}") from None
+
+
+def describe(exc: ValidationError) -> str:
+    """A short, readable summary of a pydantic validation error."""
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
