@@ -31,7 +31,9 @@ def _settings(ctx: click.Context) -> Settings:
 
 
 def _store(settings: Settings) -> Store:
-    return open_store(settings.store_dsn(), settings.store_timeout_ms, settings.sqlite_synchronous)
+    store = open_store(settings.store_dsn(), settings.store_timeout_ms, settings.sqlite_synchronous)
+    store.migrate()  # idempotent: a fresh data directory reads as empty, not as an error
+    return store
 
 
 def _emit_json(value: Any) -> None:

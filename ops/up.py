@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ops.embedded_redis import EmbeddedRedis
+from producers.sources import load_sources
 from workers.errors import ConfigError
 from workers.settings import Settings
 from workers.stores import open_store
@@ -82,6 +83,14 @@ class Supervisor:
 
     def _prepare(self) -> None:
         s = self.settings
+        # Fail here, once and clearly, rather than in a receiver restarted forever.
+        sources = load_sources(s)
+        sources.verifiers(os.environ)
+        for source in sources.all():
+            source.load_hook()
+            if source.unsigned and source.name != "demo":
+                log.warning("source %s accepts UNSIGNED deliveries (verify.scheme = none)",
+                            source.name)
         s.data_dir.mkdir(parents=True, exist_ok=True)
         self._env["KEYLANE_DATA_DIR"] = str(s.data_dir.resolve())
         if s.redis_url is None:
@@ -132,7 +141,11 @@ class Supervisor:
                         break
             except OSError:
                 time.sleep(0.2)
-        print(f"keylane is up: POST {base}/webhooks/demo", flush=True)
+        else:
+            log.error("the receiver did not answer on %s within 30s; see the logs above", base)
+            return
+        names = ", ".join(load_sources(s).names())
+        print(f"keylane is up: POST {base}/webhooks/<source> (sources: {names})", flush=True)
         if self.options.flower:
             print(f"Flower: http://{s.host}:{s.flower_port}", flush=True)
 

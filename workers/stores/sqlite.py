@@ -125,7 +125,7 @@ class SqliteStore(SqlStore):
         try:
             yield cur
         except sqlite3.OperationalError as exc:
-            raise StoreUnavailable(f"SQLite store busy: {exc}") from exc
+            raise StoreUnavailable(f"SQLite read failed: {exc}") from exc
         finally:
             cur.close()
 
