@@ -21,7 +21,14 @@ from producers.mapping import MISSING, Delivery, render, resolve
 from producers.signatures import Verified
 from producers.sources import Hook, SourceConfig
 from workers.errors import InvalidEvent
-from workers.events import MAX_ID_CHARS, MAX_KEY_CHARS, Change, Envelope, parse_changes
+from workers.events import (
+    MAX_ID_CHARS,
+    MAX_KEY_CHARS,
+    Change,
+    Envelope,
+    check_text,
+    parse_changes,
+)
 
 KEYLESS_PREFIX = "keyless:"
 
@@ -74,7 +81,10 @@ def _event_id(
     if found is not None:
         if len(found) > MAX_ID_CHARS:
             raise InvalidEvent(f"event id is longer than {MAX_ID_CHARS} characters")
-        return found, False
+        try:
+            return check_text(found, "the event id"), False
+        except ValueError as exc:
+            raise InvalidEvent(str(exc)) from None
     if source.missing_id == "reject":
         raise InvalidEvent(f"no event id at {rule}", code="missing_event_id")
     if source.missing_id == "content-hash":
@@ -138,7 +148,10 @@ def _record_key(value: object, where: str) -> str:
         raise InvalidEvent(f"no record key at {where}", code="missing_record_key")
     if len(value) > MAX_KEY_CHARS:
         raise InvalidEvent(f"record key is longer than {MAX_KEY_CHARS} characters")
-    return value
+    try:
+        return check_text(value, "the record key")
+    except ValueError as exc:
+        raise InvalidEvent(str(exc)) from None
 
 
 def _changes(raw: object) -> dict[str, Change]:

@@ -7,8 +7,9 @@ shard at once (a worker whose view is stale simply fails to acquire).
 Balanced rendezvous hashing: each shard prefers the members in the order of
 ``stable_hash(member/shard)``; shards are handed out in shard order to the most preferred
 member that still has room, and room is ``ceil`` or ``floor`` of shards/members, so the
-split is even to within one shard. When a member joins or leaves, most shards keep their
-owner.
+split is even to within one shard. When a member joins or leaves, far fewer shards move
+than a round-robin re-deal would move (about 1.4 times the minimum possible at 64 shards;
+with few shards per member the balancing can move more).
 """
 
 from collections.abc import Iterable

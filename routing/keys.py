@@ -88,6 +88,10 @@ class RedisKeys:
         """List of events waiting behind an open dead letter on a held key."""
         return f"{self.prefix}parked:{record_key}"
 
+    def once(self, marker: str) -> str:
+        """Marker that an operator's message (e.g. the retry of one dead letter) was queued."""
+        return f"{self.prefix}once:{marker}"
+
     def pattern(self) -> str:
         """SCAN pattern matching every key of this namespace."""
         return f"{self.prefix}*"

@@ -6,6 +6,8 @@ from typing import Any
 from routing.shards import ShardMap
 
 APPLY_TASK = "keylane.apply"
+#: Control message: release a record key held behind a dead letter (see workers.lanes).
+RELEASE_TASK = "keylane.release"
 
 
 class ShardRouter:
@@ -29,8 +31,8 @@ class ShardRouter:
     ) -> dict[str, str] | None:
         if name != APPLY_TASK:
             return None
-        event = kwargs.get("event") or {}
-        record_key = event.get("record_key")
+        event = kwargs.get("event")
+        record_key = event.get("record_key") if isinstance(event, Mapping) else None
         if not isinstance(record_key, str):
             return None
         return {"queue": self.shards.queue_for_key(record_key)}

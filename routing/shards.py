@@ -47,10 +47,13 @@ class ShardMap:
 
     def shard_of_queue(self, queue: str) -> int:
         """Inverse of :meth:`queue_name`; raises ``ValueError`` for a foreign name."""
-        if not queue.startswith(QUEUE_PREFIX):
+        digits = queue[len(QUEUE_PREFIX) :] if queue.startswith(QUEUE_PREFIX) else ""
+        if not (digits.isascii() and digits.isdigit()):
             raise ValueError(f"not a keylane shard queue: {queue!r}")
-        shard = int(queue[len(QUEUE_PREFIX) :])
+        shard = int(digits)
         self.check(shard)
+        if queue != self.queue_name(shard):  # e.g. keylane.shard.7 for keylane.shard.07
+            raise ValueError(f"not a queue name of this shard map: {queue!r}")
         return shard
 
     def all_queues(self) -> list[str]:

@@ -7,6 +7,7 @@ is a list of operations (increment by 1) and not a computed value (set to 11).
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -81,7 +82,13 @@ def _increment(name: str, current: Any, by: int | float) -> int | float:
         raise ChangeNotApplicable(
             name, "increment", f"current value is {_kind(current)}, not a number"
         )
-    return current + by
+    try:
+        total = current + by
+    except OverflowError:
+        total = math.inf
+    if isinstance(total, float) and not math.isfinite(total):
+        raise ChangeNotApplicable(name, "increment", "the result is not a finite number")
+    return total
 
 
 def _list_op(name: str, current: Any, change: Change) -> list[Any]:

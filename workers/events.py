@@ -44,6 +44,7 @@ class Change(BaseModel):
             raise ValueError(f"field {field!r}: increment needs a finite number")
         if op == "unset" and value not in (True, None):
             raise ValueError(f"field {field!r}: unset takes true or null")
+        check_json_value(value, f"field {field!r}")
         return cls(op=op, value=None if op == "unset" else value)
 
     def as_wire(self) -> dict[str, Any]:
@@ -55,6 +56,38 @@ def _is_number(value: object) -> bool:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
     return not (isinstance(value, float) and not math.isfinite(value))
+
+
+def check_text(text: str, what: str, allow_nul: bool = False) -> str:
+    """``text`` if every store can keep it: no lone surrogate (not encodable as UTF-8) and,
+    for what is stored as a text column (ids, keys, field names), no NUL, which PostgreSQL
+    refuses. Inside JSON values a NUL is fine: JSON writes it as ``\u0000``. Raises
+    ``ValueError`` naming ``what``."""
+    if not allow_nul and "\x00" in text:
+        raise ValueError(f"{what} contains a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} is not valid Unicode (a lone surrogate)") from None
+    return text
+
+
+def check_json_value(value: Any, what: str) -> None:
+    """Refuse what JSON cannot carry faithfully: NaN/Infinity anywhere (``json.loads``
+    reads them, JSON has no such numbers) and text that is not valid Unicode."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{what}: numbers must be finite (no NaN or Infinity)")
+        if isinstance(item, str):
+            check_text(item, what, allow_nul=True)
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                check_text(str(key), what, allow_nul=True)
+                stack.append(inner)
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def parse_changes(raw: object) -> dict[str, Change]:
@@ -76,6 +109,7 @@ def check_field_name(field: object) -> None:
         raise ValueError(f"field names are 1..{MAX_FIELD_CHARS} characters")
     if any(ord(c) < 32 for c in field):
         raise ValueError(f"field name {field!r} has control characters")
+    check_text(field, "a field name")
 
 
 class Envelope(BaseModel):
@@ -92,6 +126,11 @@ class Envelope(BaseModel):
     @classmethod
     def _parse_changes(cls, raw: object) -> dict[str, Change]:
         return parse_changes(raw)
+
+    @field_validator("id", "type", "record_key")
+    @classmethod
+    def _storable(cls, text: str | None) -> str | None:
+        return text if text is None else check_text(text, "the value")
 
 
 class Event(BaseModel):
@@ -110,6 +149,11 @@ class Event(BaseModel):
     key_missing: bool = False  # the sender gave no id: event_id is synthetic
     retry_of: int | None = None  # dead-letter id when an operator retries the event
     review: str | None = None  # set on a review-only message: record, never apply
+
+    @field_validator("source", "event_id", "event_type", "record_key")
+    @classmethod
+    def _storable(cls, text: str) -> str:
+        return check_text(text, "the value")
 
     def changes_wire(self) -> dict[str, dict[str, Any]]:
         """The changes in envelope form, for review rows and logs."""

@@ -72,7 +72,7 @@ class EventWrite:
     event_id: str
     record_key: str
     shard: int
-    fields: dict[str, Any]
+    fields: dict[str, Any] | None  # None: journal the event, leave the record as it is
     expected_revision: int
     attempts: int
     retry_of: int | None = None

@@ -1,8 +1,10 @@
 """PostgreSQL store (``KEYLANE_STORE_URL=postgresql://...``).
 
-Fields and review payloads are ``jsonb``. The fence row is read ``FOR SHARE`` inside each
-write transaction, so an owner's write and a new owner's fence advance (an ``UPDATE``
-of the same row) are serialized: whichever commits second sees the other.
+Fields and review payloads are ``json`` (not ``jsonb``, which would rewrite large floats
+as integers: the value read back must be the value written). The fence row is read
+``FOR SHARE`` inside each write transaction, so an owner's write and a new owner's fence
+advance (an ``UPDATE`` of the same row) are serialized: whichever commits second sees the
+other.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from workers.stores.sql import Cursor, SqlStore
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
     key TEXT PRIMARY KEY,
-    fields JSONB NOT NULL,
+    fields JSON NOT NULL,
     revision BIGINT NOT NULL,
     updated_at DOUBLE PRECISION NOT NULL
 );
@@ -50,8 +52,8 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     record_key TEXT NOT NULL,
     shard INTEGER NOT NULL,
     reason TEXT NOT NULL,
-    event JSONB NOT NULL,
-    attempted_change JSONB NOT NULL,
+    event JSON NOT NULL,
+    attempted_change JSON NOT NULL,
     revision_read BIGINT,
     revision_found BIGINT,
     attempts INTEGER NOT NULL,
@@ -73,7 +75,7 @@ _MIGRATION_LOCK = 0x6B65796C616E65
 class PostgresStore(SqlStore):
     """A :class:`~workers.stores.base.Store` in PostgreSQL."""
 
-    json_param = "%s::jsonb"
+    json_param = "%s::json"
 
     def __init__(self, dsn: str, timeout_ms: int = 5000) -> None:
         self._dsn = dsn

@@ -40,7 +40,9 @@ class Cursor(Protocol):
 
 def dump_json(value: Any) -> str:
     """Compact, key-sorted JSON, so equal values store equal text."""
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    return json.dumps(
+        value, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False
+    )
 
 
 _DL_COLUMNS = (
@@ -144,7 +146,14 @@ class SqlStore(Store):
         if current > fence.token:
             raise StaleFence(fence.shard, fence.token, current)
         if current < fence.token:
+            # No row yet, or an older token: record ours, then look again. A concurrent
+            # advance by a newer owner commits first or waits for us; either way the
+            # second read sees the newest token (PostgreSQL: FOR SHARE finds nothing to
+            # lock while the row does not exist, so the first read alone is not enough).
             self._upsert_fence(cur, fence.shard, fence.token)
+            current = self._lock_fence(cur, fence.shard)
+            if current > fence.token:
+                raise StaleFence(fence.shard, fence.token, current)
 
     def _upsert_fence(self, cur: Cursor, shard: int, token: int) -> None:
         cur.execute(
@@ -253,6 +262,8 @@ class SqlStore(Store):
                 fence=fence,
                 reopen=write.retry_of is not None,
             )
+            if write.fields is None:
+                return write.expected_revision
             revision = self._write_record(
                 cur, write.record_key, write.fields, write.expected_revision
             )
@@ -359,6 +370,8 @@ class SqlStore(Store):
         by: str,
         note: str | None = None,
     ) -> bool:
+        if not allowed_from:
+            return False
         marks = ", ".join("?" for _ in allowed_from)
         with self._transaction() as cur:
             cur.execute(
@@ -397,7 +410,7 @@ class SqlStore(Store):
         if record_key is not None:
             sql += " WHERE record_key = ?"
             params = (record_key,)
-        sql += " ORDER BY record_key, revision, recorded_at"
+        sql += " ORDER BY record_key, COALESCE(revision, 0), recorded_at"
         with self._cursor() as cur:
             cur.execute(self._q(sql), params)
             rows = cur.fetchall()
