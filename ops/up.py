@@ -89,8 +89,9 @@ class Supervisor:
         for source in sources.all():
             source.load_hook()
             if source.unsigned and source.name != "demo":
-                log.warning("source %s accepts UNSIGNED deliveries (verify.scheme = none)",
-                            source.name)
+                log.warning(
+                    "source %s accepts UNSIGNED deliveries (verify.scheme = none)", source.name
+                )
         s.data_dir.mkdir(parents=True, exist_ok=True)
         self._env["KEYLANE_DATA_DIR"] = str(s.data_dir.resolve())
         if s.redis_url is None:

@@ -11,6 +11,8 @@ README "Sources" for a complete example. Per source:
   ``signature`` for the scheme's id header, or ``content-hash``) and ``missing_id``: what
   to do when a delivery has none (``unique``: a synthetic id that can never match
   another; ``content-hash``; ``reject``);
+* ``handler``: an optional ``module:function`` the lane calls on every attempt with the
+  event and the record as freshly read, returning the change to apply;
 * ``owns``: the fields it may write; ``retention_s``: how long ids are remembered
   (default: the provider's longest retry window); ``on_dead_letter``: ``continue`` or
   ``hold`` (later events of the key wait until the review row is closed).
@@ -31,8 +33,9 @@ from producers.mapping import check_reference, check_template, is_reference
 from producers.signatures import NoneConfig, Verifier, VerifyConfig, verifier_from_environ
 from workers.changes import FieldOwnership
 from workers.errors import ConfigError
-from workers.events import OPS, check_field_name
+from workers.events import OPS, Event, check_field_name
 from workers.settings import Settings
+from workers.stores.base import Record
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 DAY_S = 24 * 3600
@@ -47,7 +50,11 @@ PROVIDER_RETENTION_S = {
     "github": 3 * DAY_S,
 }
 
+#: Receiver-side mapping hook: (parsed body, headers) -> {"record_key", "changes"} or None.
 Hook = Callable[[Any, Mapping[str, str]], "Mapping[str, Any] | None"]
+#: Lane-side handler: (event, record as freshly read) -> the change to apply, or None for
+#: none. It runs on every attempt, so it always computes from the current record.
+Handler = Callable[[Event, Record], "Mapping[str, Any] | None"]
 
 
 class FieldRule(BaseModel):
@@ -100,6 +107,7 @@ class SourceConfig(BaseModel):
     record_key: str | None = None
     on: dict[str, dict[str, FieldRule]] = Field(default_factory=dict)
     hook: str | None = None
+    handler: str | None = None
     owns: tuple[str, ...] = ("*",)
     retention_s: int | None = Field(None, ge=1)
     on_dead_letter: Literal["continue", "hold"] = "continue"
@@ -134,11 +142,11 @@ class SourceConfig(BaseModel):
                 check_field_name(field)
         return on
 
-    @field_validator("hook")
+    @field_validator("hook", "handler")
     @classmethod
     def _check_hook(cls, hook: str | None) -> str | None:
         if hook is not None and not re.fullmatch(r"[\w.]+:\w+", hook):
-            raise ValueError(f"hook must be 'package.module:function', got {hook!r}")
+            raise ValueError(f"hooks are 'package.module:function', got {hook!r}")
         return hook
 
     @model_validator(mode="after")
@@ -174,17 +182,23 @@ class SourceConfig(BaseModel):
         )
 
     def load_hook(self) -> Hook | None:
-        """The hook function, imported (raises ConfigError when it cannot be)."""
-        if self.hook is None:
-            return None
-        module_name, func_name = self.hook.split(":")
-        try:
-            fn = getattr(importlib.import_module(module_name), func_name)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"source {self.name}: cannot load hook {self.hook}: {exc}") from exc
-        if not callable(fn):
-            raise ConfigError(f"source {self.name}: hook {self.hook} is not callable")
-        return fn  # type: ignore[no-any-return]
+        """The receiver's mapping hook, imported (ConfigError when it cannot be)."""
+        return None if self.hook is None else _import(self.name, self.hook)
+
+    def load_handler(self) -> Handler | None:
+        """The lane's handler, imported (ConfigError when it cannot be)."""
+        return None if self.handler is None else _import(self.name, self.handler)
+
+
+def _import(source: str, path: str) -> Callable[..., Any]:
+    module_name, func_name = path.split(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), func_name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"source {source}: cannot load hook {path}: {exc}") from exc
+    if not callable(fn):
+        raise ConfigError(f"source {source}: hook {path} is not callable")
+    return fn  # type: ignore[no-any-return]
 
 
 def _scheme(source: SourceConfig) -> str:

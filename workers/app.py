@@ -13,7 +13,7 @@ from typing import Any
 from celery import Celery
 from kombu.entity import Queue
 
-from routing.router import APPLY_TASK, ShardRouter
+from routing.router import APPLY_TASK, RELEASE_TASK, ShardRouter
 from workers.errors import NotOwner
 from workers.settings import Settings
 
@@ -55,5 +55,9 @@ def create_app(settings: Settings) -> Celery:
         # Messages of this task are applied by the lanes, under a shard lease. A plain
         # Celery worker that consumes a shard queue by mistake must not apply them.
         raise NotOwner(-1, "keylane.apply runs only inside a keylane lane")
+
+    @app.task(name=RELEASE_TASK, ignore_result=True, shared=False)
+    def release(record_key: str, dead_letter_id: int) -> None:
+        raise NotOwner(-1, "keylane.release runs only inside a keylane lane")
 
     return app

@@ -16,15 +16,22 @@ event behind later events of the same record.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Literal
 
-from producers.sources import SourceConfig
+from producers.sources import Handler, SourceConfig
 from workers.changes import apply_changes
-from workers.errors import AlreadyApplied, ChangeNotApplicable, FieldNotOwned, VersionConflict
-from workers.events import Event
+from workers.errors import (
+    AlreadyApplied,
+    ChangeNotApplicable,
+    FieldNotOwned,
+    KeylaneError,
+    VersionConflict,
+)
+from workers.events import Change, Event, parse_changes
 from workers.faults import NO_FAULTS, Faults
-from workers.stores.base import DeadLetterDraft, EventWrite, Fence, Store
+from workers.stores.base import DeadLetterDraft, EventWrite, Fence, Record, Store
 
 Outcome = Literal["applied", "duplicate", "dead_lettered"]
 
@@ -53,9 +60,12 @@ def apply_event(
     source: SourceConfig | None,
     max_attempts: int,
     faults: Faults = NO_FAULTS,
+    handler: Handler | None = None,
+    handler_time_limit_s: float = 10.0,
 ) -> ApplyResult:
     """Apply ``event`` once (see the module docstring). Raises only for infrastructure
-    errors (:class:`StoreUnavailable`) and lost ownership (:class:`StaleFence`)."""
+    errors (:class:`StoreUnavailable`), lost ownership (:class:`StaleFence`) and errors of
+    the source's handler (the lane counts those and retries the delivery)."""
     if event.review is not None:
         return dead_letter(
             store,
@@ -82,11 +92,20 @@ def apply_event(
         record = store.read(event.record_key)
         revision_read = record.revision
         try:
-            fields = apply_changes(record.fields, event.changes, source.ownership, source.name)
+            changes = _changes(event, record, handler, handler_time_limit_s)
+            fields = (
+                None
+                if changes is None
+                else apply_changes(record.fields, changes, source.ownership, source.name)
+            )
         except FieldNotOwned as exc:
             return dead_letter(store, event, fence, "not_owned", attempt, str(exc), record.revision)
         except ChangeNotApplicable as exc:
             return dead_letter(store, event, fence, "type", attempt, str(exc), record.revision)
+        except InvalidHandlerResult as exc:
+            return dead_letter(
+                store, event, fence, "handler_error", attempt, str(exc), record.revision
+            )
         faults.hit("worker.before_write", event.record_key, bump=lambda: _bump(store, event))
         write = EventWrite(
             source=event.source,
@@ -117,6 +136,34 @@ def apply_event(
         found,
         conflicts=max_attempts,
     )
+
+
+class HandlerTimeout(RuntimeError):
+    """The source's handler ran past ``handler_time_limit_ms``."""
+
+
+class InvalidHandlerResult(KeylaneError):
+    """The source's handler returned something that is not a change."""
+
+
+def _changes(
+    event: Event, record: Record, handler: Handler | None, time_limit_s: float
+) -> dict[str, Change] | None:
+    """The change to apply on this attempt: the event's own, or what the source's handler
+    computes from the record as just read (None: nothing to change)."""
+    if handler is None:
+        return dict(event.changes)
+    started = time.monotonic()
+    result = handler(event, record)
+    elapsed = time.monotonic() - started
+    if elapsed > time_limit_s:
+        raise HandlerTimeout(f"handler took {elapsed:.1f}s, over its limit of {time_limit_s:.1f}s")
+    if result is None:
+        return None
+    try:
+        return parse_changes(dict(result))
+    except (ValueError, TypeError) as exc:
+        raise InvalidHandlerResult(f"the handler returned an invalid change: {exc}") from exc
 
 
 def dead_letter(

@@ -75,18 +75,65 @@ return 1
 """
 
 _TAKE = """
+local held_keys = redis.call('HLEN', KEYS[#KEYS])
 for i = 1, #ARGV do
   local lease, inflight, queue = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   if redis.call('GET', lease) == ARGV[i] then
     local held = redis.call('LINDEX', inflight, -1)
     if held then
-      return {i, held, 1}
+      return {i, held, 1, held_keys}
     end
     local m = redis.call('LMOVE', queue, inflight, 'RIGHT', 'LEFT')
-    if m then return {i, m, 0} end
+    if m then return {i, m, 0, held_keys} end
   end
 end
 return nil
+"""
+
+# Park a held key's message (in arrival order), or, when the message is the operator's
+# retry of the very dead letter that holds the key, release the key: its parked messages
+# go back to the head of the queue, to run right after this one.
+_PARK = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 'lost' end
+local holder = redis.call('HGET', KEYS[3], ARGV[3])
+if not holder then return 'free' end
+if ARGV[4] ~= '' and holder == ARGV[4] then
+  redis.call('HDEL', KEYS[3], ARGV[3])
+  local parked = redis.call('LRANGE', KEYS[4], 0, -1)
+  for i = #parked, 1, -1 do redis.call('RPUSH', KEYS[5], parked[i]) end
+  redis.call('DEL', KEYS[4])
+  return 'released'
+end
+redis.call('RPUSH', KEYS[4], ARGV[2])
+redis.call('LREM', KEYS[2], 1, ARGV[2])
+return 'parked'
+"""
+
+# A release control message: the dead letter that held the key was resolved or discarded.
+_RELEASE_KEY = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+local released = 0
+if redis.call('HGET', KEYS[3], ARGV[3]) == ARGV[4] then
+  redis.call('HDEL', KEYS[3], ARGV[3])
+  local parked = redis.call('LRANGE', KEYS[4], 0, -1)
+  for i = #parked, 1, -1 do redis.call('RPUSH', KEYS[5], parked[i]) end
+  redis.call('DEL', KEYS[4])
+  released = #parked
+end
+redis.call('LREM', KEYS[2], 1, ARGV[2])
+return released
+"""
+
+# Queue an operator's message once per marker: at the head (RPUSH) or the tail (LPUSH).
+_PUSH_ONCE = """
+if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[3]) == false then return 0 end
+if ARGV[2] == 'head' then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+else
+  redis.call('LPUSH', KEYS[2], ARGV[1])
+end
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1
 """
 
 _ACK = """
@@ -121,6 +168,7 @@ class Taken:
     shard: int
     raw: bytes
     resumed: bool  # it was already in flight (an earlier attempt did not finish)
+    any_held: bool = False  # some record key is held behind an open dead letter
 
 
 @dataclass(frozen=True)
@@ -145,6 +193,9 @@ class LaneBroker:
         self._take = client.register_script(_TAKE)
         self._ack = client.register_script(_ACK)
         self._bump_fence = client.register_script(_BUMP_FENCE)
+        self._park = client.register_script(_PARK)
+        self._release_key = client.register_script(_RELEASE_KEY)
+        self._push_once = client.register_script(_PUSH_ONCE)
 
     @classmethod
     def from_url(cls, url: str, keys: RedisKeys, shards: ShardMap) -> LaneBroker:
@@ -240,11 +291,12 @@ class LaneBroker:
                 self.keys.inflight(lease.shard),
                 self.queue_key(lease.shard),
             ]
+        keys.append(self.keys.held)
         result = _call(self._take, keys, [lease.value for lease in leases])
         if result is None:
             return None
-        index, raw, resumed = result
-        return Taken(leases[int(index) - 1].shard, bytes(raw), bool(resumed))
+        index, raw, resumed, held_keys = result
+        return Taken(leases[int(index) - 1].shard, bytes(raw), bool(resumed), int(held_keys) > 0)
 
     def ack(self, lease: Lease, raw: bytes, event_id: str) -> bool:
         """Drop the message from the in-flight slot if the lease is still ours."""
@@ -254,6 +306,80 @@ class LaneBroker:
                 self._ack,
                 [k.lease(lease.shard), k.inflight(lease.shard), k.deliveries(lease.shard)],
                 [lease.value, raw, event_id],
+            )
+        )
+
+    def park(self, lease: Lease, raw: bytes, record_key: str, retry_of: int | None) -> str:
+        """``parked`` (the key is held: the message waits, in order, and leaves the
+        in-flight slot), ``released`` (it is the retry of the holding dead letter: the
+        parked messages now follow it), ``free`` (not held) or ``lost`` (not the owner)."""
+        k = self.keys
+        return _text(
+            _call(
+                self._park,
+                [
+                    k.lease(lease.shard),
+                    k.inflight(lease.shard),
+                    k.held,
+                    k.parked(record_key),
+                    self.queue_key(lease.shard),
+                ],
+                [lease.value, raw, record_key, "" if retry_of is None else str(retry_of)],
+            )
+        )
+
+    def hold(self, record_key: str, dead_letter_id: int) -> bool:
+        """Hold ``record_key`` behind a dead letter (unless it is already held)."""
+        return bool(_do(lambda: self.client.hsetnx(self.keys.held, record_key, dead_letter_id)))
+
+    def holder(self, record_key: str) -> int | None:
+        """The dead letter holding ``record_key``, if any."""
+        value = _do(lambda: self.client.hget(self.keys.held, record_key))
+        return int(value) if value is not None else None
+
+    def held(self) -> dict[str, int]:
+        """Every held key and the dead letter holding it."""
+        raw = _do(lambda: self.client.hgetall(self.keys.held))
+        return {_text(k): int(v) for k, v in raw.items()}
+
+    def parked_count(self, record_key: str) -> int:
+        """Messages waiting behind the held ``record_key``."""
+        return int(_do(lambda: self.client.llen(self.keys.parked(record_key))))
+
+    def release_key(self, lease: Lease, raw: bytes, record_key: str, dead_letter_id: int) -> int:
+        """Run a release control message: if ``dead_letter_id`` holds the key, its parked
+        messages go to the head of the queue; the control message is acknowledged.
+        Returns how many were released (-1: not the owner)."""
+        k = self.keys
+        return int(
+            _call(
+                self._release_key,
+                [
+                    k.lease(lease.shard),
+                    k.inflight(lease.shard),
+                    k.held,
+                    k.parked(record_key),
+                    self.queue_key(lease.shard),
+                ],
+                [lease.value, raw, record_key, dead_letter_id],
+            )
+        )
+
+    def push_once(
+        self,
+        marker: str,
+        shard: int,
+        raw: bytes,
+        at_head: bool,
+        marker_ttl_ms: int = 7 * 24 * 3600 * 1000,
+    ) -> bool:
+        """Queue an operator's message unless ``marker`` was used before (a second retry
+        of one dead letter queues nothing). At the head, it runs next."""
+        return bool(
+            _call(
+                self._push_once,
+                [self.keys.once(marker), self.queue_key(shard)],
+                [raw, "head" if at_head else "tail", marker_ttl_ms, self.keys.doorbell, shard],
             )
         )
 

@@ -25,8 +25,9 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from producers.sources import Sources
-from routing.router import APPLY_TASK
+from producers.sources import Handler, SourceConfig, Sources
+from routing.router import APPLY_TASK, RELEASE_TASK
+from workers.alerts import alert_dead_letter
 from workers.apply import ApplyResult, apply_event, dead_letter
 from workers.errors import BrokerUnavailable, StaleFence, StoreUnavailable
 from workers.events import Event
@@ -35,7 +36,7 @@ from workers.lanebroker import LaneBroker, Lease, Taken
 from workers.message import MalformedMessage, parse_message
 from workers.ownership import Ownership
 from workers.settings import Settings
-from workers.stores.base import DeadLetterDraft, Fence, Store
+from workers.stores.base import DeadLetterDraft, DeadLetterFilter, Fence, Store
 
 log = logging.getLogger("keylane.lanes")
 
@@ -115,6 +116,7 @@ class Lanes:
         self._store_factory = store_factory
         self._on_result = on_result
         self._take_lock = threading.Lock()
+        self._handlers: dict[str, Handler | None] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.doorbell = Doorbell(broker)
@@ -179,38 +181,51 @@ class Lanes:
     def _handle(self, store: Store, lease: Lease, taken: Taken) -> None:
         try:
             message = parse_message(taken.raw)
+            if message.task_name == RELEASE_TASK:
+                self._release(lease, taken, message.kwargs)
+                return
             if message.task_name != APPLY_TASK:
                 raise MalformedMessage(f"unexpected task {message.task_name!r}")
             event = Event.model_validate(message.kwargs.get("event"))
-        except (MalformedMessage, ValidationError) as exc:
+        except (MalformedMessage, ValidationError, KeyError, TypeError, ValueError) as exc:
             self._malformed(store, lease, taken, str(exc))
             return
+        if taken.any_held or event.retry_of is not None:
+            verdict = self.broker.park(lease, taken.raw, event.record_key, event.retry_of)
+            if verdict == "parked":
+                log.info(
+                    "parked %s/%s: %s is held behind an open dead letter",
+                    event.source,
+                    event.event_id,
+                    event.record_key,
+                )
+                self.broker.incr("parked")
+                return
+            if verdict == "lost":
+                self.ownership.lost(lease, "lease changed before the message could be parked")
+                return
+        self._apply(store, lease, taken, event)
+
+    def _release(self, lease: Lease, taken: Taken, kwargs: dict[str, object]) -> None:
+        record_key = str(kwargs["record_key"])
+        dead_letter_id = int(str(kwargs["dead_letter_id"]))
+        released = self.broker.release_key(lease, taken.raw, record_key, dead_letter_id)
+        if released < 0:
+            self.ownership.lost(lease, "lease changed before a release could run")
+        else:
+            log.info(
+                "released %s (dead letter %s): %s parked event(s) go next",
+                record_key,
+                dead_letter_id,
+                released,
+            )
+
+    def _apply(self, store: Store, lease: Lease, taken: Taken, event: Event) -> None:
         ref = f"{event.source}/{event.event_id}"
         deliveries = self.broker.count_delivery(lease.shard, ref)
-        fence = Fence(lease.shard, lease.token)
         started = time.monotonic()
         try:
-            if deliveries > self.settings.max_deliveries:
-                result = dead_letter(
-                    store,
-                    event,
-                    fence,
-                    "poison",
-                    deliveries - 1,
-                    f"started {deliveries - 1} times without finishing; last error: "
-                    + (self.broker.last_failure(lease.shard, ref) or "worker died"),
-                )
-            elif not self.ownership.valid(lease):
-                return
-            else:
-                result = apply_event(
-                    store,
-                    event,
-                    fence,
-                    self.sources.get(event.source),
-                    self.settings.max_attempts,
-                    self.faults,
-                )
+            result = self._outcome(store, lease, event, ref, deliveries)
         except StaleFence as exc:
             log.warning("write of %s refused, the shard has a newer owner: %s", ref, exc)
             self.ownership.lost(lease, str(exc))
@@ -224,11 +239,73 @@ class Lanes:
             self.broker.note_failure(lease.shard, ref, f"{type(exc).__name__}: {exc}")
             self.ownership.back_off(lease.shard, min(MAX_BACKOFF_S, 0.05 * 2**deliveries))
             return
+        if result is None:
+            return  # the lease ran out before the write: the next owner takes it from here
+        self._after(store, event, result)
         self.faults.hit("worker.before_ack", event.record_key)
         self.broker.ack(lease, taken.raw, ref)
         self._count(result)
         if self._on_result is not None:
             self._on_result(event, result, time.monotonic() - started)
+
+    def _outcome(
+        self, store: Store, lease: Lease, event: Event, ref: str, deliveries: int
+    ) -> ApplyResult | None:
+        fence = Fence(lease.shard, lease.token)
+        if deliveries > self.settings.max_deliveries:
+            # Started this often without finishing: failing every time (handler_error) or
+            # killing its worker every time (poison). Record it and let the shard move on.
+            last_error = self.broker.last_failure(lease.shard, ref)
+            reason = "handler_error" if last_error else "poison"
+            detail = last_error or "the worker died each time (killed, crashed or stuck)"
+            return dead_letter(
+                store,
+                event,
+                fence,
+                reason,
+                deliveries - 1,
+                f"started {deliveries - 1} times without finishing; last: {detail}",
+            )
+        if not self.ownership.valid(lease):
+            return None
+        source = self.sources.get(event.source)
+        return apply_event(
+            store,
+            event,
+            fence,
+            source,
+            self.settings.max_attempts,
+            self.faults,
+            self._handler(source),
+            self.settings.handler_time_limit_ms / 1000,
+        )
+
+    def _handler(self, source: SourceConfig | None) -> Handler | None:
+        if source is None or source.handler is None:
+            return None
+        if source.name not in self._handlers:
+            self._handlers[source.name] = source.load_handler()
+        return self._handlers[source.name]
+
+    def _after(self, store: Store, event: Event, result: ApplyResult) -> None:
+        """Alert on a new dead letter and, for a source whose policy is ``hold``, hold
+        the record key behind it (again, when a crash came between the two)."""
+        source = self.sources.get(event.source)
+        holds = source is not None and source.on_dead_letter == "hold"
+        if result.outcome == "dead_lettered":
+            alert_dead_letter(event, result)
+            if holds and result.reason != "id_reused" and result.dead_letter_id is not None:
+                self.broker.hold(event.record_key, result.dead_letter_id)
+        elif result.outcome == "duplicate" and holds and event.review is None:
+            entry = store.journal(event.source, event.event_id)
+            if entry is not None and entry.outcome == "dead_lettered":
+                for row in store.dead_letters(
+                    DeadLetterFilter(
+                        statuses=("open",), sources=(event.source,), record_key=event.record_key
+                    )
+                ):
+                    if row.event_id == event.event_id:
+                        self.broker.hold(event.record_key, row.id)
 
     def _malformed(self, store: Store, lease: Lease, taken: Taken, error: str) -> None:
         digest = hashlib.sha256(taken.raw).hexdigest()

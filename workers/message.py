@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from routing.router import APPLY_TASK
+from routing.router import APPLY_TASK, RELEASE_TASK
 from workers.events import Event
 
 _ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
@@ -43,14 +43,33 @@ class MalformedMessage(ValueError):
 
 def build_apply_message(event: Event, queue: str, task_id: str | None = None) -> bytes:
     """The Redis list entry that asks a lane to apply ``event``."""
+    summary = f"{event.source}/{event.event_id} -> {event.record_key}"
+    return build_task_message(
+        APPLY_TASK, {"event": event.model_dump(mode="json")}, queue, summary, task_id
+    )
+
+
+def build_release_message(record_key: str, dead_letter_id: int, queue: str) -> bytes:
+    """The control message that releases ``record_key`` if ``dead_letter_id`` holds it."""
+    return build_task_message(
+        RELEASE_TASK,
+        {"record_key": record_key, "dead_letter_id": dead_letter_id},
+        queue,
+        f"release {record_key} (dead letter {dead_letter_id})",
+    )
+
+
+def build_task_message(
+    task: str, kwargs: dict[str, Any], queue: str, summary: str, task_id: str | None = None
+) -> bytes:
+    """A Celery protocol-2 message for ``task(**kwargs)`` in kombu's Redis layout."""
     task_id = task_id or str(uuid.uuid4())
-    kwargs = {"event": event.model_dump(mode="json")}
     body = json.dumps(
         [[], kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
     )
     headers: dict[str, Any] = {
         "lang": "py",
-        "task": APPLY_TASK,
+        "task": task,
         "id": task_id,
         "shadow": None,
         "eta": None,
@@ -62,7 +81,7 @@ def build_apply_message(event: Event, queue: str, task_id: str | None = None) ->
         "root_id": task_id,
         "parent_id": None,
         "argsrepr": "()",
-        "kwargsrepr": f"{{'event': '{event.source}/{event.event_id} -> {event.record_key}'}}",
+        "kwargsrepr": repr({"summary": summary}),
         "origin": _ORIGIN,
         "ignore_result": True,
         "replaced_task_nesting": 0,

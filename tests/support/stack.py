@@ -118,6 +118,7 @@ class Stack:
     url: str = ""
     stores: list[Store] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)  # e.g. signing secrets
+    http: httpx.Client | None = None
 
     def _spawn(self, name: str, args: list[str], **env: Any) -> Proc:
         n = sum(1 for p in self.procs if p.name.startswith(name))
@@ -193,23 +194,24 @@ class Stack:
         retries: int = 0,
         **headers: str,
     ) -> httpx.Response:
-        """POST a webhook (JSON-encoded ``body``) and return the answer."""
+        """POST a webhook (JSON-encoded ``body``) and return the answer. Without a
+        ``client``, one shared by the whole test (and safe across threads) is used."""
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         hdrs = {"content-type": "application/json", **headers}
-        own = client is None
-        c = client or httpx.Client(timeout=30)
-        try:
-            for attempt in range(retries + 1):
-                try:
-                    return c.post(f"{self.url}/webhooks/{source}", content=data, headers=hdrs)
-                except httpx.TransportError:
-                    if attempt == retries:
-                        raise
-                    time.sleep(0.2)
-            raise AssertionError("unreachable")
-        finally:
-            if own:
-                c.close()
+        c = client or self._client()
+        for attempt in range(retries + 1):
+            try:
+                return c.post(f"{self.url}/webhooks/{source}", content=data, headers=hdrs)
+            except httpx.TransportError:
+                if attempt == retries:
+                    raise
+                time.sleep(0.2)
+        raise AssertionError("unreachable")
+
+    def _client(self) -> httpx.Client:
+        if self.http is None:
+            self.http = httpx.Client(timeout=30)
+        return self.http
 
     def logs(self) -> str:
         """The tail of every process's log, for failure messages."""
@@ -222,6 +224,9 @@ class Stack:
         for store in self.stores:
             store.close()
         self.stores.clear()
+        if self.http is not None:
+            self.http.close()
+            self.http = None
 
 
 def _healthy(url: str) -> bool:

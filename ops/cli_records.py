@@ -1,0 +1,69 @@
+"""``keylane records``: read a record, or edit it from outside the lanes."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ops.cli_common import cli_store, emit_json, settings_of, when
+from ops.records import edit_record, parse_assignment, record_json
+
+
+@click.group()
+def records() -> None:
+    """Read records, or edit them from outside the lanes."""
+
+
+@records.command("get")
+@click.argument("key")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def records_get(ctx: click.Context, key: str, as_json: bool) -> None:
+    """Print the record KEY with its revision (exit code 1 if there is none)."""
+    store = cli_store(settings_of(ctx))
+    try:
+        record = store.read(key)
+    finally:
+        store.close()
+    if as_json:
+        emit_json(record_json(record))
+        return
+    if not record.exists:
+        click.echo(f"{key}: no such record")
+        raise SystemExit(1)
+    click.echo(f"{key}  revision {record.revision}  updated {when(record.updated_at)}")
+    for name in sorted(record.fields):
+        click.echo(f"  {name} = {json.dumps(record.fields[name])}")
+
+
+@records.command("set")
+@click.argument("key")
+@click.argument("assignments", nargs=-1)
+@click.option("--unset", "unset", multiple=True, help="Remove this field (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the record written, as JSON.")
+@click.pass_context
+def records_set(
+    ctx: click.Context,
+    key: str,
+    assignments: tuple[str, ...],
+    unset: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Edit KEY as a person would: FIELD=VALUE... (VALUE is JSON if it parses, else text).
+
+    The write is revision-checked and advances the revision; a lane that read the record
+    before this edit re-applies its change on top of it.
+    """
+    if not assignments and not unset:
+        raise click.UsageError("give at least one FIELD=VALUE or --unset FIELD")
+    assign = dict(parse_assignment(a) for a in assignments)
+    store = cli_store(settings_of(ctx))
+    try:
+        record = edit_record(store, key, assign, list(unset))
+    finally:
+        store.close()
+    if as_json:
+        emit_json(record_json(record))
+    else:
+        click.echo(f"{key}: revision {record.revision}")

@@ -1,0 +1,152 @@
+"""Working through dead letters: retry, discard, resolve; the diff a person decides on.
+
+* **retry** sends the row's event back through its record's lane, from a fresh read. If
+  the row holds its key (policy ``hold``), the retry goes to the head of the shard queue,
+  runs first, and the events parked behind it follow in order; otherwise it joins the tail
+  like a new event. A row is queued once (a marker in Redis), and the store's journal lets
+  a retried event apply at most once, so retrying twice, or concurrently, is harmless.
+* **discard** / **resolve** close the row (with who, when and a note); if it held its key,
+  a release message lets the parked events go, in order.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from workers.changes import apply_changes
+from workers.errors import KeylaneError
+from workers.events import Event, parse_changes
+from workers.lanebroker import LaneBroker
+from workers.message import build_apply_message, build_release_message
+from workers.stores.base import DeadLetter, DeadLetterStatus, Store
+
+#: Reasons whose event cannot be applied by retrying it as it is.
+NOT_RETRYABLE = {
+    "malformed": "the message could not be read; there is no event to retry",
+    "id_reused": "the event id was already applied with its first body; resolve or discard",
+}
+
+Outcome = Literal["queued", "already queued", "closed", "skipped"]
+
+
+@dataclass(frozen=True)
+class Done:
+    """What an operation did to one row."""
+
+    row_id: int
+    outcome: Outcome
+    detail: str = ""
+
+
+class Triage:
+    """Operations on review rows, for the CLI."""
+
+    def __init__(self, store: Store, broker: LaneBroker) -> None:
+        self.store = store
+        self.broker = broker
+
+    def retry(self, row: DeadLetter, by: str, note: str | None = None) -> Done:
+        """Queue the row's event again (see the module docstring)."""
+        if row.status not in ("open", "retried"):
+            return Done(row.id, "skipped", f"status is {row.status}")
+        if row.reason in NOT_RETRYABLE:
+            return Done(row.id, "skipped", NOT_RETRYABLE[row.reason])
+        event = Event.model_validate(row.event).model_copy(
+            update={"retry_of": row.id, "accepted_at": time.time(), "review": None}
+        )
+        queue = self.broker.shards.queue_name(event.shard)
+        at_head = self.broker.holder(row.record_key) == row.id
+        queued = self.broker.push_once(
+            f"retry:{row.id}", event.shard, build_apply_message(event, queue), at_head
+        )
+        # The row is marked after the push: a crash in between leaves it open, and the
+        # next retry completes the job without queueing a second copy.
+        self.store.set_dead_letter_status(row.id, "retried", ("open",), by, note)
+        return Done(
+            row.id,
+            "queued" if queued else "already queued",
+            "at the head, ahead of its parked events" if at_head and queued else "",
+        )
+
+    def close(
+        self, row: DeadLetter, status: DeadLetterStatus, by: str, note: str | None = None
+    ) -> Done:
+        """Discard or resolve the row; release its key if it held one."""
+        if not self.store.set_dead_letter_status(row.id, status, ("open",), by, note):
+            return Done(row.id, "skipped", f"status is {row.status}, not open")
+        detail = ""
+        if self.broker.holder(row.record_key) == row.id:
+            queue = self.broker.shards.queue_name(row.shard)
+            message = build_release_message(row.record_key, row.id, queue)
+            parked = self.broker.parked_count(row.record_key)  # before the lane releases them
+            self.broker.push_once(f"release:{row.id}", row.shard, message, at_head=True)
+            detail = f"released {row.record_key}: {parked} parked event(s) go next"
+        return Done(row.id, "closed", detail)
+
+
+@dataclass(frozen=True)
+class FieldDiff:
+    """One field of ``dlq show``: the attempted change beside the record as it is now."""
+
+    field: str
+    change: dict[str, Any] | None
+    now: Any
+    would_be: Any
+    differs: bool
+
+
+ABSENT = "(absent)"
+
+
+def field_diffs(row: DeadLetter, fields_now: Mapping[str, Any]) -> list[FieldDiff]:
+    """For each field the change touches: the change, the value now, the value the change
+    would give if applied to the record now, and whether those two differ."""
+    diffs = []
+    for field, wire in sorted(row.attempted_change.items()):
+        now = fields_now.get(field, ABSENT)
+        try:
+            changes = parse_changes({field: wire})
+            after = apply_changes({k: copy.deepcopy(v) for k, v in fields_now.items()}, changes)
+            would_be: Any = after.get(field, ABSENT)
+        except (ValueError, KeylaneError) as exc:
+            would_be = f"(cannot apply: {exc})"
+        diffs.append(FieldDiff(field, wire, now, would_be, would_be != now))
+    return diffs
+
+
+def parse_age(text: str) -> float:
+    """``90s``, ``15m``, ``2h``, ``3d`` (or plain seconds) -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    try:
+        if text and text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise KeylaneError(f"not a duration: {text!r} (use e.g. 90s, 15m, 2h, 3d)") from None
+
+
+def stats_summary(rows: list[dict[str, Any]], now: float) -> dict[str, Any]:
+    """``dlq stats``: counts by status, by reason and by source (open rows), and the age
+    of the oldest open row."""
+    by_status: dict[str, int] = {}
+    by_reason: dict[str, int] = {}
+    by_source: dict[str, int] = {}
+    oldest_open: float | None = None
+    for r in rows:
+        by_status[r["status"]] = by_status.get(r["status"], 0) + r["count"]
+        if r["status"] != "open":
+            continue
+        by_reason[r["reason"]] = by_reason.get(r["reason"], 0) + r["count"]
+        by_source[r["source"]] = by_source.get(r["source"], 0) + r["count"]
+        oldest_open = r["oldest"] if oldest_open is None else min(oldest_open, r["oldest"])
+    return {
+        "by_status": by_status,
+        "open_by_reason": by_reason,
+        "open_by_source": by_source,
+        "oldest_open_age_s": None if oldest_open is None else round(now - oldest_open, 1),
+    }

@@ -1,0 +1,23 @@
+"""Lane handlers (``handler = "tests.support.handlers:..."`` in a sources file)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workers.events import Event
+from workers.stores.base import Record
+
+
+def fail_on_bad(event: Event, record: Record) -> dict[str, Any]:
+    """Apply the event's own change, except on ``bad:*`` records, where it always raises."""
+    if event.record_key.startswith("bad:"):
+        raise RuntimeError(f"this handler cannot deal with {event.record_key}")
+    return event.changes_wire()
+
+
+def tier_from_total(event: Event, record: Record) -> dict[str, Any] | None:
+    """Computed from the record as freshly read: add the amount, and set ``tier`` from the
+    new total (so a retry after a conflict computes it again from the newer total)."""
+    amount = event.changes["amount"].value
+    total = record.fields.get("total", 0) + amount
+    return {"total": {"set": total}, "tier": {"set": "gold" if total >= 1000 else "basic"}}
