@@ -1,5 +1,5 @@
 """Alerts: every new dead letter is a Sentry event (when Sentry is configured) and a
-counter (``dead_letters`` in ``keylane status`` and the metrics)."""
+counter (``dead_lettered`` in ``keylane status`` and the metrics)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ The queue itself stays an ordinary Celery queue (kombu's list at ``<ns>:<queue>`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -74,17 +75,24 @@ redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[3],
 return 1
 """
 
+# KEYS: (lease, inflight, queue, deliveries) per candidate shard, then the held-keys hash.
+# A message is counted in ``deliveries`` (by the SHA-1 of its bytes, which a restore
+# keeps) each time it is handed to a lane, so poison is seen even when the lane dies.
 _TAKE = """
 local held_keys = redis.call('HLEN', KEYS[#KEYS])
 for i = 1, #ARGV do
-  local lease, inflight, queue = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local lease, inflight, queue, deliveries = KEYS[4*i-3], KEYS[4*i-2], KEYS[4*i-1], KEYS[4*i]
   if redis.call('GET', lease) == ARGV[i] then
-    local held = redis.call('LINDEX', inflight, -1)
-    if held then
-      return {i, held, 1, held_keys}
+    local resumed = 1
+    local m = redis.call('LINDEX', inflight, -1)
+    if not m then
+      resumed = 0
+      m = redis.call('LMOVE', queue, inflight, 'RIGHT', 'LEFT')
     end
-    local m = redis.call('LMOVE', queue, inflight, 'RIGHT', 'LEFT')
-    if m then return {i, m, 0, held_keys} end
+    if m then
+      local n = redis.call('HINCRBY', deliveries, redis.sha1hex(m), 1)
+      return {i, m, resumed, held_keys, n}
+    end
   end
 end
 return nil
@@ -106,6 +114,8 @@ if ARGV[4] ~= '' and holder == ARGV[4] then
 end
 redis.call('RPUSH', KEYS[4], ARGV[2])
 redis.call('LREM', KEYS[2], 1, ARGV[2])
+redis.call('HDEL', KEYS[6], redis.sha1hex(ARGV[2]))
+redis.call('HINCRBY', KEYS[7], 'parked', 1)
 return 'parked'
 """
 
@@ -121,6 +131,7 @@ if redis.call('HGET', KEYS[3], ARGV[3]) == ARGV[4] then
   released = #parked
 end
 redis.call('LREM', KEYS[2], 1, ARGV[2])
+redis.call('HDEL', KEYS[6], redis.sha1hex(ARGV[2]))
 return released
 """
 
@@ -139,7 +150,10 @@ return 1
 _ACK = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('LREM', KEYS[2], 1, ARGV[2])
-redis.call('HDEL', KEYS[3], ARGV[3], ARGV[3] .. ':error')
+local digest = redis.sha1hex(ARGV[2])
+redis.call('HDEL', KEYS[3], digest, digest .. ':error')
+if ARGV[3] ~= '' then redis.call('HINCRBY', KEYS[4], ARGV[3], 1) end
+if tonumber(ARGV[4]) > 0 then redis.call('HINCRBY', KEYS[4], 'conflicts', ARGV[4]) end
 return 1
 """
 
@@ -169,6 +183,7 @@ class Taken:
     raw: bytes
     resumed: bool  # it was already in flight (an earlier attempt did not finish)
     any_held: bool = False  # some record key is held behind an open dead letter
+    deliveries: int = 1  # how many times this message has been handed to a lane
 
 
 @dataclass(frozen=True)
@@ -290,22 +305,35 @@ class LaneBroker:
                 self.keys.lease(lease.shard),
                 self.keys.inflight(lease.shard),
                 self.queue_key(lease.shard),
+                self.keys.deliveries(lease.shard),
             ]
         keys.append(self.keys.held)
         result = _call(self._take, keys, [lease.value for lease in leases])
         if result is None:
             return None
-        index, raw, resumed, held_keys = result
-        return Taken(leases[int(index) - 1].shard, bytes(raw), bool(resumed), int(held_keys) > 0)
+        index, raw, resumed, held_keys, deliveries = result
+        return Taken(
+            leases[int(index) - 1].shard,
+            bytes(raw),
+            bool(resumed),
+            int(held_keys) > 0,
+            int(deliveries),
+        )
 
-    def ack(self, lease: Lease, raw: bytes, event_id: str) -> bool:
-        """Drop the message from the in-flight slot if the lease is still ours."""
+    def ack(self, lease: Lease, raw: bytes, outcome: str = "", conflicts: int = 0) -> bool:
+        """Drop the message from the in-flight slot if the lease is still ours, and count
+        its ``outcome`` (and conflicts) in the deployment's counters."""
         k = self.keys
         return bool(
             _call(
                 self._ack,
-                [k.lease(lease.shard), k.inflight(lease.shard), k.deliveries(lease.shard)],
-                [lease.value, raw, event_id],
+                [
+                    k.lease(lease.shard),
+                    k.inflight(lease.shard),
+                    k.deliveries(lease.shard),
+                    k.counters,
+                ],
+                [lease.value, raw, outcome, conflicts],
             )
         )
 
@@ -383,21 +411,19 @@ class LaneBroker:
             )
         )
 
-    def count_delivery(self, shard: int, event_id: str, by: int = 1) -> int:
-        """Count one more start of this event's processing; returns the count."""
-        return int(_do(lambda: self.client.hincrby(self.keys.deliveries(shard), event_id, by)))
+    def uncount_delivery(self, shard: int, raw: bytes) -> None:
+        """Take back one delivery count (the attempt failed for reasons not the event's)."""
+        _do(lambda: self.client.hincrby(self.keys.deliveries(shard), message_digest(raw), -1))
 
-    def note_failure(self, shard: int, event_id: str, error: str) -> None:
-        """Remember why the last delivery failed (shown when it becomes poison)."""
-        _do(
-            lambda: self.client.hset(self.keys.deliveries(shard), f"{event_id}:error", error[:2000])
-        )
+    def note_failure(self, shard: int, raw: bytes, error: str) -> None:
+        """Remember why the last delivery failed (shown when it becomes a dead letter)."""
+        field = f"{message_digest(raw)}:error"
+        _do(lambda: self.client.hset(self.keys.deliveries(shard), field, error[:2000]))
 
-    def last_failure(self, shard: int, event_id: str) -> str:
+    def last_failure(self, shard: int, raw: bytes) -> str:
         """The error of the last failed delivery, if any."""
-        return _text(
-            _do(lambda: self.client.hget(self.keys.deliveries(shard), f"{event_id}:error"))
-        )
+        field = f"{message_digest(raw)}:error"
+        return _text(_do(lambda: self.client.hget(self.keys.deliveries(shard), field)))
 
     def depth(self, shard: int) -> int:
         """Messages waiting in the shard queue (not counting the one in flight)."""
@@ -486,6 +512,11 @@ class LaneBroker:
     def incr(self, counter: str, by: int = 1) -> None:
         """Add to one of the deployment's counters."""
         _do(lambda: self.client.hincrby(self.keys.counters, counter, by))
+
+
+def message_digest(raw: bytes) -> str:
+    """The key of a message in its shard's delivery counts (what ``redis.sha1hex`` gives)."""
+    return hashlib.sha1(raw, usedforsecurity=False).hexdigest()
 
 
 def connect(url: str) -> redis.Redis:

@@ -29,6 +29,7 @@ from producers.sources import Handler, SourceConfig, Sources
 from routing.router import APPLY_TASK, RELEASE_TASK
 from workers.alerts import alert_dead_letter
 from workers.apply import ApplyResult, apply_event, dead_letter
+from workers.doorbell import Doorbell
 from workers.errors import BrokerUnavailable, StaleFence, StoreUnavailable
 from workers.events import Event
 from workers.faults import Faults
@@ -41,58 +42,8 @@ from workers.stores.base import DeadLetterDraft, DeadLetterFilter, Fence, Store
 log = logging.getLogger("keylane.lanes")
 
 MAX_BACKOFF_S = 5.0
-
-
-class Doorbell:
-    """Wakes idle lanes when the receiver publishes to a shard (pub/sub), with a timeout
-    fallback so a missed ring costs at most ``idle_poll_ms``."""
-
-    def __init__(self, broker: LaneBroker) -> None:
-        self._broker = broker
-        self._cond = threading.Condition()
-        self._rings = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._listen, name="keylane-doorbell", daemon=True)
-
-    def start(self) -> None:
-        """Start listening."""
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop listening and wake every waiter."""
-        self._stop.set()
-        self.ring()
-
-    def ring(self) -> None:
-        """Wake the lanes."""
-        with self._cond:
-            self._rings += 1
-            self._cond.notify_all()
-
-    def wait(self, seen: int, timeout_s: float) -> int:
-        """Wait for a ring after ``seen`` (or the timeout); return the ring count."""
-        with self._cond:
-            if self._rings == seen:
-                self._cond.wait(timeout_s)
-            return self._rings
-
-    @property
-    def rings(self) -> int:
-        """Rings so far."""
-        return self._rings
-
-    def _listen(self) -> None:
-        while not self._stop.is_set():
-            try:
-                pubsub = self._broker.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-                pubsub.subscribe(self._broker.keys.doorbell)
-                while not self._stop.is_set():
-                    if pubsub.get_message(timeout=1.0) is not None:
-                        self.ring()
-                pubsub.close()
-            except Exception as exc:  # any connection error: lanes still poll
-                log.debug("doorbell reconnecting: %s", exc)
-                self._stop.wait(1.0)
+#: Shards offered to one take: bounds the take script's cost whatever a worker owns.
+TAKE_WINDOW = 16
 
 
 class Lanes:
@@ -115,11 +66,12 @@ class Lanes:
         self.faults = faults
         self._store_factory = store_factory
         self._on_result = on_result
-        self._take_lock = threading.Lock()
         self._handlers: dict[str, Handler | None] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.doorbell = Doorbell(broker)
+        self.doorbell = Doorbell(broker, ownership.owns)
+        # A shard that was just acquired may hold a restored message: look there first.
+        ownership.on_acquired = self.doorbell.ring
 
     def start(self) -> None:
         """Start the doorbell and the lane threads."""
@@ -145,9 +97,8 @@ class Lanes:
         while not self._stop.is_set():
             try:
                 store = store or self._store_factory()
-                seen = self.doorbell.rings
                 if not self._step(store):
-                    self.doorbell.wait(seen, idle_s)
+                    self.doorbell.wait(idle_s)
             except StoreUnavailable as exc:
                 log.warning("store unavailable: %s", exc)
                 _close(store)
@@ -164,18 +115,30 @@ class Lanes:
         _close(store)
 
     def _step(self, store: Store) -> bool:
-        """Take and handle one message; False when there was nothing to take."""
-        with self._take_lock:
-            taken = self.broker.take(self.ownership.candidates())
-            if taken is None:
-                return False
-            lease = self.ownership.begin(taken.shard)
-        if lease is None:
-            return True  # lost meanwhile: the next owner restores the message
+        """Take and handle one message; False when there was nothing to take.
+
+        The shards offered to the take script are reserved first (no other lane of this
+        process can take from them meanwhile), at most ``TAKE_WINDOW`` at a time: the
+        rung ones first, then the others in rotation.
+        """
+        leases = self.ownership.reserve(self.doorbell.hints(), TAKE_WINDOW)
+        if not leases:
+            return False
+        taken = None
+        try:
+            taken = self.broker.take(leases)
+        finally:
+            for lease in leases:
+                if taken is None or lease.shard != taken.shard:
+                    self.ownership.end(lease.shard)
+        if taken is None:
+            return False
+        lease = next(lease for lease in leases if lease.shard == taken.shard)
         try:
             self._handle(store, lease, taken)
         finally:
             self.ownership.end(taken.shard)
+        self.doorbell.ring(taken.shard)  # where there was one message there may be more
         return True
 
     def _handle(self, store: Store, lease: Lease, taken: Taken) -> None:
@@ -199,7 +162,6 @@ class Lanes:
                     event.event_id,
                     event.record_key,
                 )
-                self.broker.incr("parked")
                 return
             if verdict == "lost":
                 self.ownership.lost(lease, "lease changed before the message could be parked")
@@ -222,40 +184,40 @@ class Lanes:
 
     def _apply(self, store: Store, lease: Lease, taken: Taken, event: Event) -> None:
         ref = f"{event.source}/{event.event_id}"
-        deliveries = self.broker.count_delivery(lease.shard, ref)
+        deliveries = taken.deliveries
         started = time.monotonic()
         try:
-            result = self._outcome(store, lease, event, ref, deliveries)
+            result = self._outcome(store, lease, taken, event)
         except StaleFence as exc:
             log.warning("write of %s refused, the shard has a newer owner: %s", ref, exc)
             self.ownership.lost(lease, str(exc))
             return
         except StoreUnavailable:
-            self.broker.count_delivery(lease.shard, ref, -1)  # an outage is not the event's fault
+            self.broker.uncount_delivery(lease.shard, taken.raw)  # an outage is not its fault
             self.ownership.back_off(lease.shard, 1.0)
             raise
         except Exception as exc:
             log.exception("handler error on %s (delivery %s)", ref, deliveries)
-            self.broker.note_failure(lease.shard, ref, f"{type(exc).__name__}: {exc}")
+            self.broker.note_failure(lease.shard, taken.raw, f"{type(exc).__name__}: {exc}")
             self.ownership.back_off(lease.shard, min(MAX_BACKOFF_S, 0.05 * 2**deliveries))
             return
         if result is None:
             return  # the lease ran out before the write: the next owner takes it from here
         self._after(store, event, result)
         self.faults.hit("worker.before_ack", event.record_key)
-        self.broker.ack(lease, taken.raw, ref)
-        self._count(result)
+        self.broker.ack(lease, taken.raw, result.outcome, result.conflicts)
         if self._on_result is not None:
             self._on_result(event, result, time.monotonic() - started)
 
     def _outcome(
-        self, store: Store, lease: Lease, event: Event, ref: str, deliveries: int
+        self, store: Store, lease: Lease, taken: Taken, event: Event
     ) -> ApplyResult | None:
         fence = Fence(lease.shard, lease.token)
+        deliveries = taken.deliveries
         if deliveries > self.settings.max_deliveries:
             # Started this often without finishing: failing every time (handler_error) or
             # killing its worker every time (poison). Record it and let the shard move on.
-            last_error = self.broker.last_failure(lease.shard, ref)
+            last_error = self.broker.last_failure(lease.shard, taken.raw)
             reason = "handler_error" if last_error else "poison"
             detail = last_error or "the worker died each time (killed, crashed or stuck)"
             return dead_letter(
@@ -327,21 +289,7 @@ class Lanes:
         except StaleFence as exc:
             self.ownership.lost(lease, str(exc))
             return
-        self.broker.ack(lease, taken.raw, draft.event_id)
-        self.broker.incr("dead_letters")
-
-    def _count(self, result: ApplyResult) -> None:
-        pipe = self.broker.client.pipeline(transaction=False)
-        key = self.broker.keys.counters
-        pipe.hincrby(key, result.outcome, 1)
-        if result.conflicts:
-            pipe.hincrby(key, "conflicts", result.conflicts)
-        if result.outcome == "dead_lettered":
-            pipe.hincrby(key, "dead_letters", 1)
-        try:
-            pipe.execute()
-        except Exception as exc:  # counters are best effort; the store is the record
-            log.debug("counter update failed: %s", exc)
+        self.broker.ack(lease, taken.raw, "dead_lettered")
 
 
 def _close(store: Store | None) -> None:

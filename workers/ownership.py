@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from routing.assignment import assign_shards
@@ -76,41 +76,46 @@ class Ownership:
         self._stop = threading.Event()
         self._stuck: set[int] = set()
         self.ticks = 0
+        #: Called with each newly acquired shard (the lanes look at it first).
+        self.on_acquired: Callable[[int], None] | None = None
 
     # -- what lanes use ------------------------------------------------------------------
 
-    def candidates(self) -> list[Lease]:
-        """Leases a lane may take a message under now: valid, not busy, not being
-        released, not backing off. Rotated on each call so no shard starves."""
+    def reserve(self, preferred: Iterable[int], limit: int) -> list[Lease]:
+        """Reserve up to ``limit`` shards for one take: those in ``preferred`` first (shards
+        the doorbell rang for), then others in rotation so that none starves. A reserved
+        shard is marked busy, so no other lane of this process takes it meanwhile; the
+        caller ends every reservation it does not use (:meth:`end`)."""
         now = self._clock()
         with self._lock:
             if self._stopping:
                 return []
-            ready = [
-                h.lease
-                for h in self._held.values()
+            ready = {
+                shard: h
+                for shard, h in self._held.items()
                 if not h.busy and not h.releasing and h.valid_until > now and h.not_before <= now
-            ]
+            }
+            if not ready:
+                return []
+            order = [s for s in dict.fromkeys(preferred) if s in ready]
             self._rotation += 1
-        if not ready:
-            return []
-        ready.sort(key=lambda lease: lease.shard)
-        start = self._rotation % len(ready)
-        return ready[start:] + ready[:start]
+            rest = sorted(set(ready) - set(order))
+            if rest:
+                start = self._rotation % len(rest)
+                order += rest[start:] + rest[:start]
+            chosen = order[:limit]
+            for shard in chosen:
+                ready[shard].busy = True
+                ready[shard].busy_since = now
+            return [ready[shard].lease for shard in chosen]
 
-    def begin(self, shard: int) -> Lease | None:
-        """Mark ``shard`` busy for a lane that took its message; the lease, or None if
-        the shard is no longer held."""
+    def owns(self, shard: int) -> bool:
+        """Whether this worker holds ``shard`` now."""
         with self._lock:
-            held = self._held.get(shard)
-            if held is None:
-                return None
-            held.busy = True
-            held.busy_since = self._clock()
-            return held.lease
+            return shard in self._held
 
     def end(self, shard: int) -> None:
-        """The lane is done with ``shard``'s message."""
+        """The lane is done with ``shard`` (its message, or an unused reservation)."""
         with self._lock:
             self._stuck.discard(shard)
             held = self._held.get(shard)
@@ -289,6 +294,8 @@ class Ownership:
         with self._lock:
             self._held[shard] = HeldShard(lease, valid_until)
             self._lock.notify_all()
+        if self.on_acquired is not None:
+            self.on_acquired(shard)
         log.info("acquired shard %s (token %s, restored %s)", shard, lease.token, got.restored)
 
     def stop(self, timeout_s: float = 30.0) -> None:

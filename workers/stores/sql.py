@@ -217,6 +217,7 @@ class SqlStore(Store):
         attempts: int,
         fence: Fence | None,
         reopen: bool,
+        revision: int | None = None,
     ) -> None:
         """Journal the event's outcome, or raise :class:`AlreadyApplied`.
 
@@ -228,20 +229,21 @@ class SqlStore(Store):
         if reopen:
             cur.execute(
                 self._q(
-                    "UPDATE journal SET outcome = ?, attempts = ?, fence = ?, recorded_at = ? "
-                    "WHERE source = ? AND event_id = ? AND outcome = 'dead_lettered'"
+                    "UPDATE journal SET outcome = ?, revision = ?, attempts = ?, fence = ?, "
+                    "recorded_at = ? WHERE source = ? AND event_id = ? "
+                    "AND outcome = 'dead_lettered'"
                 ),
-                (outcome, attempts, token, now, source, event_id),
+                (outcome, revision, attempts, token, now, source, event_id),
             )
             if cur.rowcount == 1:
                 return
         cur.execute(
             self._q(
                 "INSERT INTO journal (source, event_id, record_key, shard, outcome, revision, "
-                "attempts, recorded_at, fence) VALUES (?, ?, ?, ?, ?, NULL, ?, ?, ?) "
+                "attempts, recorded_at, fence) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (source, event_id) DO NOTHING"
             ),
-            (source, event_id, record_key, shard, outcome, attempts, now, token),
+            (source, event_id, record_key, shard, outcome, revision, attempts, now, token),
         )
         if cur.rowcount == 1:
             return
@@ -251,6 +253,12 @@ class SqlStore(Store):
     def commit_event(self, write: EventWrite, fence: Fence | None) -> int:
         with self._transaction() as cur:
             self._check_fence(cur, fence)
+            revision = write.expected_revision
+            if write.fields is not None:
+                revision = self._write_record(
+                    cur, write.record_key, write.fields, write.expected_revision
+                )
+            # After the record: a duplicate is then refused here and rolls the write back.
             self._close_event(
                 cur,
                 source=write.source,
@@ -261,15 +269,7 @@ class SqlStore(Store):
                 attempts=write.attempts,
                 fence=fence,
                 reopen=write.retry_of is not None,
-            )
-            if write.fields is None:
-                return write.expected_revision
-            revision = self._write_record(
-                cur, write.record_key, write.fields, write.expected_revision
-            )
-            cur.execute(
-                self._q("UPDATE journal SET revision = ? WHERE source = ? AND event_id = ?"),
-                (revision, write.source, write.event_id),
+                revision=revision if write.fields is not None else None,
             )
             return revision
 

@@ -78,7 +78,10 @@ class SqliteStore(SqlStore):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         try:
-            self._conn = sqlite3.connect(path, timeout=timeout_ms / 1000, isolation_level=None)
+            # One thread uses a store at a time, but not always the one that opened it.
+            self._conn = sqlite3.connect(
+                path, timeout=timeout_ms / 1000, isolation_level=None, check_same_thread=False
+            )
             self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute(f"PRAGMA synchronous = {synchronous}")
             self._conn.execute(f"PRAGMA busy_timeout = {int(timeout_ms)}")
