@@ -2,7 +2,8 @@
 
 This is the whole of the write discipline (invariants 2, 5 and 6):
 
-1. the journal is asked first: an event id with an outcome has no second effect;
+1. the journal entry is written in the transaction of the effect: an event id that already
+   has an outcome makes that transaction fail, so it has no second effect;
 2. each attempt reads the record fresh and re-applies the change to what it read;
 3. the write names the revision it read; the store refuses it if the record moved on,
    and the attempt is repeated from a fresh read, at most ``max_attempts`` times;
@@ -76,8 +77,6 @@ def apply_event(
             close_event=False,
             error=REVIEW_ERRORS.get(event.review, event.review),
         )
-    if event.retry_of is None and store.journal(event.source, event.event_id) is not None:
-        return ApplyResult("duplicate")
     if source is None:
         return dead_letter(
             store,

@@ -1,0 +1,186 @@
+"""keylane's benchmark: ``python -m ops.bench``.
+
+(a) **Receiver**: HTTP 202s per second (and p50/p99 latency) of ``keylane serve`` for
+    ``--events`` POSTs from ``--concurrency`` clients, against a baseline served the same
+    way (:mod:`ops.bench_baseline`: parse the body, ``LPUSH``, nothing else).
+(b) **End to end**: for each ``--keys`` count, events per second from the first POST
+    until the store's journal holds every event, with ``--workers`` worker processes of
+    ``--lanes`` lanes, against a baseline that applies the same events in this process
+    with :func:`workers.apply.apply_event` on a fresh store of the same kind.
+    Afterwards the store is checked exactly: journal size, each record's sum and revision,
+    per-record order, no dead letters. Any difference fails the run (exit code 1).
+
+Everything runs under a private Redis namespace ``klbench-<hex>`` (its keys are deleted
+at the end; nothing else is touched) and a private store (a SQLite file in a temporary
+directory, or a PostgreSQL schema that is dropped). Every process started is stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import ExitStack
+from dataclasses import asdict
+
+import click
+
+from ops.bench_procs import INTERRUPTS, BenchFailure, BenchOptions, say
+
+DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+HELP = """Benchmark keylane on this machine, each part against a baseline measured in the
+same run.
+
+\b
+(a) receiver: 202s per second and p50/p99 latency of `keylane serve`, against a
+    bare Starlette app served the same way that parses the body and LPUSHes it.
+(b) end to end: events per second from the first POST until the store journal
+    holds them all, once per --keys count, against apply_event in one thread on a
+    fresh store; then journal size, sums, revisions and per-record order are checked.
+
+Runs under a private Redis namespace (klbench-<hex>) and store, both removed at the
+end; stops every process it starts. Exit code 1 if an invariant does not hold.
+"""
+
+
+def run_bench(opts: BenchOptions) -> int:
+    """Run the benchmark, print the table and the JSON line; the exit code."""
+    from ops.bench_phases import run_e2e_phase, run_receiver_phase
+    from ops.bench_procs import Bench, redis_profile
+    from ops.bench_report import Report
+
+    with INTERRUPTS.installed(), ExitStack() as es:
+        bench = Bench(opts, es)
+        report = Report(
+            options={
+                k: v
+                for k, v in asdict(opts).items()
+                if k not in ("redis_url", "pg_url", "keep_temp")
+            },
+            redis=redis_profile(bench.redis),
+            load_before=os.getloadavg(),
+        )
+        failure: BenchFailure | None = None
+        try:
+            if opts.only in (None, "receiver"):
+                run_receiver_phase(bench, report)
+            if opts.only in (None, "e2e"):
+                run_e2e_phase(bench, report)
+                report.invariants = "OK"
+        except BenchFailure as exc:
+            failure = exc
+            report.invariants = "FAILED"
+        finally:
+            say("stopping every process started; removing the namespace and temporary files")
+            bench.terminate_all()
+        report.load_after = os.getloadavg()
+        click.echo(report.render())
+        click.echo(report.json_line())
+        if failure is not None:
+            click.echo(f"\nFAILED: {failure}", err=True)
+            return 1
+    return 0
+
+
+def _key_counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(dict.fromkeys(int(v) for v in value.split(",") if v.strip()))
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of positive integers") from None
+    if not counts or min(counts) < 1:
+        raise click.BadParameter("a comma-separated list of positive integers")
+    return counts
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]}, help=HELP)
+@click.option(
+    "--store",
+    type=click.Choice(["sqlite", "postgres"]),
+    default="sqlite",
+    show_default=True,
+    help="Store kind: a SQLite file in a temporary directory, or a PostgreSQL schema.",
+)
+@click.option("--redis-url", default="redis://127.0.0.1:6379/0", show_default=True)
+@click.option(
+    "--pg-url",
+    default=DEFAULT_PG_URL,
+    show_default=True,
+    envvar="KEYLANE_TEST_PG_URL",
+    help="PostgreSQL server for --store postgres (a schema is created and dropped).",
+)
+@click.option(
+    "--events",
+    type=click.IntRange(1),
+    default=500,
+    show_default=True,
+    help="POSTs per (a) round, and events per (b) run.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 1024),
+    default=32,
+    show_default=True,
+    help="Concurrent HTTP clients (one keep-alive connection each).",
+)
+@click.option(
+    "--keys",
+    default="1,8,64,1000",
+    show_default=True,
+    callback=_key_counts,
+    help="Distinct record keys for (b); a comma-separated list runs (b) once per count.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=2,
+    show_default=True,
+    help="Worker processes for (b).",
+)
+@click.option(
+    "--lanes",
+    type=click.IntRange(1, 256),
+    default=4,
+    show_default=True,
+    help="Lanes per worker process.",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(1, 20),
+    default=2,
+    show_default=True,
+    help="(a) alternates baseline and keylane this many times; the best of each is shown.",
+)
+@click.option(
+    "--only", type=click.Choice(["receiver", "e2e"]), default=None, help="Run only one part."
+)
+@click.option("--keep-temp", is_flag=True, help="Keep the temporary directory (logs, SQLite).")
+def main(
+    store: str,
+    redis_url: str,
+    pg_url: str,
+    events: int,
+    concurrency: int,
+    keys: tuple[int, ...],
+    workers: int,
+    lanes: int,
+    rounds: int,
+    only: str | None,
+    keep_temp: bool,
+) -> None:
+    """Entry point (see the module docstring)."""
+    opts = BenchOptions(
+        store, redis_url, pg_url, events, concurrency, keys, workers, lanes, rounds, only, keep_temp
+    )
+    try:
+        code = run_bench(opts)
+    except BenchFailure as exc:
+        click.echo(f"bench: {exc}", err=True)
+        code = 1
+    except KeyboardInterrupt:
+        click.echo("bench: interrupted; everything it started was stopped", err=True)
+        code = 130
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""The two parts of the benchmark, (a) receiver and (b) end to end, run on a :class:`Bench`
+(its processes, namespace and store) and written into a :class:`Report`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from ops.bench_e2e import apply_direct, check_store, workload
+from ops.bench_load import run_load
+from ops.bench_procs import (
+    MAX_ATTEMPTS,
+    REPO,
+    SHARD_COUNT,
+    Bench,
+    BenchFailure,
+    Child,
+    delete_namespace,
+    fresh_store_url,
+    keylane_argv,
+    redis_cpu_s,
+    say,
+    wait_for,
+)
+from ops.bench_report import E2eRun, ReceiverRun, Report
+from ops.embedded_redis import free_port
+from routing import ShardMap
+from routing.keys import RedisKeys
+from workers.lanebroker import LaneBroker
+from workers.stores import open_store
+from workers.stores.base import Store
+
+WARMUP_REQUESTS = 100
+
+
+def _receiver_bodies(tag: str, events: int) -> list[bytes]:
+    return [
+        json.dumps(
+            {
+                "id": f"{tag}-{i}",
+                "type": "bench.increment",
+                "record_key": f"bench:{tag}:{i % 1024}",
+                "changes": {"n": {"increment": 1}},
+            }
+        ).encode()
+        for i in range(events)
+    ]
+
+
+def _measure(bench: Bench, name: str, proc: Child, url: str, bodies: list[bytes]) -> ReceiverRun:
+    cpu0, redis0 = proc.cpu_s(), redis_cpu_s(bench.redis)
+    load = run_load(url, bodies, bench.opts.concurrency)
+    return ReceiverRun(name, load, proc.cpu_s() - cpu0, redis_cpu_s(bench.redis) - redis0)
+
+
+def _receiver(bench: Bench) -> tuple[Child, str]:
+    if bench.receiver is None:
+        port = free_port()
+        bench.receiver = bench.start("receiver", keylane_argv("serve", "--port", str(port)))
+        bench.receiver_url = f"http://127.0.0.1:{port}"
+        bench.wait_http(bench.receiver, f"{bench.receiver_url}/readyz")
+    return bench.receiver, bench.receiver_url
+
+
+def run_receiver_phase(bench: Bench, report: Report) -> None:
+    """(a): alternate baseline and keylane ``rounds`` times; keep the best of each."""
+    opts = bench.opts
+    receiver, url = _receiver(bench)
+    port = free_port()
+    baseline = bench.start(
+        "baseline",
+        [
+            sys.executable,
+            "-m",
+            "ops.bench_baseline",
+            "--port",
+            str(port),
+            "--redis-url",
+            opts.redis_url,
+            "--key",
+            f"{bench.namespace}:baseline",
+        ],
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    bench.wait_http(baseline, f"{base_url}/healthz")
+    targets = {
+        "baseline": (baseline, f"{base_url}/webhooks/demo"),
+        "keylane": (receiver, f"{url}/webhooks/demo"),
+    }
+    for name, (_proc, target) in targets.items():
+        run_load(target, _receiver_bodies(f"warm-{name}", WARMUP_REQUESTS), opts.concurrency)
+    for round_no in range(opts.rounds):
+        bodies = _receiver_bodies(f"a{round_no}", opts.events)
+        for name, (proc, target) in targets.items():
+            say(f"(a) round {round_no + 1}/{opts.rounds}: {opts.events} POSTs to {name}")
+            run = _measure(bench, name, proc, target, bodies)
+            best = report.receiver.get(name)
+            if best is None or run.load.accepted_per_s > best.load.accepted_per_s:
+                report.receiver[name] = run
+    baseline.stop()
+    # Phase (b) starts from an empty namespace: no queued events, no dedupe marks.
+    delete_namespace(bench.redis, bench.namespace)
+
+
+def _start_workers(bench: Bench) -> list[Child]:
+    opts = bench.opts
+    workers = [
+        bench.start(f"worker-{n}", keylane_argv("worker", "--lanes", str(opts.lanes)))
+        for n in range(opts.workers)
+    ]
+    broker = LaneBroker(bench.redis, RedisKeys(bench.namespace), ShardMap(SHARD_COUNT))
+
+    def all_owned() -> bool:
+        if not all(w.alive() for w in workers):
+            raise BenchFailure(f"a worker exited:\n{bench.logs_tail()}")
+        holders = broker.holders()
+        owners = {h.rsplit("/", 1)[0] for h in holders.values()}
+        return len(holders) == SHARD_COUNT and len(owners) == min(opts.workers, SHARD_COUNT)
+
+    say(f"(b) starting {opts.workers} worker(s) x {opts.lanes} lanes")
+    wait_for(all_owned, 90, "every shard to be owned by the workers", bench.logs_tail, 0.2)
+    return workers
+
+
+def run_e2e_phase(bench: Bench, report: Report) -> None:
+    """(b): for each key count, post the workload and wait until it is applied; then
+    check the store exactly and measure the direct baseline."""
+    receiver, url = _receiver(bench)
+    workers = _start_workers(bench)
+    store = open_store(bench.store_url)
+    bench.es.callback(store.close)
+    store.migrate()
+    for keys in bench.opts.keys:
+        report.e2e.append(_e2e_run(bench, store, receiver, workers, url, keys))
+    _audit(bench)
+
+
+def _audit(bench: Bench) -> None:
+    """``keylane audit``: the lease log and the journal show one owner per shard."""
+    say("(b) keylane audit")
+    result = subprocess.run(
+        keylane_argv("audit", "--json"),
+        env=bench.env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise BenchFailure(
+            f"keylane audit exited {result.returncode}:\n{result.stdout[-3000:]}"
+            f"{result.stderr[-2000:]}"
+        )
+
+
+def _e2e_run(
+    bench: Bench, store: Store, receiver: Child, workers: list[Child], url: str, keys: int
+) -> E2eRun:
+    opts = bench.opts
+    work = workload(f"k{keys}", opts.events, keys)
+    expected = store.journal_size() + opts.events
+    receiver0, workers0 = receiver.cpu_s(), sum(w.cpu_s() for w in workers)
+    redis0 = redis_cpu_s(bench.redis)
+    say(f"(b) keys={keys}: {opts.events} events")
+    load = run_load(f"{url}/webhooks/demo", work.bodies, opts.concurrency, retry=True)
+    unanswered = opts.events - load.statuses[202] - load.statuses[200]
+    if unanswered:
+        raise BenchFailure(
+            f"keys={keys}: {unanswered} of {opts.events} deliveries were never accepted "
+            f"(answers {dict(load.statuses)}, transport errors {load.transport_errors})"
+        )
+    done_at = wait_for(
+        lambda: store.journal_size() >= expected,
+        max(60.0, opts.events / 20),
+        f"{expected} journal entries",
+        lambda: f"journal holds {store.journal_size()}\n{bench.logs_tail()}",
+        0.02,
+    )
+    receiver_s = receiver.cpu_s() - receiver0
+    workers_s = sum(w.cpu_s() for w in workers) - workers0
+    redis_s = redis_cpu_s(bench.redis) - redis0
+    time.sleep(0.2)  # let a late second effect, if there were one, land before the check
+    problems = check_store(store, work, expected, load.spans)
+    if problems:
+        raise BenchFailure(f"keys={keys}:\n  " + "\n  ".join(problems))
+    say(f"(b) keys={keys}: direct baseline")
+    with fresh_store_url(opts.store, bench.tmp, opts.pg_url, f"direct{keys}") as direct_url:
+        direct = apply_direct(direct_url, work, ShardMap(SHARD_COUNT), MAX_ATTEMPTS)
+    if direct.problems:
+        raise BenchFailure(f"direct keys={keys}:\n  " + "\n  ".join(direct.problems))
+    done_s = done_at - load.first_post_at
+    return E2eRun(keys, opts.events, load, done_s, receiver_s, workers_s, redis_s, direct)

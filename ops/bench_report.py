@@ -1,0 +1,247 @@
+"""The benchmark's results: the table people read and the one-line JSON machines read."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ops.bench_e2e import DirectRun
+from ops.bench_load import LoadResult
+from ops.tables import render_table
+
+
+@dataclass(frozen=True)
+class ReceiverRun:
+    """One timed load against one server: the receiver or the baseline."""
+
+    name: str
+    load: LoadResult
+    server_cpu_s: float
+    redis_cpu_s: float
+
+    def per_request_ms(self, seconds: float) -> float:
+        """``seconds`` spread over the requests sent, in milliseconds."""
+        return seconds / max(1, self.load.sent) * 1000
+
+    def as_json(self) -> dict[str, Any]:
+        """The numbers of this run."""
+        load = self.load
+        return {
+            "accepted_per_s": round(load.accepted_per_s, 1),
+            "p50_ms": round(load.percentile_ms(50), 2),
+            "p99_ms": round(load.percentile_ms(99), 2),
+            "non_202": load.sent - load.accepted,
+            "server_cpu_ms_per_req": round(self.per_request_ms(self.server_cpu_s), 3),
+            "client_cpu_ms_per_req": round(self.per_request_ms(load.client_cpu_s), 3),
+            "redis_cpu_ms_per_req": round(self.per_request_ms(self.redis_cpu_s), 3),
+            "server_core_pct": round(100 * self.server_cpu_s / load.elapsed_s, 1),
+            "client_core_pct": round(100 * load.client_cpu_s / load.elapsed_s, 1),
+        }
+
+
+@dataclass(frozen=True)
+class E2eRun:
+    """One end-to-end run: from the first POST until the journal holds every event."""
+
+    keys: int
+    events: int
+    load: LoadResult
+    done_s: float
+    receiver_cpu_s: float
+    workers_cpu_s: float
+    redis_cpu_s: float
+    direct: DirectRun
+
+    @property
+    def applied_per_s(self) -> float:
+        """Events applied per second, first POST to last journal entry."""
+        return self.events / self.done_s
+
+    @property
+    def direct_per_s(self) -> float:
+        """Events applied per second by the direct baseline."""
+        return self.events / self.direct.elapsed_s
+
+    @property
+    def drain_s(self) -> float:
+        """How long after the last answer the last event was applied."""
+        return max(0.0, self.done_s - self.load.elapsed_s)
+
+    def as_json(self) -> dict[str, Any]:
+        """The numbers of this run."""
+        return {
+            "keys": self.keys,
+            "applied_per_s": round(self.applied_per_s, 1),
+            "direct_per_s": round(self.direct_per_s, 1),
+            "ratio": round(self.applied_per_s / self.direct_per_s, 3),
+            "accepted_per_s": round(self.events / self.load.elapsed_s, 1),
+            "drain_s": round(self.drain_s, 3),
+            "receiver_cpu_ms_per_event": round(self.receiver_cpu_s / self.events * 1000, 3),
+            "workers_cpu_ms_per_event": round(self.workers_cpu_s / self.events * 1000, 3),
+            "direct_cpu_ms_per_event": round(self.direct.cpu_s / self.events * 1000, 3),
+            "redis_cpu_ms_per_event": round(self.redis_cpu_s / self.events * 1000, 3),
+            "sender_retries": self.load.retries,
+            "p99_accept_ms": round(self.load.percentile_ms(99), 2),
+        }
+
+
+@dataclass
+class Report:
+    """Everything one benchmark invocation measured."""
+
+    options: dict[str, Any]
+    redis: dict[str, str]
+    load_before: tuple[float, ...]
+    load_after: tuple[float, ...] = ()
+    receiver: dict[str, ReceiverRun] = field(default_factory=dict)
+    e2e: list[E2eRun] = field(default_factory=list)
+    invariants: str = "not checked"
+
+    def receiver_ratio(self) -> float:
+        """keylane's accepted/s over the baseline's."""
+        base, real = self.receiver["baseline"], self.receiver["keylane"]
+        return real.load.accepted_per_s / base.load.accepted_per_s
+
+    def as_json(self) -> dict[str, Any]:
+        """The one-line summary."""
+        out: dict[str, Any] = {
+            "bench": "keylane",
+            **self.options,
+            "cpus": os.cpu_count(),
+            "loadavg_before": [round(x, 2) for x in self.load_before],
+            "loadavg_after": [round(x, 2) for x in self.load_after],
+            "redis": self.redis,
+        }
+        if self.receiver:
+            out["receiver"] = {name: run.as_json() for name, run in self.receiver.items()}
+            if len(self.receiver) == 2:
+                out["receiver"]["ratio"] = round(self.receiver_ratio(), 3)
+        if self.e2e:
+            out["e2e"] = [run.as_json() for run in self.e2e]
+        out["invariants"] = self.invariants
+        return out
+
+    def render(self) -> str:
+        """The human-readable tables."""
+        o = self.options
+        lines = [
+            f"keylane bench: {os.cpu_count()} CPUs, load average "
+            f"{_loads(self.load_before)} before / {_loads(self.load_after)} after; "
+            f"Redis {self.redis.get('version')} appendonly={self.redis.get('appendonly')} "
+            f"appendfsync={self.redis.get('appendfsync')}; store {o['store']}",
+            "note: the load generator (httpx on asyncio, in this process) competes with the "
+            "servers for the same CPUs; see client cpu ms/req.",
+        ]
+        if len(self.receiver) == 2:
+            lines += ["", *self._render_receiver()]
+        if self.e2e:
+            lines += ["", *self._render_e2e()]
+        if self.e2e:
+            lines += [
+                "",
+                "checked after (b): journal size, each record's sum and revision, per-record "
+                "order against the answers seen, no dead letters, `keylane audit`",
+            ]
+        lines += [f"invariants: {self.invariants}"]
+        return "\n".join(lines)
+
+    def _render_receiver(self) -> list[str]:
+        o = self.options
+        rows = []
+        for name in ("baseline", "keylane"):
+            j = self.receiver[name].as_json()
+            rows.append(
+                [
+                    name,
+                    f"{j['accepted_per_s']:.0f}",
+                    f"{j['p50_ms']:.1f}",
+                    f"{j['p99_ms']:.1f}",
+                    j["non_202"],
+                    f"{j['server_cpu_ms_per_req']:.3f}",
+                    f"{j['client_cpu_ms_per_req']:.3f}",
+                    f"{j['redis_cpu_ms_per_req']:.3f}",
+                    f"{j['server_core_pct']:.0f}",
+                    f"{j['client_core_pct']:.0f}",
+                ]
+            )
+        base, real = self.receiver["baseline"], self.receiver["keylane"]
+        cpu_ratio = real.server_cpu_s / base.server_cpu_s if base.server_cpu_s else math.nan
+        out = [
+            f"(a) receiver: {o['events']} POSTs, {o['concurrency']} concurrent clients, "
+            f"best of {o['rounds']} round(s)",
+            render_table(
+                [
+                    "server",
+                    "accepted/s",
+                    "p50 ms",
+                    "p99 ms",
+                    "non-202",
+                    "server cpu ms/req",
+                    "client cpu ms/req",
+                    "redis cpu ms/req",
+                    "server core%",
+                    "client core%",
+                ],
+                rows,
+            ),
+            f"keylane/baseline: throughput {self.receiver_ratio():.2f}x, "
+            f"server CPU per request {cpu_ratio:.2f}x",
+        ]
+        busy = max(run.load.client_cpu_s / run.load.elapsed_s for run in self.receiver.values())
+        if busy > 0.8:
+            out.append(
+                f"note: the load generator kept {busy:.0%} of a core busy: throughput is bounded "
+                "by the client, so server CPU per request is the fairer comparison."
+            )
+        return out
+
+    def _render_e2e(self) -> list[str]:
+        o = self.options
+        rows = []
+        for run in self.e2e:
+            j = run.as_json()
+            rows.append(
+                [
+                    run.keys,
+                    f"{j['applied_per_s']:.0f}",
+                    f"{j['direct_per_s']:.0f}",
+                    f"{j['ratio']:.2f}",
+                    f"{j['accepted_per_s']:.0f}",
+                    f"{j['drain_s']:.2f}",
+                    f"{j['receiver_cpu_ms_per_event']:.2f}",
+                    f"{j['workers_cpu_ms_per_event']:.2f}",
+                    f"{j['direct_cpu_ms_per_event']:.2f}",
+                    j["sender_retries"],
+                ]
+            )
+        return [
+            f"(b) end to end: {o['events']} events per row, {o['workers']} worker(s) x "
+            f"{o['lanes']} lanes, {o['concurrency']} concurrent clients, store {o['store']}; "
+            "direct = apply_event in one thread on a fresh store, no Redis/HTTP",
+            render_table(
+                [
+                    "keys",
+                    "applied/s",
+                    "direct/s",
+                    "ratio",
+                    "accepted/s",
+                    "drain s",
+                    "receiver cpu ms/ev",
+                    "workers cpu ms/ev",
+                    "direct cpu ms/ev",
+                    "retries",
+                ],
+                rows,
+            ),
+        ]
+
+    def json_line(self) -> str:
+        """The summary as one line of JSON."""
+        return json.dumps(self.as_json(), separators=(",", ":"), sort_keys=False)
+
+
+def _loads(values: tuple[float, ...]) -> str:
+    return "/".join(f"{v:.2f}" for v in values) if values else "?"
