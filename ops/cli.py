@@ -6,8 +6,6 @@ settings object (``ctx.obj``) that every subcommand uses.
 
 from __future__ import annotations
 
-import logging
-import sys
 from pathlib import Path
 
 import click
@@ -15,7 +13,9 @@ import click
 from ops.cli_common import cli_store, emit_json, settings_of
 from ops.cli_dlq import dlq
 from ops.cli_records import records
+from ops.observability import init_sentry
 from workers.errors import KeylaneError
+from workers.logcontext import configure_logging
 from workers.settings import load_settings
 
 
@@ -54,11 +54,7 @@ def cli(
     log_level: str,
 ) -> None:
     """keylane: webhook lanes with one owner per record and versioned writes."""
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(log_level)
     ctx.obj = load_settings(
         data_dir=data_dir,
         redis_url=redis_url,
@@ -125,6 +121,7 @@ def up(
     settings = settings_of(ctx).model_copy(
         update={"port": port, "host": host, "lanes": lanes, "flower_port": flower_port}
     )
+    init_sentry(settings, "supervisor")
     code = Supervisor(settings, UpOptions(workers=workers, flower=not no_flower)).run()
     raise SystemExit(code)
 
@@ -140,11 +137,13 @@ def serve(ctx: click.Context, port: int, host: str) -> None:
     from producers.receiver import create_receiver
 
     settings = settings_of(ctx)
+    init_sentry(settings, "receiver")  # before the app exists: the integration wraps it
     app = create_receiver(settings)
     uvicorn.run(
         app,
         host=host,
         port=port,
+        log_config=None,  # keep keylane's log format for uvicorn's lines too
         log_level=settings.log_level.lower(),
         access_log=False,
         timeout_graceful_shutdown=10,
@@ -166,6 +165,7 @@ def worker(ctx: click.Context, lanes: int) -> None:
     from workers.worker import run_worker
 
     settings = settings_of(ctx).model_copy(update={"lanes": lanes})
+    init_sentry(settings, "worker")
     run_worker(settings, loglevel=settings.log_level)
 
 

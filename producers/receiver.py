@@ -1,28 +1,31 @@
-"""The webhook receiver: ``POST /webhooks/{source}``, ``GET /healthz``, ``GET /readyz``.
+"""The webhook receiver: ``POST /webhooks/{source}``, ``GET /healthz``, ``GET /readyz``,
+``GET /metrics``.
 
 The receiver is thin on purpose: it checks, dedupes and enqueues, and never touches the
-record store. Its answers (the external contract, README "Receiver answers"):
+record store. Its answers (the external contract, README "The external contract"):
 
 * 202 accepted, with event id, record key and shard (and ``key_missing`` when the sender
   gave no event id); 200 ``ignored`` when the source maps nothing for the event type;
 * 200 duplicate, replaying the first delivery's answer (``Keylane-Replayed: true``);
 * 400 malformed or invalid, 401 bad signature, 404 unknown source, 409 same id with a
-  different body
-  (queued for review), 413 too large, 415 not JSON;
-* 503 with ``Retry-After`` when the shard is over its high-water mark or Redis is down.
+  different body (queued for review), 413 too large, 415 not JSON;
+* 503 with ``Retry-After`` when the shard or all shards together are over their
+  high-water mark (derived from how fast they drain), or Redis is down.
 
 No 2xx is sent before Redis has run the accept script (:mod:`producers.enqueue`); no
-4xx changes any state.
+4xx changes any state; a refusal never marks the event as seen.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -32,35 +35,40 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from producers.enqueue import Enqueuer
+from producers.body import check_media_type, parse_json, read_body
+from producers.enqueue import Enqueuer, EnqueueResult
 from producers.intake import Ignored, Intake, take_in
 from producers.sources import SourceConfig, Sources, load_sources
+from producers.telemetry import QueueWatch, ReceiverMetrics
 from workers.errors import BrokerUnavailable, InvalidEvent, SignatureError
 from workers.events import Event
 from workers.faults import Faults
+from workers.logcontext import event_context
 from workers.message import build_apply_message
 from workers.settings import Settings
 
 log = logging.getLogger("keylane.receiver")
 
-MAX_JSON_DEPTH = 32
 BROKER_DOWN_RETRY_AFTER_S = 5
-FULL_RETRY_AFTER_S = 2
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Receiver:
-    """The receiver's state: settings, sources and their verifiers, the accept script."""
+    """The receiver's state: settings, sources and their verifiers, the accept script,
+    the queue watch and the metrics."""
 
     def __init__(
         self,
         settings: Settings,
         sources: Sources,
-        enqueuer: Enqueuer,
+        client: aioredis.Redis,
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
         self.sources = sources
-        self.enqueuer = enqueuer
+        self.enqueuer = Enqueuer(client, settings.keys)
+        self.watch = QueueWatch(client, settings.keys, settings.shards)
+        self.metrics = ReceiverMetrics(self.watch, client, settings.keys)
         self.faults = Faults(settings.faults)
         self.verifiers = sources.verifiers(os.environ if environ is None else environ)
         self.hooks = {s.name: s.load_hook() for s in sources.all()}
@@ -70,29 +78,27 @@ class Receiver:
                     "source %s accepts unsigned deliveries (verify.scheme = none)", source.name
                 )
 
+    # -- routes ---------------------------------------------------------------------------
+
     async def webhook(self, request: Request) -> Response:
         """``POST /webhooks/{source}``."""
         name = request.path_params["source"]
         source = self.sources.get(name)
         if source is None:
-            return _error(404, "unknown_source", f"no source named {name!r}")
+            return self.refuse(404, "unknown_source", f"no source named {name!r}")
         try:
-            _check_media_type(request)
-            body = await _read_body(request, self.settings.max_body_bytes)
+            check_media_type(request)
+            body = await read_body(request, self.settings.max_body_bytes)
             verified = self.verifiers[source.name].verify(request.headers, body, time.time())
+            headers = {k.lower(): v for k, v in request.headers.items()}
             intake = take_in(
-                source,
-                verified,
-                body,
-                _parse_json(body),
-                _lower(request.headers),
-                self.hooks[source.name],
+                source, verified, body, parse_json(body), headers, self.hooks[source.name]
             )
         except SignatureError as exc:
             log.info("refused a delivery for %s: %s", source.name, exc)
-            return _error(401, "bad_signature", str(exc))
+            return self.refuse(401, "bad_signature", str(exc))
         except InvalidEvent as exc:
-            return _error(exc.status, exc.code, str(exc))
+            return self.refuse(exc.status, exc.code, str(exc))
         if isinstance(intake, Ignored):
             return JSONResponse(
                 {
@@ -102,7 +108,44 @@ class Receiver:
                     "reason": intake.reason,
                 }
             )
-        return await self._accept(source, self._event(source, intake, body))
+        event = self._event(source, intake, body)
+        with event_context(
+            source=event.source,
+            event_id=event.event_id,
+            record_key=event.record_key,
+            shard=event.shard,
+        ):
+            return await self._accept(source, event)
+
+    async def healthz(self, request: Request) -> Response:
+        """Liveness: the process answers."""
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        """Readiness: Redis answers, so deliveries can be accepted."""
+        if await self.enqueuer.ping():
+            return JSONResponse({"status": "ready"})
+        return self.refuse(
+            503,
+            "broker_unavailable",
+            "Redis does not answer",
+            retry_after=BROKER_DOWN_RETRY_AFTER_S,
+        )
+
+    async def prometheus(self, request: Request) -> Response:
+        """``GET /metrics``: Prometheus text exposition."""
+        try:
+            text = await self.metrics.render()
+        except Exception as exc:  # a scrape must say why it failed, not hang or 500 opaquely
+            return self.refuse(
+                503,
+                "broker_unavailable",
+                f"cannot read metrics: {exc}",
+                retry_after=BROKER_DOWN_RETRY_AFTER_S,
+            )
+        return Response(text, media_type=PROMETHEUS_TEXT)
+
+    # -- accepting --------------------------------------------------------------------------
 
     def _event(self, source: SourceConfig, intake: Intake, body: bytes) -> Event:
         return Event(
@@ -118,7 +161,15 @@ class Receiver:
         )
 
     async def _accept(self, source: SourceConfig, event: Event) -> Response:
-        queue = self.settings.shards.queue_name(event.shard)
+        s = self.settings
+        if self.watch.total_depth >= s.global_high_water:
+            return self.refuse(
+                503,
+                "overloaded",
+                f"{self.watch.total_depth} events are waiting over all shards; retry later",
+                retry_after=self.watch.retry_after_global(s.global_high_water),
+            )
+        queue = s.shards.queue_name(event.shard)
         answer: dict[str, Any] = {
             "status": "accepted",
             "source": event.source,
@@ -129,7 +180,7 @@ class Receiver:
         }
         if event.key_missing:
             answer["key_missing"] = True
-        retention_ms = source.retention(self.settings) * 1000
+        retention_ms = source.retention(s) * 1000
         self.faults.hit("receiver.before_enqueue", event.record_key)
         try:
             result = await self.enqueuer.accept(
@@ -141,7 +192,7 @@ class Receiver:
                 message=build_apply_message(event, queue),
                 answer=json.dumps(answer),
                 retention_ms=retention_ms,
-                high_water=self.settings.shard_high_water,
+                high_water=s.shard_high_water,
                 key_missing=event.key_missing,
             )
             if result.verdict == "reused":
@@ -156,125 +207,52 @@ class Receiver:
                     retention_ms=retention_ms,
                 )
         except BrokerUnavailable as exc:
-            log.error("cannot enqueue %s/%s: %s", event.source, event.event_id, exc)
-            return _error(
+            log.error("cannot enqueue: %s", exc)
+            return self.refuse(
                 503,
                 "broker_unavailable",
                 "cannot enqueue now; retry later",
                 retry_after=BROKER_DOWN_RETRY_AFTER_S,
             )
         self.faults.hit("receiver.after_enqueue", event.record_key)
-        return _answer(result.verdict, result.detail, event)
+        return self._answer(result, event)
 
-    async def healthz(self, request: Request) -> Response:
-        """Liveness: the process answers."""
-        return JSONResponse({"status": "ok"})
-
-    async def readyz(self, request: Request) -> Response:
-        """Readiness: Redis answers, so deliveries can be accepted."""
-        if await self.enqueuer.ping():
-            return JSONResponse({"status": "ready"})
-        return _error(
-            503,
-            "broker_unavailable",
-            "Redis does not answer",
-            retry_after=BROKER_DOWN_RETRY_AFTER_S,
-        )
-
-
-def _lower(headers: Mapping[str, str]) -> dict[str, str]:
-    return {name.lower(): value for name, value in headers.items()}
-
-
-def _answer(verdict: str, detail: str, event: Event) -> Response:
-    if verdict == "accepted":
-        return Response(detail, status_code=202, media_type="application/json")
-    if verdict == "duplicate":
-        return Response(
-            detail,
-            status_code=200,
-            media_type="application/json",
-            headers={"Keylane-Replayed": "true"},
-        )
-    if verdict == "reused":
-        return _error(
-            409,
-            "id_reused",
-            f"event id {event.event_id!r} was already delivered with a different body; "
-            "this delivery was recorded for review and not applied",
-        )
-    return _error(
-        503,
-        "shard_full",
-        f"shard {event.shard} has {detail} events waiting; retry later",
-        retry_after=FULL_RETRY_AFTER_S,
-    )
-
-
-def _check_media_type(request: Request) -> None:
-    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if media != "application/json" and not (
-        media.startswith("application/") and media.endswith("+json")
-    ):
-        raise InvalidEvent(
-            f"expected application/json, got {media or 'no content type'}",
-            status=415,
-            code="unsupported_media_type",
-        )
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise InvalidEvent(
-            f"body of {declared} bytes is over the limit of {limit}", status=413, code="too_large"
-        )
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise InvalidEvent(
-                f"body is over the limit of {limit} bytes", status=413, code="too_large"
+    def _answer(self, result: EnqueueResult, event: Event) -> Response:
+        if result.verdict == "accepted":
+            return Response(result.detail, status_code=202, media_type="application/json")
+        if result.verdict == "duplicate":
+            return Response(
+                result.detail,
+                status_code=200,
+                media_type="application/json",
+                headers={"Keylane-Replayed": "true"},
             )
-        chunks.append(chunk)
-    return b"".join(chunks)
+        if result.verdict == "reused":
+            return self.refuse(
+                409,
+                "id_reused",
+                f"event id {event.event_id!r} was already delivered with a different body; "
+                "this delivery was recorded for review and not applied",
+            )
+        return self.refuse(
+            503,
+            "shard_full",
+            f"shard {event.shard} has {result.detail} events waiting; retry later",
+            retry_after=self.watch.retry_after(event.shard, self.settings.shard_high_water),
+        )
+
+    def refuse(
+        self, status: int, code: str, detail: str, retry_after: int | None = None
+    ) -> Response:
+        """An error answer (JSON ``{"error", "detail"}``), counted by reason."""
+        self.metrics.refused.labels(code).inc()
+        return error_response(status, code, detail, retry_after)
 
 
-def _parse_json(body: bytes) -> Any:
-    try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise InvalidEvent(f"body is not valid JSON: {exc}", code="malformed_json") from None
-    if _depth(payload) > MAX_JSON_DEPTH:
-        raise InvalidEvent(f"JSON nested deeper than {MAX_JSON_DEPTH} levels", code="too_deep")
-    return payload
-
-
-def _depth(value: Any) -> int:
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if depth > MAX_JSON_DEPTH:
-            break
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-    return deepest
-
-
-def _error(status: int, code: str, detail: str, retry_after: int | None = None) -> Response:
+def error_response(status: int, code: str, detail: str, retry_after: int | None = None) -> Response:
+    """keylane's error body, with ``Retry-After`` when the sender should come back."""
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
     return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    """Starlette's own 404/405 (no such route, wrong method) as JSON like every answer."""
-    assert isinstance(exc, HTTPException)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return _error(exc.status_code, code, str(exc.detail))
 
 
 def create_receiver(
@@ -287,15 +265,33 @@ def create_receiver(
     client = aioredis.Redis.from_url(
         settings.redis_dsn(), socket_timeout=5, socket_connect_timeout=5, health_check_interval=15
     )
-    receiver = Receiver(
-        settings, sources or load_sources(settings), Enqueuer(client, settings.keys), environ
-    )
+    receiver = Receiver(settings, sources or load_sources(settings), client, environ)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        # Starlette's own 404/405 (no such route, wrong method), as JSON like every answer.
+        assert isinstance(exc, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return receiver.refuse(exc.status_code, code, str(exc.detail))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        watcher = asyncio.create_task(receiver.watch.run())
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            await client.aclose()
+
     app = Starlette(
-        exception_handlers={HTTPException: _http_error},
+        exception_handlers={HTTPException: http_error},
+        lifespan=lifespan,
         routes=[
             Route("/webhooks/{source}", receiver.webhook, methods=["POST"]),
             Route("/healthz", receiver.healthz, methods=["GET"]),
             Route("/readyz", receiver.readyz, methods=["GET"]),
+            Route("/metrics", receiver.prometheus, methods=["GET"]),
         ],
     )
     app.state.receiver = receiver

@@ -147,15 +147,37 @@ redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 """
 
+# Acknowledge, and count in the same step: outcome, conflicts and attempts (counters),
+# accepted-to-done latency (histogram bucket, sum, count) and the shard's drain count.
 _ACK = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('LREM', KEYS[2], 1, ARGV[2])
 local digest = redis.sha1hex(ARGV[2])
 redis.call('HDEL', KEYS[3], digest, digest .. ':error')
-if ARGV[3] ~= '' then redis.call('HINCRBY', KEYS[4], ARGV[3], 1) end
+redis.call('HINCRBY', KEYS[6], ARGV[8], 1)
+if ARGV[3] == '' then return 1 end
+redis.call('HINCRBY', KEYS[4], ARGV[3], 1)
 if tonumber(ARGV[4]) > 0 then redis.call('HINCRBY', KEYS[4], 'conflicts', ARGV[4]) end
+if tonumber(ARGV[5]) > 0 then redis.call('HINCRBY', KEYS[4], 'attempts', ARGV[5]) end
+if ARGV[6] ~= '' then
+  redis.call('HINCRBY', KEYS[5], ARGV[6], 1)
+  redis.call('HINCRBY', KEYS[5], 'count', 1)
+  redis.call('HINCRBYFLOAT', KEYS[5], 'sum', ARGV[7])
+end
 return 1
 """
+
+#: Upper bounds (seconds) of the apply-latency histogram's buckets.
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def latency_bucket(seconds: float) -> str:
+    """The histogram bucket (its upper bound, or ``+Inf``) of a latency."""
+    for bound in LATENCY_BUCKETS_S:
+        if seconds <= bound:
+            return repr(bound)
+    return "+Inf"
+
 
 _BUMP_FENCE = """
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -320,22 +342,38 @@ class LaneBroker:
             int(deliveries),
         )
 
-    def ack(self, lease: Lease, raw: bytes, outcome: str = "", conflicts: int = 0) -> bool:
+    def ack(
+        self,
+        lease: Lease,
+        raw: bytes,
+        outcome: str = "",
+        conflicts: int = 0,
+        attempts: int = 0,
+        latency_s: float | None = None,
+    ) -> bool:
         """Drop the message from the in-flight slot if the lease is still ours, and count
-        its ``outcome`` (and conflicts) in the deployment's counters."""
+        its ``outcome``, conflicts, attempts and latency (accepted to done)."""
         k = self.keys
-        return bool(
-            _call(
-                self._ack,
-                [
-                    k.lease(lease.shard),
-                    k.inflight(lease.shard),
-                    k.deliveries(lease.shard),
-                    k.counters,
-                ],
-                [lease.value, raw, outcome, conflicts],
-            )
-        )
+        bucket = "" if latency_s is None else latency_bucket(latency_s)
+        keys = [
+            k.lease(lease.shard),
+            k.inflight(lease.shard),
+            k.deliveries(lease.shard),
+            k.counters,
+            k.latency,
+            k.drained,
+        ]
+        args = [
+            lease.value,
+            raw,
+            outcome,
+            conflicts,
+            attempts,
+            bucket,
+            f"{latency_s or 0.0:.6f}",
+            lease.shard,
+        ]
+        return bool(_call(self._ack, keys, args))
 
     def park(self, lease: Lease, raw: bytes, record_key: str, retry_of: int | None) -> str:
         """``parked`` (the key is held: the message waits, in order, and leaves the

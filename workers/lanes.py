@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import sentry_sdk
 from pydantic import ValidationError
 
 from producers.sources import Handler, SourceConfig, Sources
@@ -34,6 +35,7 @@ from workers.errors import BrokerUnavailable, StaleFence, StoreUnavailable
 from workers.events import Event
 from workers.faults import Faults
 from workers.lanebroker import LaneBroker, Lease, Taken
+from workers.logcontext import event_context
 from workers.message import MalformedMessage, parse_message
 from workers.ownership import Ownership
 from workers.settings import Settings
@@ -153,6 +155,17 @@ class Lanes:
         except (MalformedMessage, ValidationError, KeyError, TypeError, ValueError) as exc:
             self._malformed(store, lease, taken, str(exc))
             return
+        context = {
+            "source": event.source,
+            "event_id": event.event_id,
+            "record_key": event.record_key,
+            "shard": lease.shard,
+            "attempt": taken.deliveries,
+        }
+        with event_context(**context):
+            self._route(store, lease, taken, event)
+
+    def _route(self, store: Store, lease: Lease, taken: Taken, event: Event) -> None:
         if taken.any_held or event.retry_of is not None:
             verdict = self.broker.park(lease, taken.raw, event.record_key, event.retry_of)
             if verdict == "parked":
@@ -198,6 +211,7 @@ class Lanes:
             raise
         except Exception as exc:
             log.exception("handler error on %s (delivery %s)", ref, deliveries)
+            sentry_sdk.capture_exception(exc)
             self.broker.note_failure(lease.shard, taken.raw, f"{type(exc).__name__}: {exc}")
             self.ownership.back_off(lease.shard, min(MAX_BACKOFF_S, 0.05 * 2**deliveries))
             return
@@ -205,7 +219,11 @@ class Lanes:
             return  # the lease ran out before the write: the next owner takes it from here
         self._after(store, event, result)
         self.faults.hit("worker.before_ack", event.record_key)
-        self.broker.ack(lease, taken.raw, result.outcome, result.conflicts)
+        applied = result.outcome == "applied"
+        latency = max(0.0, time.time() - event.accepted_at) if applied else None
+        self.broker.ack(
+            lease, taken.raw, result.outcome, result.conflicts, result.attempts, latency
+        )
         if self._on_result is not None:
             self._on_result(event, result, time.monotonic() - started)
 

@@ -57,6 +57,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1_048_576, ge=1024)
     dedupe_retention_s: int = Field(THREE_DAYS_S, ge=1)
     shard_high_water: int = Field(10_000, ge=1)
+    global_high_water: int = Field(200_000, ge=1)
     sources_file: Path | None = None
 
     # Operations

@@ -1,0 +1,256 @@
+"""What the receiver knows about the queues: depths, drain rates, oldest messages, and the
+Prometheus metrics built from them and from the lanes' counters.
+
+A :class:`QueueWatch` reads every shard's depth, head message and drain count once a
+second (one pipelined round trip). It gives the receiver a global depth for the global
+high-water mark, and a drain rate per shard for ``Retry-After``: the time the shard needs
+to drain to half its high-water mark at the rate it drained lately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from redis.exceptions import RedisError
+
+from routing import ShardMap
+from routing.keys import RedisKeys
+from workers.lanebroker import LATENCY_BUCKETS_S
+from workers.message import MalformedMessage, parse_message
+
+log = logging.getLogger("keylane.telemetry")
+
+MIN_RETRY_AFTER_S = 1
+MAX_RETRY_AFTER_S = 120
+#: Weight of the newest sample in the drain-rate average (per poll, ~1 s).
+RATE_SMOOTHING = 0.3
+
+
+@dataclass
+class ShardView:
+    """One shard as last seen."""
+
+    depth: int = 0
+    oldest_accepted_at: float | None = None
+    drained: int = 0
+    rate_per_s: float = 0.0
+
+
+@dataclass
+class QueueWatch:
+    """Polls the shard queues (see the module docstring)."""
+
+    client: aioredis.Redis
+    keys: RedisKeys
+    shards: ShardMap
+    interval_s: float = 1.0
+    views: dict[int, ShardView] = field(default_factory=dict)
+    polled_at: float = 0.0
+
+    @property
+    def total_depth(self) -> int:
+        """Events waiting in all shard queues, as last seen."""
+        return sum(v.depth for v in self.views.values())
+
+    @property
+    def total_rate(self) -> float:
+        """Events per second drained over all shards, lately."""
+        return sum(v.rate_per_s for v in self.views.values())
+
+    def retry_after(self, shard: int, high_water: int) -> int:
+        """Seconds for ``shard`` to drain to half its high-water mark at its recent rate."""
+        view = self.views.get(shard, ShardView())
+        return _seconds_to_drain(view.depth - high_water // 2, view.rate_per_s)
+
+    def retry_after_global(self, high_water: int) -> int:
+        """Seconds for all shards together to drain to half the global high-water mark."""
+        return _seconds_to_drain(self.total_depth - high_water // 2, self.total_rate)
+
+    async def run(self) -> None:
+        """Poll until cancelled."""
+        while True:
+            try:
+                await self.poll()
+            except RedisError as exc:
+                log.debug("queue poll failed: %s", exc)
+            await asyncio.sleep(self.interval_s)
+
+    async def poll(self) -> None:
+        """Read every shard once."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in range(self.shards.count):
+            queue = self.keys.queue(self.shards.queue_name(shard))
+            pipe.llen(queue)
+            pipe.lindex(queue, -1)
+        pipe.hgetall(self.keys.drained)
+        replies = await pipe.execute()
+        now = time.monotonic()
+        elapsed = now - self.polled_at if self.polled_at else 0.0
+        drained = {int(k): int(v) for k, v in replies[-1].items()}
+        for shard in range(self.shards.count):
+            view = self.views.setdefault(shard, ShardView(drained=drained.get(shard, 0)))
+            view.depth = int(replies[2 * shard])
+            view.oldest_accepted_at = _accepted_at(replies[2 * shard + 1])
+            count = drained.get(shard, 0)
+            if elapsed > 0:
+                rate = max(0, count - view.drained) / elapsed
+                view.rate_per_s += RATE_SMOOTHING * (rate - view.rate_per_s)
+            view.drained = count
+        self.polled_at = now
+
+
+def _seconds_to_drain(excess: int, rate_per_s: float) -> int:
+    if excess <= 0:
+        return MIN_RETRY_AFTER_S
+    if rate_per_s <= 0.01:  # not draining at all (destination down): ask for a long wait
+        return MAX_RETRY_AFTER_S
+    return max(MIN_RETRY_AFTER_S, min(MAX_RETRY_AFTER_S, math.ceil(excess / rate_per_s)))
+
+
+def _accepted_at(raw: bytes | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        event = parse_message(raw).kwargs.get("event")
+    except MalformedMessage:
+        return None
+    value = event.get("accepted_at") if isinstance(event, dict) else None
+    return float(value) if isinstance(value, int | float) else None
+
+
+# -- Prometheus --------------------------------------------------------------------------
+
+#: Counters the accept script and the lanes keep in Redis: (key, metric, help).
+REDIS_COUNTERS = (
+    ("accepted", "keylane_accepted_total", "Events accepted (answered 202)."),
+    (
+        "duplicate_deliveries",
+        "keylane_duplicate_deliveries_total",
+        "Deliveries answered 200 as duplicates of an accepted event.",
+    ),
+    ("keyless", "keylane_keyless_total", "Accepted events whose sender gave no event id."),
+    ("applied", "keylane_applied_total", "Events applied to their record."),
+    (
+        "duplicate",
+        "keylane_lane_duplicates_total",
+        "Deliveries the lanes found already applied (journal).",
+    ),
+    ("dead_lettered", "keylane_dead_letters_total", "Events that became dead-letter rows."),
+    ("conflicts", "keylane_conflicts_total", "Conditional writes refused (revision moved)."),
+    ("attempts", "keylane_attempts_total", "Write attempts of events that finished."),
+    ("parked", "keylane_parked_total", "Events parked behind an open dead letter."),
+)
+
+
+class ReceiverMetrics:
+    """The receiver's own counters (refusals), and a collector for everything else."""
+
+    def __init__(self, watch: QueueWatch, client: aioredis.Redis, keys: RedisKeys) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.refused = Counter(
+            "keylane_refused_total",
+            "Deliveries refused, by reason (the error code answered).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._snapshot = _Snapshot(watch, client, keys)
+        self.registry.register(self._snapshot)
+
+    async def render(self) -> bytes:
+        """The exposition text, with fresh values from Redis."""
+        await self._snapshot.refresh()
+        return generate_latest(self.registry)
+
+
+class _Snapshot(Collector):
+    """Metric families from Redis counters and the queue watch, read at scrape time."""
+
+    def __init__(self, watch: QueueWatch, client: aioredis.Redis, keys: RedisKeys) -> None:
+        self.watch = watch
+        self.client = client
+        self.keys = keys
+        self.counters: dict[str, float] = {}
+        self.latency: dict[str, float] = {}
+        self.members = 0
+        self.held = 0
+
+    async def refresh(self) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.keys.counters)
+        pipe.hgetall(self.keys.latency)
+        pipe.zcard(self.keys.members)
+        pipe.hlen(self.keys.held)
+        counters, latency, members, held = await pipe.execute()
+        self.counters = {_text(k): float(v) for k, v in counters.items()}
+        self.latency = {_text(k): float(v) for k, v in latency.items()}
+        self.members, self.held = int(members), int(held)
+
+    def collect(self) -> Iterable[Any]:
+        for key, name, doc in REDIS_COUNTERS:
+            family = CounterMetricFamily(name.removesuffix("_total"), doc)
+            family.add_metric([], self.counters.get(key, 0.0))
+            yield family
+        full = CounterMetricFamily(
+            "keylane_shard_full_refusals",
+            "Deliveries refused with 503 because their shard was at its high-water mark.",
+        )
+        full.add_metric([], self.counters.get("refused_full", 0.0))
+        yield full
+        yield self._latency()
+        yield from self._queues()
+        workers = GaugeMetricFamily("keylane_workers", "Live worker processes.")
+        workers.add_metric([], self.members)
+        yield workers
+        held = GaugeMetricFamily("keylane_held_keys", "Record keys held behind a dead letter.")
+        held.add_metric([], self.held)
+        yield held
+
+    def _latency(self) -> HistogramMetricFamily:
+        cumulative, buckets = 0.0, []
+        for bound in LATENCY_BUCKETS_S:
+            cumulative += self.latency.get(repr(bound), 0.0)
+            buckets.append((repr(bound), cumulative))
+        buckets.append(("+Inf", cumulative + self.latency.get("+Inf", 0.0)))
+        return HistogramMetricFamily(
+            "keylane_apply_latency_seconds",
+            "Time from acceptance (202) to the committed write, for applied events.",
+            buckets=buckets,
+            sum_value=self.latency.get("sum", 0.0),
+        )
+
+    def _queues(self) -> Iterable[GaugeMetricFamily]:
+        now = time.time()
+        depth = GaugeMetricFamily(
+            "keylane_queue_depth", "Events waiting, per shard.", labels=["shard"]
+        )
+        age = GaugeMetricFamily(
+            "keylane_oldest_message_age_seconds",
+            "Age of the event at the head of the shard queue.",
+            labels=["shard"],
+        )
+        rate = GaugeMetricFamily(
+            "keylane_drain_rate", "Events per second drained lately.", labels=["shard"]
+        )
+        for shard, view in sorted(self.watch.views.items()):
+            label = [str(shard)]
+            depth.add_metric(label, view.depth)
+            age.add_metric(
+                label,
+                0.0 if view.oldest_accepted_at is None else max(0.0, now - view.oldest_accepted_at),
+            )
+            rate.add_metric(label, view.rate_per_s)
+        return [depth, age, rate]
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
