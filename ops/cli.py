@@ -16,7 +16,7 @@ from ops.cli_records import records
 from ops.observability import init_sentry
 from workers.errors import KeylaneError
 from workers.logcontext import configure_logging
-from workers.settings import load_settings
+from workers.settings import Settings, load_settings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -105,6 +105,12 @@ def main() -> None:
     "--flower-port", type=int, envvar="KEYLANE_FLOWER_PORT", default=5555, show_default=True
 )
 @click.option("--no-flower", is_flag=True, help="Do not start Flower.")
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Do not start anything: check the stack of this data directory and port, "
+    "exit 0 if healthy, 1 if not.",
+)
 @click.pass_context
 def up(
     ctx: click.Context,
@@ -114,9 +120,13 @@ def up(
     lanes: int,
     flower_port: int,
     no_flower: bool,
+    check: bool,
 ) -> None:
     """Run receiver, workers and Flower (and an embedded Redis if none is configured)."""
     from ops.up import Supervisor, UpOptions
+
+    if check:
+        _exit_with_checks(settings_of(ctx), f"http://{host}:{port}")
 
     settings = settings_of(ctx).model_copy(
         update={"port": port, "host": host, "lanes": lanes, "flower_port": flower_port}
@@ -221,6 +231,31 @@ def status(ctx: click.Context, as_json: bool) -> None:
     )
     if report["unowned"]:
         click.echo(f"\nunowned shards: {report['unowned']}")
+
+
+@cli.command("check")
+@click.option("--receiver", "receiver_url", help="Also check this receiver's /readyz.")
+@click.option("--max-age", help="Fail if a shard's oldest message is older (e.g. 5m).")
+@click.pass_context
+def check_command(ctx: click.Context, receiver_url: str | None, max_age: str | None) -> None:
+    """Health for orchestrators: Redis, store, every shard owned (and the receiver).
+
+    Exit code 0 when everything is healthy, 1 otherwise.
+    """
+    from ops.triage import parse_age
+
+    _exit_with_checks(settings_of(ctx), receiver_url, parse_age(max_age) if max_age else None)
+
+
+def _exit_with_checks(
+    settings: Settings, receiver_url: str | None, max_age_s: float | None = None
+) -> None:
+    from ops.health import run_checks
+
+    results = run_checks(settings, receiver_url, max_age_s)
+    for result in results:
+        click.echo(f"{'ok  ' if result.ok else 'FAIL'} {result.name:<9} {result.detail}")
+    raise SystemExit(0 if all(r.ok for r in results) else 1)
 
 
 @cli.command()

@@ -43,6 +43,9 @@ from workers.stores.base import DeadLetterDraft, DeadLetterFilter, Fence, Store
 
 log = logging.getLogger("keylane.lanes")
 
+#: Called after each acknowledged event: (task id, event, result, seconds it took).
+ResultCallback = Callable[[str, Event, ApplyResult, float], None]
+
 MAX_BACKOFF_S = 5.0
 #: Shards offered to one take: bounds the take script's cost whatever a worker owns.
 TAKE_WINDOW = 16
@@ -59,7 +62,7 @@ class Lanes:
         sources: Sources,
         store_factory: Callable[[], Store],
         faults: Faults,
-        on_result: Callable[[Event, ApplyResult, float], None] | None = None,
+        on_result: ResultCallback | None = None,
     ) -> None:
         self.settings = settings
         self.broker = broker
@@ -163,9 +166,9 @@ class Lanes:
             "attempt": taken.deliveries,
         }
         with event_context(**context):
-            self._route(store, lease, taken, event)
+            self._route(store, lease, taken, event, message.task_id)
 
-    def _route(self, store: Store, lease: Lease, taken: Taken, event: Event) -> None:
+    def _route(self, store: Store, lease: Lease, taken: Taken, event: Event, task_id: str) -> None:
         if taken.any_held or event.retry_of is not None:
             verdict = self.broker.park(lease, taken.raw, event.record_key, event.retry_of)
             if verdict == "parked":
@@ -179,7 +182,7 @@ class Lanes:
             if verdict == "lost":
                 self.ownership.lost(lease, "lease changed before the message could be parked")
                 return
-        self._apply(store, lease, taken, event)
+        self._apply(store, lease, taken, event, task_id)
 
     def _release(self, lease: Lease, taken: Taken, kwargs: dict[str, object]) -> None:
         record_key = str(kwargs["record_key"])
@@ -195,7 +198,7 @@ class Lanes:
                 released,
             )
 
-    def _apply(self, store: Store, lease: Lease, taken: Taken, event: Event) -> None:
+    def _apply(self, store: Store, lease: Lease, taken: Taken, event: Event, task_id: str) -> None:
         ref = f"{event.source}/{event.event_id}"
         deliveries = taken.deliveries
         started = time.monotonic()
@@ -225,7 +228,7 @@ class Lanes:
             lease, taken.raw, result.outcome, result.conflicts, result.attempts, latency
         )
         if self._on_result is not None:
-            self._on_result(event, result, time.monotonic() - started)
+            self._on_result(task_id, event, result, time.monotonic() - started)
 
     def _outcome(
         self, store: Store, lease: Lease, taken: Taken, event: Event

@@ -8,14 +8,11 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
 
 from producers.sources import Sources, load_sources
-from workers.apply import ApplyResult
-from workers.events import Event
 from workers.faults import Faults
 from workers.lanebroker import LaneBroker
-from workers.lanes import Lanes
+from workers.lanes import Lanes, ResultCallback
 from workers.ownership import Ownership
 from workers.settings import Settings
 from workers.stores import open_store
@@ -37,7 +34,7 @@ class LaneService:
         settings: Settings,
         worker_id: str | None = None,
         sources: Sources | None = None,
-        on_result: Callable[[Event, ApplyResult, float], None] | None = None,
+        on_result: ResultCallback | None = None,
     ) -> None:
         self.settings = settings
         self.worker_id = worker_id or new_worker_id()

@@ -68,6 +68,7 @@ class Settings(BaseSettings):
     flower_basic_auth: SecretStr | None = None
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "FULL"
     log_level: str = "INFO"
+    task_events: bool = True  # Celery task events for Flower's task list
     faults: list[FaultSpec] = Field(default_factory=list)
 
     @model_validator(mode="after")

@@ -7,17 +7,66 @@ consumer as a worker bootstep.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
 from typing import Any
 
 from celery import bootsteps
 from celery.worker.control import inspect_command
 from kombu.entity import Queue
 
+from routing.router import APPLY_TASK
 from workers.app import CONTROL_QUEUE, create_app
+from workers.apply import ApplyResult
+from workers.events import Event
 from workers.service import LaneService
 from workers.settings import Settings
+
+log = logging.getLogger("keylane.worker")
+
+
+class TaskEvents:
+    """Celery task events for what the lanes did, so Flower's task list shows keylane's
+    events (``keylane.apply``, with the outcome as the result). Best effort: an event that
+    cannot be sent is dropped, never retried, never in the way of a lane."""
+
+    def __init__(self, app: Any, hostname: str) -> None:
+        self._lock = threading.Lock()
+        self._connection = app.connection_for_write()
+        self._dispatcher = app.events.Dispatcher(
+            self._connection, hostname=hostname, enabled=True, buffer_while_offline=False
+        )
+
+    def __call__(self, task_id: str, event: Event, result: ApplyResult, runtime_s: float) -> None:
+        summary = f"{event.source}/{event.event_id} -> {event.record_key}"
+        outcome = result.outcome if result.reason is None else f"{result.outcome}: {result.reason}"
+        try:
+            with self._lock:
+                self._dispatcher.send(
+                    "task-received",
+                    uuid=task_id,
+                    name=APPLY_TASK,
+                    args="()",
+                    kwargs=repr({"event": summary}),
+                    root_id=task_id,
+                    parent_id=None,
+                    retries=0,
+                    eta=None,
+                    expires=None,
+                )
+                self._dispatcher.send(
+                    "task-succeeded", uuid=task_id, result=repr(outcome), runtime=runtime_s
+                )
+        except Exception as exc:
+            log.debug("task event not sent: %s", exc)
+
+    def close(self) -> None:
+        """Release the connection."""
+        with self._lock:
+            self._dispatcher.close()
+            self._connection.release()
 
 
 class LaneStep(bootsteps.StartStopStep):
@@ -28,10 +77,12 @@ class LaneStep(bootsteps.StartStopStep):
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
         self.service: LaneService | None = None
+        self.events: TaskEvents | None = None
 
     def start(self, worker: Any) -> None:
         settings: Settings = worker.app.keylane_settings
-        self.service = LaneService(settings)
+        self.events = TaskEvents(worker.app, worker.hostname) if settings.task_events else None
+        self.service = LaneService(settings, on_result=self.events)
         worker.keylane_service = self.service
         self.service.start()
 
@@ -39,6 +90,9 @@ class LaneStep(bootsteps.StartStopStep):
         if self.service is not None:
             self.service.stop()
             self.service = None
+        if self.events is not None:
+            self.events.close()
+            self.events = None
 
     def shutdown(self, worker: Any) -> None:
         self.stop(worker)
