@@ -6,6 +6,7 @@ settings object (``ctx.obj``) that every subcommand uses.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import click
@@ -149,6 +150,10 @@ def serve(ctx: click.Context, port: int, host: str) -> None:
     settings = settings_of(ctx)
     init_sentry(settings, "receiver")  # before the app exists: the integration wraps it
     app = create_receiver(settings)
+    # uvicorn drains on SIGTERM/SIGINT, then raises the signal again for the previous
+    # handler: a handler of ours turns that graceful stop into exit code 0.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: None)
     uvicorn.run(
         app,
         host=host,

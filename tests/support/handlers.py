@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
+from urllib.parse import urlsplit
 
 from workers.events import Event
 from workers.stores.base import Record
@@ -21,3 +23,11 @@ def tier_from_total(event: Event, record: Record) -> dict[str, Any] | None:
     amount = event.changes["amount"].value
     total = record.fields.get("total", 0) + amount
     return {"total": {"set": total}, "tier": {"set": "gold" if total >= 1000 else "basic"}}
+
+
+def fail_with_secrets(event: Event, record: Record) -> dict[str, Any]:
+    """Always raises, quoting the Redis password and the ``TEST_GH_SECRET`` signing secret
+    of this process, the way a careless driver's error message might."""
+    password = urlsplit(os.environ["KEYLANE_REDIS_URL"]).password
+    secret = os.environ["TEST_GH_SECRET"]
+    raise ConnectionError(f"login failed with password {password}; webhook secret {secret}")

@@ -25,8 +25,13 @@ class SequentialLoad:
         per_key: int,
         prefix: str = "ev",
         deadline_s: float = 240,
+        urls: list[str] | None = None,
+        honour_retry_after: bool = False,
     ) -> None:
         self.stack = stack
+        self.urls = urls  # receivers to alternate between: a sender fails over on errors
+        self.honour_retry_after = honour_retry_after
+        self.refusals: list[tuple[int, str, str | None]] = []  # (status, error, Retry-After)
         self.keys = keys
         self.per_key = per_key
         self.prefix = prefix
@@ -70,9 +75,12 @@ class SequentialLoad:
                     return
 
     def _deliver(self, client: httpx.Client, body: dict[str, object]) -> bool:
+        attempt = 0
         while time.monotonic() < self.deadline:
+            url = self.urls[attempt % len(self.urls)] if self.urls else None
+            attempt += 1
             try:
-                answer = self.stack.post(body, client=client)
+                answer = self.stack.post(body, client=client, url=url)
             except httpx.TransportError:
                 answer = None
             if answer is not None and answer.status_code in (200, 202):
@@ -83,9 +91,17 @@ class SequentialLoad:
                 with self._lock:
                     self.errors.append(f"{answer.status_code} {answer.text}")
                 return False
+            wait_s = 0.1
             with self._lock:
                 self.retries += 1
-            time.sleep(0.1)
+                if answer is not None:
+                    after = answer.headers.get("retry-after")
+                    self.refusals.append(
+                        (answer.status_code, answer.json().get("error", ""), after)
+                    )
+                    if self.honour_retry_after and after:
+                        wait_s = min(float(after), 1.0)  # capped: the test has a deadline
+            time.sleep(wait_s)
         with self._lock:
             self.errors.append(f"gave up on {body['id']}")
         return False

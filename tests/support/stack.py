@@ -192,6 +192,7 @@ class Stack:
         source: str = "demo",
         client: httpx.Client | None = None,
         retries: int = 0,
+        url: str | None = None,
         **headers: str,
     ) -> httpx.Response:
         """POST a webhook (JSON-encoded ``body``) and return the answer. Without a
@@ -201,7 +202,7 @@ class Stack:
         c = client or self._client()
         for attempt in range(retries + 1):
             try:
-                return c.post(f"{self.url}/webhooks/{source}", content=data, headers=hdrs)
+                return c.post(f"{url or self.url}/webhooks/{source}", content=data, headers=hdrs)
             except httpx.TransportError:
                 if attempt == retries:
                     raise
