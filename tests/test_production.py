@@ -229,11 +229,11 @@ def test_rolling_restart_under_load_loses_and_duplicates_nothing(stack: Stack) -
     load = SequentialLoad(stack, [f"roll:{k}" for k in range(30)], per_key=60, urls=urls).start()
     # When each receiver, then each worker, is stopped with SIGTERM and started again
     for n, receiver in enumerate(receivers):
-        wait_until(lambda: load.progress() > 0.1 + 0.1 * n, 120, "load")
+        wait_until(lambda n=n: load.progress() > 0.1 + 0.1 * n, 120, "load")
         assert receiver.stop() == 0
         stack.receiver(port=ports[n])
     for n, worker in enumerate(workers):
-        wait_until(lambda: load.progress() > 0.35 + 0.15 * n, 120, "load")
+        wait_until(lambda n=n: load.progress() > 0.35 + 0.15 * n, 120, "load")
         assert worker.stop() == 0, worker.log()[-2000:]
         stack.worker(lanes=2)
     load.join()
