@@ -8,14 +8,21 @@ The lanes, not Celery's consumer, take messages from the shard queues; see
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import redis
 from celery import Celery
+from celery.exceptions import Ignore
 from kombu.entity import Queue
 
 from routing.router import APPLY_TASK, RELEASE_TASK, ShardRouter
 from workers.errors import NotOwner
+from workers.events import Event
+from workers.message import build_apply_message, build_release_message
 from workers.settings import Settings
+
+log = logging.getLogger("keylane.app")
 
 #: The one queue Celery's own consumer listens on; keylane publishes nothing to it.
 CONTROL_QUEUE = "keylane.control"
@@ -50,14 +57,44 @@ def create_app(settings: Settings) -> Celery:
         enable_utc=True,
     )
 
-    @app.task(name=APPLY_TASK, ignore_result=True, shared=False)
-    def apply(event: dict[str, Any]) -> None:
-        # Messages of this task are applied by the lanes, under a shard lease. A plain
-        # Celery worker that consumes a shard queue by mistake must not apply them.
-        raise NotOwner(-1, "keylane.apply runs only inside a keylane lane")
+    # Messages of these tasks are run by the lanes, under a shard lease. A plain Celery
+    # consumer of a shard queue (started by hand, or added from Flower) must neither run
+    # them nor lose them: the message goes back to the head of its queue for the lane.
+    @app.task(name=APPLY_TASK, ignore_result=True, shared=False, bind=True)
+    def apply(self: Any, event: dict[str, Any]) -> None:
+        _give_back(settings, self.request, build_apply_message(Event(**event), _queue(self)))
 
-    @app.task(name=RELEASE_TASK, ignore_result=True, shared=False)
-    def release(record_key: str, dead_letter_id: int) -> None:
-        raise NotOwner(-1, "keylane.release runs only inside a keylane lane")
+    @app.task(name=RELEASE_TASK, ignore_result=True, shared=False, bind=True)
+    def release(self: Any, record_key: str, dead_letter_id: int) -> None:
+        message = build_release_message(record_key, dead_letter_id, _queue(self))
+        _give_back(settings, self.request, message)
 
     return app
+
+
+def _queue(task: Any) -> str:
+    return str((task.request.delivery_info or {}).get("routing_key") or "")
+
+
+def _give_back(settings: Settings, request: Any, message: bytes) -> None:
+    """Put a shard message that a plain Celery consumer took back at the head of its queue,
+    then let Celery acknowledge the copy it holds (``Ignore``)."""
+    queue = str((request.delivery_info or {}).get("routing_key") or "")
+    try:
+        shard = settings.shards.shard_of_queue(queue)
+    except ValueError as exc:
+        raise NotOwner(-1, f"keylane tasks run only inside keylane lanes ({exc})") from exc
+    client = redis.Redis.from_url(settings.redis_dsn())
+    try:
+        with client.pipeline(transaction=True) as pipe:
+            pipe.rpush(settings.keys.queue(queue), message)
+            pipe.publish(settings.keys.doorbell, shard)
+            pipe.execute()
+    finally:
+        client.close()
+    log.error(
+        "a plain Celery consumer took a message from %s; it is back at the head of the "
+        "queue for the shard's lane (do not consume keylane's shard queues)",
+        queue,
+    )
+    raise Ignore()

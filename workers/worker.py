@@ -14,10 +14,11 @@ import threading
 from typing import Any
 
 from celery import bootsteps
-from celery.worker.control import inspect_command
+from celery.worker.control import control_command, inspect_command
 from kombu.entity import Queue
 
 from routing.router import APPLY_TASK
+from routing.shards import QUEUE_PREFIX
 from workers.app import CONTROL_QUEUE, create_app
 from workers.apply import ApplyResult
 from workers.events import Event
@@ -96,6 +97,34 @@ class LaneStep(bootsteps.StartStopStep):
 
     def shutdown(self, worker: Any) -> None:
         self.stop(worker)
+
+
+@control_command(
+    args=[("queue", str), ("exchange", str), ("exchange_type", str), ("routing_key", str)],
+    signature="<queue> [exchange [type [routing_key]]]",
+)
+def add_consumer(
+    state: Any,
+    queue: str,
+    exchange: str | None = None,
+    exchange_type: str | None = None,
+    routing_key: str | None = None,
+    **options: Any,
+) -> dict[str, str]:
+    """Celery's ``add_consumer``, except for keylane's shard queues: those are consumed by
+    the lanes under shard leases, and a second, plain consumer would break per-record
+    order (Flower's "Add consumer" button calls this)."""
+    if queue.startswith(QUEUE_PREFIX):
+        return {"error": f"refused: {queue} is a keylane shard queue, consumed by its lanes"}
+    state.consumer.call_soon(
+        state.consumer.add_task_queue,
+        queue,
+        exchange,
+        exchange_type or "direct",
+        routing_key,
+        **options,
+    )
+    return {"ok": f"add consumer {queue}"}
 
 
 @inspect_command()
