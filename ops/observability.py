@@ -16,9 +16,11 @@ import logging
 import os
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import sentry_sdk
 from sentry_sdk.integrations.logging import LoggingIntegration
+from sentry_sdk.integrations.redis import RedisIntegration
 
 from workers.settings import Settings
 
@@ -52,6 +54,10 @@ def init_sentry(
         server_name=None,
         before_send=lambda event, hint: scrub(event, secrets),
         before_breadcrumb=lambda crumb, hint: scrub(crumb, secrets),
+        # Every take and ack is a Redis call: as breadcrumbs they would bury the few
+        # that explain an error.
+        disabled_integrations=[RedisIntegration()],
+        max_breadcrumbs=30,
     )
     sentry_sdk.set_tag("keylane.component", component)
     return True
@@ -71,7 +77,20 @@ def _secrets(settings: Settings, environ: Mapping[str, str]) -> list[str]:
     for secret in (settings.redis_url, settings.store_url, settings.flower_basic_auth):
         if secret is not None:
             values.append(secret.get_secret_value())
-    return [v for v in values if len(v) >= 4]
+    for url in (settings.redis_url, settings.store_url):
+        if url is not None:
+            values.extend(_url_password(url.get_secret_value()))
+    # Longest first: a whole URL is replaced before the password inside it.
+    return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
+
+
+def _url_password(url: str) -> list[str]:
+    """The password in ``url`` as written and decoded: drivers' errors may quote it alone."""
+    with contextlib.suppress(ValueError):
+        password = urlsplit(url).password
+        if password:
+            return [password, unquote(password)]
+    return []
 
 
 def scrub(event: Any, secrets: list[str]) -> Any:

@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
+import sentry_sdk
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -115,7 +116,13 @@ class Receiver:
             record_key=event.record_key,
             shard=event.shard,
         ):
-            return await self._accept(source, event)
+            try:
+                return await self._accept(source, event)
+            except Exception as exc:
+                # Captured here, with the event's tags; the web integration's own capture
+                # of the same exception is then dropped as a duplicate.
+                sentry_sdk.capture_exception(exc)
+                raise
 
     async def healthz(self, request: Request) -> Response:
         """Liveness: the process answers."""

@@ -80,6 +80,17 @@ class RedisKeys:
         return f"{self.prefix}counters"
 
     @property
+    def latency(self) -> str:
+        """Hash: the apply-latency histogram (bucket -> count, plus ``sum`` and ``count``)."""
+        return f"{self.prefix}latency"
+
+    @property
+    def drained(self) -> str:
+        """Hash shard -> messages acknowledged, from which the receiver computes drain
+        rates (for ``Retry-After``)."""
+        return f"{self.prefix}drained"
+
+    @property
     def held(self) -> str:
         """Hash record-key -> open dead-letter id, for sources whose policy holds the key."""
         return f"{self.prefix}held"

@@ -337,3 +337,76 @@ def test_bulk_retry_of_200_rows_while_new_events_arrive(stack: Stack, tmp_path: 
     assert _rows(stack, statuses=("open",)) == []
     again = keylane(stack, "dlq", "retry", "--status", "retried", "--yes", "--json")
     assert {r["outcome"] for r in json.loads(again.stdout)} == {"already queued"}
+
+
+def test_cli_output_as_shown_in_the_readme(stack: Stack, tmp_path: Path) -> None:
+    _start(stack, tmp_path)
+    # Given two dead letters: a type error and a field the source does not own
+    assert stack.post(event("evt_7", "contact:42", visits={"set": "many"})).status_code == 202
+    assert stack.post(event("evt_8", "contact:42", visits={"increment": 1})).status_code == 202
+    narrow = stack.post(event("evt_9", "contact:43", b={"set": 1}), source="narrow")
+    assert narrow.status_code == 202
+    wait_until(lambda: len(_rows(stack)) == 2, 30, "two dead letters")
+    type_row = _rows(stack, reasons=("type",))[0]
+    # list: a table, then JSON with every field
+    table = keylane(stack, "dlq", "list").stdout.splitlines()
+    assert table[0].split()[:4] == ["ID", "AGE", "STATUS", "REASON"]
+    assert table[-1] == "2 row(s)"
+    rows = json.loads(keylane(stack, "dlq", "list", "--json", "--reason", "type").stdout)
+    assert [r["event_id"] for r in rows] == ["evt_8"]
+    assert set(rows[0]) >= {
+        "id",
+        "status",
+        "reason",
+        "source",
+        "event_id",
+        "record_key",
+        "shard",
+        "attempts",
+        "revision_read",
+        "revision_found",
+        "error",
+        "attempted_change",
+        "event",
+        "status_by",
+        "status_at",
+        "note",
+    }
+    # show: the change beside the record now; a marked line where applying would change it
+    shown = keylane(stack, "dlq", "show", str(type_row.id)).stdout
+    assert f"dead letter {type_row.id}  [open]  reason: type" in shown
+    assert "revisions   read 1, found 1, now 1" in shown
+    field_line = next(line for line in shown.splitlines() if line.lstrip("* ").startswith("visits"))
+    assert '{"increment": 1}' in field_line
+    assert '"many"' in field_line
+    assert "cannot apply" in field_line
+    shown_json = json.loads(keylane(stack, "dlq", "show", str(type_row.id), "--json").stdout)
+    assert shown_json["record_now"] == {"revision": 1, "fields": {"visits": "many"}}
+    assert shown_json["fields"][0]["field"] == "visits"
+    # stats
+    stats = json.loads(keylane(stack, "dlq", "stats", "--json").stdout)
+    assert stats["by_status"] == {"open": 2}
+    assert stats["open_by_reason"] == {"type": 1, "not_owned": 1}
+    assert stats["oldest_open_age_s"] >= 0
+    assert "oldest open row:" in keylane(stack, "dlq", "stats").stdout
+    # export: JSON lines
+    export = keylane(stack, "dlq", "export")
+    assert sorted(json.loads(line)["event_id"] for line in export.stdout.splitlines()) == [
+        "evt_8",
+        "evt_9",
+    ]
+    assert "exported 2 row(s)" in export.stderr
+    # discard and resolve report what they did; a second discard is skipped
+    discarded = keylane(stack, "dlq", "discard", str(type_row.id), "--yes", "--note", "dup")
+    assert discarded.stdout.startswith("discard: 1 closed")
+    again = keylane(stack, "dlq", "discard", str(type_row.id), "--yes", "--status", "discarded")
+    assert "1 skipped" in again.stdout
+    resolved = keylane(
+        stack, "dlq", "resolve", "--reason", "not_owned", "--note", "by hand", "--yes"
+    )
+    assert resolved.stdout.startswith("resolve: 1 closed")
+    assert keylane(stack, "dlq", "list").stdout.splitlines()[-1] == "0 row(s)"
+    # and bulk operations refuse to act on nothing in particular
+    bare = keylane(stack, "dlq", "retry")
+    assert bare.returncode == 2
+    assert "give row IDs, a filter" in bare.stderr

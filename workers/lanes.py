@@ -97,6 +97,12 @@ class Lanes:
     # -- the loop ------------------------------------------------------------------------
 
     def _run(self) -> None:
+        # Each lane its own Sentry isolation scope: breadcrumbs and tags of one lane's
+        # events never end up on another lane's error.
+        with sentry_sdk.isolation_scope():
+            self._loop()
+
+    def _loop(self) -> None:
         store: Store | None = None
         idle_s = self.settings.idle_poll_ms / 1000
         while not self._stop.is_set():
