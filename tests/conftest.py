@@ -68,11 +68,29 @@ def namespace(redis_url: str) -> Iterator[str]:
     """A Redis key namespace private to this test; its keys are deleted afterwards."""
     ns = f"kltest-{uuid.uuid4().hex[:10]}"
     yield ns
+    delete_namespace(redis_url, ns)
+
+
+def delete_namespace(redis_url: str, ns: str) -> None:
+    """Delete every key of a test namespace (and nothing else)."""
     client = redis.Redis.from_url(redis_url)
     keys = list(client.scan_iter(match=f"{ns}:*", count=1000))
     for start in range(0, len(keys), 500):
         client.delete(*keys[start : start + 500])
     client.close()
+
+
+def fast_settings(redis_url: str, namespace: str, store_url: str, data_dir: Path) -> Settings:
+    """Settings for a test deployment: private namespace and store, fast timings."""
+    return load_settings(
+        data_dir=data_dir,
+        redis_url=redis_url,
+        store_url=store_url,
+        namespace=namespace,
+        lease_ttl_ms=3000,
+        heartbeat_ms=500,
+        idle_poll_ms=50,
+    )
 
 
 def _pg_schema_url(base: str, schema: str) -> str:
@@ -111,15 +129,7 @@ def store(store_url: str) -> Iterator[Store]:
 @pytest.fixture
 def settings(redis_url: str, namespace: str, store_url: str, tmp_path: Path) -> Settings:
     """Settings for a test deployment: private namespace and store, fast timings."""
-    return load_settings(
-        data_dir=tmp_path / "data",
-        redis_url=redis_url,
-        store_url=store_url,
-        namespace=namespace,
-        lease_ttl_ms=3000,
-        heartbeat_ms=500,
-        idle_poll_ms=50,
-    )
+    return fast_settings(redis_url, namespace, store_url, tmp_path / "data")
 
 
 @pytest.fixture

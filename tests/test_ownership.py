@@ -231,3 +231,33 @@ def test_a_hung_handler_gives_its_shard_up_and_the_event_applies_once(stack: Sta
     assert store.read("stuck:1").fields == {"n": 1}
     assert helper.alive()
     _audit(stack)
+
+
+def test_a_dead_workers_shards_are_owned_again_within_ttl_plus_one_heartbeat(
+    stack: Stack,
+) -> None:
+    # Given two workers sharing the shards
+    victim = stack.worker(lanes=2)
+    stack.worker(lanes=2)
+    stack.wait_all_owned(workers=2)
+    broker = stack.broker()
+    victim_id = next(
+        m["worker"] for m in broker.members_info() if m["info"].get("pid") == victim.pid
+    )
+    # When one is killed with SIGKILL
+    victim.kill()
+    killed_at = time.monotonic()
+    # Then every shard has a live owner again within the lease TTL plus one heartbeat
+    # (plus a little slack for this machine's scheduling)
+    s = stack.settings
+    bound_s = (s.lease_ttl_ms + s.heartbeat_ms) / 1000
+    wait_until(
+        lambda: (
+            all(not h.startswith(victim_id) for h in broker.holders().values())
+            and len(broker.holders()) == s.shard_count
+        ),
+        bound_s + 5,
+        "the takeover",
+    )
+    elapsed = time.monotonic() - killed_at
+    assert elapsed <= bound_s + 1.0, f"took {elapsed:.1f}s, bound {bound_s:.1f}s"

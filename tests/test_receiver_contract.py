@@ -4,12 +4,15 @@ process: every 4xx changes nothing in Redis or the store."""
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 import redis
 
+from tests.conftest import delete_namespace, fast_settings
 from tests.support.stack import Stack, event
 
 
@@ -39,15 +42,26 @@ def _snapshot(stack: Stack) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def running(stack: Stack) -> Stack:
-    stack.worker(lanes=2)
-    stack.receiver()
-    stack.wait_all_owned()
-    # one accepted event, so the snapshot has something to compare
-    assert stack.post(event("seed", "contact:1", n={"increment": 1})).status_code == 202
-    stack.wait_journal(1)
-    return stack
+@pytest.fixture(scope="module")
+def running(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One deployment for the module's tests: each compares the state before and after
+    its own request, so they need not start from scratch."""
+    tmp = tmp_path_factory.mktemp("contract")
+    ns = f"kltest-{uuid.uuid4().hex[:10]}"
+    stack = Stack(
+        fast_settings(redis_url, ns, f"sqlite:///{tmp / 'store.sqlite3'}", tmp / "data"), tmp
+    )
+    try:
+        stack.worker(lanes=2)
+        stack.receiver()
+        stack.wait_all_owned()
+        # one accepted event, so the snapshot has something to compare
+        assert stack.post(event("seed", "contact:1", n={"increment": 1})).status_code == 202
+        stack.wait_journal(1)
+        yield stack
+    finally:
+        stack.stop_all()
+        delete_namespace(redis_url, ns)
 
 
 BAD_INPUT = [
@@ -100,7 +114,6 @@ BAD_INPUT = [
 ]
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 @pytest.mark.parametrize(("body", "headers", "status", "code"), BAD_INPUT)
 def test_bad_input_gets_a_clear_4xx_and_changes_nothing(
     running: Stack, body: bytes, headers: dict[str, str], status: int, code: str
@@ -122,7 +135,6 @@ def test_bad_input_gets_a_clear_4xx_and_changes_nothing(
     assert _snapshot(running) == before
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_unknown_source_is_404_and_changes_nothing(running: Stack) -> None:
     before = _snapshot(running)
     answer = running.post(event("x1", "k:1", a={"set": 1}), source="nosuchsource")
@@ -131,7 +143,6 @@ def test_unknown_source_is_404_and_changes_nothing(running: Stack) -> None:
     assert _snapshot(running) == before
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_accept_duplicate_and_reuse_answers(running: Stack) -> None:
     # When an event is delivered, then again, then with the same id and another body
     first = running.post(event("d1", "contact:9", n={"increment": 2}))
@@ -167,7 +178,6 @@ def test_accept_duplicate_and_reuse_answers(running: Stack) -> None:
     assert row.attempted_change == {"n": {"increment": 50}}
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_health_and_readiness(running: Stack) -> None:
     assert httpx.get(f"{running.url}/healthz").json() == {"status": "ok"}
     assert httpx.get(f"{running.url}/readyz").json() == {"status": "ready"}

@@ -103,7 +103,7 @@ def _redis_state(settings: Settings) -> dict[str, Any]:
 
 
 @settings(
-    max_examples=300,
+    max_examples=150,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
