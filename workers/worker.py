@@ -31,14 +31,43 @@ log = logging.getLogger("keylane.worker")
 class TaskEvents:
     """Celery task events for what the lanes did, so Flower's task list shows keylane's
     events (``keylane.apply``, with the outcome as the result). Best effort: an event that
-    cannot be sent is dropped, never retried, never in the way of a lane."""
+    cannot be sent is dropped, never retried, never in the way of a lane.
+
+    Events are buffered and published in batches (Celery's ``task.multi`` messages, which
+    Flower reads): at most ``BATCH`` events or ``FLUSH_S`` seconds late, for a fraction of
+    the cost of one publish per event.
+    """
+
+    BATCH = 100
+    FLUSH_S = 1.0
 
     def __init__(self, app: Any, hostname: str) -> None:
         self._lock = threading.Lock()
         self._connection = app.connection_for_write()
         self._dispatcher = app.events.Dispatcher(
-            self._connection, hostname=hostname, enabled=True, buffer_while_offline=False
+            self._connection,
+            hostname=hostname,
+            enabled=True,
+            buffer_while_offline=False,
+            buffer_group=["task"],
+            buffer_limit=self.BATCH,
         )
+        self._stop = threading.Event()
+        self._flusher = threading.Thread(
+            target=self._flush_often, name="keylane-task-events", daemon=True
+        )
+        self._flusher.start()
+
+    def _flush_often(self) -> None:
+        while not self._stop.wait(self.FLUSH_S):
+            self._flush()
+
+    def _flush(self) -> None:
+        try:
+            with self._lock:
+                self._dispatcher.flush(errors=False, groups=True)
+        except Exception as exc:
+            log.debug("task events not sent: %s", exc)
 
     def __call__(self, task_id: str, event: Event, result: ApplyResult, runtime_s: float) -> None:
         summary = f"{event.source}/{event.event_id} -> {event.record_key}"
@@ -64,7 +93,10 @@ class TaskEvents:
             log.debug("task event not sent: %s", exc)
 
     def close(self) -> None:
-        """Release the connection."""
+        """Send what is buffered, then release the connection."""
+        self._stop.set()
+        self._flusher.join(5)
+        self._flush()
         with self._lock:
             self._dispatcher.close()
             self._connection.release()
