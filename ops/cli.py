@@ -107,6 +107,12 @@ def main() -> None:
 )
 @click.option("--no-flower", is_flag=True, help="Do not start Flower.")
 @click.option(
+    "--data-dir",
+    "up_data_dir",
+    type=click.Path(path_type=Path),
+    help="Data directory (same as `keylane --data-dir`).",
+)
+@click.option(
     "--check",
     is_flag=True,
     help="Do not start anything: check the stack of this data directory and port, "
@@ -121,9 +127,12 @@ def up(
     lanes: int,
     flower_port: int,
     no_flower: bool,
+    up_data_dir: Path | None,
     check: bool,
 ) -> None:
     """Run receiver, workers and Flower (and an embedded Redis if none is configured)."""
+    if up_data_dir is not None:
+        ctx.find_root().obj = settings_of(ctx).model_copy(update={"data_dir": up_data_dir})
     from ops.up import Supervisor, UpOptions
 
     if check:

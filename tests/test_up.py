@@ -142,6 +142,9 @@ def test_up_runs_the_stack_on_an_embedded_redis(tmp_path: Path, redis_from: str)
         # And every shard has an owner, and Flower answers
         status = json.loads(_keylane(data_dir, "status", "--json", env=cli_env).stdout)
         assert status["unowned"] == []
+        check = _keylane(data_dir, "up", "--check", "--port", str(port), env=cli_env)
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert "ok   receiver" in check.stdout
         assert httpx.get(f"http://127.0.0.1:{flower_port}/healthcheck", timeout=10).text == "OK"
     finally:
         # When it is told to stop (what Ctrl-C does)
