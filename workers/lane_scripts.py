@@ -1,0 +1,147 @@
+"""The Lua scripts of the lanes (see :mod:`workers.lanebroker` for what each one is for).
+
+Each runs atomically in Redis: that is the whole point of keeping every step of a lane
+(take, ack, acquire, park, release) in one script.
+"""
+
+ACQUIRE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {0, redis.call('GET', KEYS[1]), 0}
+end
+local token = redis.call('INCR', KEYS[2])
+local value = ARGV[1] .. '/' .. token
+-- KEYS[6] holds the last owner until it releases: if it is still set, that owner's
+-- lease expired (crash, pause, partition) and this is a takeover.
+local previous = redis.call('GET', KEYS[6]) or ''
+redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+redis.call('SET', KEYS[6], value)
+local restored = 0
+while true do
+  local m = redis.call('LMOVE', KEYS[3], KEYS[4], 'LEFT', 'RIGHT')
+  if not m then break end
+  restored = restored + 1
+end
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[4], '*', 'event', 'acquired',
+  'shard', ARGV[3], 'worker', ARGV[1], 'token', token, 'restored', restored,
+  'expired', previous)
+return {1, value, restored}
+"""
+
+RENEW = """
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[i + 1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[1])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
+RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[3])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[3],
+  'shard', ARGV[2], 'worker', ARGV[5], 'token', ARGV[6], 'restored', 0, 'expired', '')
+return 1
+"""
+
+# KEYS: (lease, inflight, queue, deliveries) per candidate shard, then the held-keys hash.
+# A message is counted in ``deliveries`` (by the SHA-1 of its bytes, which a restore
+# keeps) each time it is handed to a lane, so poison is seen even when the lane dies.
+TAKE = """
+local held_keys = redis.call('HLEN', KEYS[#KEYS])
+for i = 1, #ARGV do
+  local lease, inflight, queue, deliveries = KEYS[4*i-3], KEYS[4*i-2], KEYS[4*i-1], KEYS[4*i]
+  if redis.call('GET', lease) == ARGV[i] then
+    local resumed = 1
+    local m = redis.call('LINDEX', inflight, -1)
+    if not m then
+      resumed = 0
+      m = redis.call('LMOVE', queue, inflight, 'RIGHT', 'LEFT')
+    end
+    if m then
+      local n = redis.call('HINCRBY', deliveries, redis.sha1hex(m), 1)
+      return {i, m, resumed, held_keys, n}
+    end
+  end
+end
+return nil
+"""
+
+# Park a held key's message (in arrival order), or, when the message is the operator's
+# retry of the very dead letter that holds the key, release the key: its parked messages
+# go back to the head of the queue, to run right after this one.
+PARK = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 'lost' end
+local holder = redis.call('HGET', KEYS[3], ARGV[3])
+if not holder then return 'free' end
+if ARGV[4] ~= '' and holder == ARGV[4] then
+  redis.call('HDEL', KEYS[3], ARGV[3])
+  local parked = redis.call('LRANGE', KEYS[4], 0, -1)
+  for i = #parked, 1, -1 do redis.call('RPUSH', KEYS[5], parked[i]) end
+  redis.call('DEL', KEYS[4])
+  return 'released'
+end
+redis.call('RPUSH', KEYS[4], ARGV[2])
+redis.call('LREM', KEYS[2], 1, ARGV[2])
+redis.call('HDEL', KEYS[6], redis.sha1hex(ARGV[2]))
+redis.call('HINCRBY', KEYS[7], 'parked', 1)
+return 'parked'
+"""
+
+# A release control message: the dead letter that held the key was resolved or discarded.
+RELEASE_KEY = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+local released = 0
+if redis.call('HGET', KEYS[3], ARGV[3]) == ARGV[4] then
+  redis.call('HDEL', KEYS[3], ARGV[3])
+  local parked = redis.call('LRANGE', KEYS[4], 0, -1)
+  for i = #parked, 1, -1 do redis.call('RPUSH', KEYS[5], parked[i]) end
+  redis.call('DEL', KEYS[4])
+  released = #parked
+end
+redis.call('LREM', KEYS[2], 1, ARGV[2])
+redis.call('HDEL', KEYS[6], redis.sha1hex(ARGV[2]))
+return released
+"""
+
+# Queue an operator's message once per marker: at the head (RPUSH) or the tail (LPUSH).
+PUSH_ONCE = """
+if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[3]) == false then return 0 end
+if ARGV[2] == 'head' then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+else
+  redis.call('LPUSH', KEYS[2], ARGV[1])
+end
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1
+"""
+
+# Acknowledge, and count in the same step: outcome, conflicts and attempts (counters),
+# accepted-to-done latency (histogram bucket, sum, count) and the shard's drain count.
+ACK = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('LREM', KEYS[2], 1, ARGV[2])
+local digest = redis.sha1hex(ARGV[2])
+redis.call('HDEL', KEYS[3], digest, digest .. ':error')
+redis.call('HINCRBY', KEYS[6], ARGV[8], 1)
+if ARGV[3] == '' then return 1 end
+redis.call('HINCRBY', KEYS[4], ARGV[3], 1)
+if tonumber(ARGV[4]) > 0 then redis.call('HINCRBY', KEYS[4], 'conflicts', ARGV[4]) end
+if tonumber(ARGV[5]) > 0 then redis.call('HINCRBY', KEYS[4], 'attempts', ARGV[5]) end
+if ARGV[6] ~= '' then
+  redis.call('HINCRBY', KEYS[5], ARGV[6], 1)
+  redis.call('HINCRBY', KEYS[5], 'count', 1)
+  redis.call('HINCRBYFLOAT', KEYS[5], 'sum', ARGV[7])
+end
+return 1
+"""
+
+BUMP_FENCE = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if current < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+return current
+"""
