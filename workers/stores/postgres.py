@@ -17,7 +17,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from workers.errors import StoreUnavailable
-from workers.stores.sql import Cursor, SqlStore
+from workers.stores.sql import SqlStore
+from workers.stores.sql_base import Cursor
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (

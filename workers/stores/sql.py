@@ -1,83 +1,29 @@
 """The store's logic, written once in SQL that SQLite and PostgreSQL both run.
 
 Dialects differ in four places only: how a write transaction begins, how the shard's
-fence row is locked, how JSON goes in and out, and the DDL. Subclasses supply those.
+fence row is locked, how JSON goes in and out, and the DDL (see :mod:`sql_base`).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from abc import abstractmethod
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any
 
 from workers.errors import AlreadyApplied, StaleFence, VersionConflict
 from workers.stores.base import (
-    DeadLetter,
     DeadLetterDraft,
-    DeadLetterFilter,
-    DeadLetterStatus,
     EventWrite,
     Fence,
     JournalEntry,
     Record,
-    Store,
 )
+from workers.stores.sql_base import Cursor, dump_json
+from workers.stores.sql_review import ReviewSql
 
 
-class Cursor(Protocol):
-    """The part of a DB-API cursor the store uses."""
-
-    @property
-    def rowcount(self) -> int: ...
-
-    def execute(self, sql: Any, params: Sequence[Any] = ...) -> Any: ...
-    def fetchone(self) -> Any: ...
-    def fetchall(self) -> list[Any]: ...
-
-
-def dump_json(value: Any) -> str:
-    """Compact, key-sorted JSON, so equal values store equal text."""
-    return json.dumps(
-        value, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False
-    )
-
-
-_DL_COLUMNS = (
-    "id, created_at, source, event_id, record_key, shard, reason, {event}, {change}, "
-    "revision_read, revision_found, attempts, error, status, status_by, status_at, note, retry_of"
-)
-
-
-class SqlStore(Store):
+class SqlStore(ReviewSql):
     """Store logic over a DB-API connection; see :mod:`workers.stores.base`."""
-
-    #: SQL text of a JSON parameter and of a JSON column read back as text.
-    json_param = "?"
-
-    def json_out(self, column: str) -> str:
-        """SQL that reads a JSON column as text."""
-        return column
-
-    @abstractmethod
-    @contextmanager
-    def _transaction(self) -> Iterator[Cursor]:
-        """A write transaction; commits on success, rolls back on any exception."""
-
-    @abstractmethod
-    @contextmanager
-    def _cursor(self) -> Iterator[Cursor]:
-        """A cursor for reads outside a transaction."""
-
-    @abstractmethod
-    def _lock_fence(self, cur: Cursor, shard: int) -> int:
-        """Read (and lock against advances) the shard's newest fencing token; 0 if none."""
-
-    def _q(self, sql: str) -> str:
-        """Adapt ``?`` placeholders to the driver (overridden by PostgreSQL)."""
-        return sql
 
     # -- records -----------------------------------------------------------------------
 
@@ -317,90 +263,6 @@ class SqlStore(Store):
             )
             return int(cur.fetchone()[0])
 
-    def _dl_select(self) -> str:
-        cols = _DL_COLUMNS.format(
-            event=self.json_out("event"), change=self.json_out("attempted_change")
-        )
-        return f"SELECT {cols} FROM dead_letters"
-
-    @staticmethod
-    def _dl_row(row: Sequence[Any]) -> DeadLetter:
-        return DeadLetter(
-            id=int(row[0]),
-            created_at=float(row[1]),
-            source=row[2],
-            event_id=row[3],
-            record_key=row[4],
-            shard=int(row[5]),
-            reason=row[6],
-            event=json.loads(row[7]),
-            attempted_change=json.loads(row[8]),
-            revision_read=row[9],
-            revision_found=row[10],
-            attempts=int(row[11]),
-            error=row[12],
-            status=row[13],
-            status_by=row[14],
-            status_at=row[15],
-            note=row[16],
-            retry_of=row[17],
-        )
-
-    def dead_letter(self, dead_letter_id: int) -> DeadLetter | None:
-        with self._cursor() as cur:
-            cur.execute(self._q(self._dl_select() + " WHERE id = ?"), (dead_letter_id,))
-            row = cur.fetchone()
-        return self._dl_row(row) if row else None
-
-    def dead_letters(self, flt: DeadLetterFilter) -> list[DeadLetter]:
-        where, params = _dl_where(flt, time.time())
-        sql = self._dl_select() + where + " ORDER BY id"
-        if flt.limit is not None:
-            sql += " LIMIT ?"
-            params.append(flt.limit)
-        with self._cursor() as cur:
-            cur.execute(self._q(sql), params)
-            return [self._dl_row(r) for r in cur.fetchall()]
-
-    def set_dead_letter_status(
-        self,
-        dead_letter_id: int,
-        to: DeadLetterStatus,
-        allowed_from: tuple[str, ...],
-        by: str,
-        note: str | None = None,
-    ) -> bool:
-        if not allowed_from:
-            return False
-        marks = ", ".join("?" for _ in allowed_from)
-        with self._transaction() as cur:
-            cur.execute(
-                self._q(
-                    "UPDATE dead_letters SET status = ?, status_by = ?, status_at = ?, "
-                    f"note = COALESCE(?, note) WHERE id = ? AND status IN ({marks})"
-                ),
-                (to, by, time.time(), note, dead_letter_id, *allowed_from),
-            )
-            return cur.rowcount == 1
-
-    def dead_letter_stats(self) -> list[dict[str, Any]]:
-        with self._cursor() as cur:
-            cur.execute(
-                "SELECT status, reason, source, COUNT(*), MIN(created_at) FROM dead_letters "
-                "GROUP BY status, reason, source ORDER BY status, reason, source"
-            )
-            rows = cur.fetchall()
-        return [
-            {
-                "status": r[0],
-                "reason": r[1],
-                "source": r[2],
-                "count": int(r[3]),
-                "oldest": float(r[4]),
-            }
-            for r in rows
-        ]
-
     def journal_entries(self, record_key: str | None = None) -> list[JournalEntry]:
         sql = (
             "SELECT source, event_id, record_key, shard, outcome, revision, attempts, "
@@ -423,28 +285,3 @@ class SqlStore(Store):
         with self._cursor() as cur:
             cur.execute("SELECT COUNT(*) FROM journal")
             return int(cur.fetchone()[0])
-
-
-def _dl_where(flt: DeadLetterFilter, now: float) -> tuple[str, list[Any]]:
-    clauses: list[str] = []
-    params: list[Any] = []
-
-    def any_of(column: str, values: tuple[Any, ...]) -> None:
-        if values:
-            clauses.append(f"{column} IN ({', '.join('?' for _ in values)})")
-            params.extend(values)
-
-    any_of("status", flt.statuses)
-    any_of("reason", flt.reasons)
-    any_of("source", flt.sources)
-    any_of("id", flt.ids)
-    if flt.record_key is not None:
-        clauses.append("record_key = ?")
-        params.append(flt.record_key)
-    if flt.older_than_s is not None:
-        clauses.append("created_at <= ?")
-        params.append(now - flt.older_than_s)
-    if flt.newer_than_s is not None:
-        clauses.append("created_at >= ?")
-        params.append(now - flt.newer_than_s)
-    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params

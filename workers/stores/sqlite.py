@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Literal
 
 from workers.errors import StoreUnavailable
-from workers.stores.sql import Cursor, SqlStore
+from workers.stores.sql import SqlStore
+from workers.stores.sql_base import Cursor
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
