@@ -9,6 +9,13 @@
     with :func:`workers.apply.apply_event` on a fresh store of the same kind.
     Afterwards the store is checked exactly: journal size, each record's sum and revision,
     per-record order, no dead letters. Any difference fails the run (exit code 1).
+(c) **Drain** (:mod:`ops.bench_drain`): the lanes alone. For each ``--keys`` count and
+    each ``--drain-workers`` count (default ``--workers``), the shard queues are filled
+    with the same workload without HTTP, messages built as the receiver builds them;
+    then the workers start, and events per second are measured from the moment every
+    shard is owned (and from worker start) until the journal holds every event, with
+    workers' and Redis's CPU per event, against the same direct baseline, and checked
+    as in (b) (the push order standing in for the HTTP answers).
 
 Everything runs under a private Redis namespace ``klbench-<hex>`` (its keys are deleted
 at the end; nothing else is touched) and a private store (a SQLite file in a temporary
@@ -27,6 +34,7 @@ import click
 from ops.bench_procs import INTERRUPTS, BenchFailure, BenchOptions, say
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+MAX_WORKERS = 64
 
 HELP = """Benchmark keylane on this machine, each part against a baseline measured in the
 same run.
@@ -37,6 +45,11 @@ same run.
 (b) end to end: events per second from the first POST until the store journal
     holds them all, once per --keys count, against apply_event in one thread on a
     fresh store; then journal size, sums, revisions and per-record order are checked.
+(c) drain: the lanes alone. The shard queues are filled without HTTP, then
+    --drain-workers worker processes (default --workers) start; events per second
+    from the moment every shard is owned (and from worker start) until the journal
+    holds them all, once per --keys and worker count, against the same baseline;
+    checked as (b), with the push order as the order to keep.
 
 Runs under a private Redis namespace (klbench-<hex>) and store, both removed at the
 end; stops every process it starts. Exit code 1 if an invariant does not hold.
@@ -45,6 +58,7 @@ end; stops every process it starts. Exit code 1 if an invariant does not hold.
 
 def run_bench(opts: BenchOptions) -> int:
     """Run the benchmark, print the table and the JSON line; the exit code."""
+    from ops.bench_drain import run_drain_phase
     from ops.bench_phases import run_e2e_phase, run_receiver_phase
     from ops.bench_procs import Bench, redis_profile
     from ops.bench_report import Report
@@ -67,6 +81,9 @@ def run_bench(opts: BenchOptions) -> int:
             if opts.only in (None, "e2e"):
                 run_e2e_phase(bench, report)
                 report.invariants = "OK"
+            if opts.only in (None, "drain"):
+                run_drain_phase(bench, report)
+                report.invariants = "OK"
         except BenchFailure as exc:
             failure = exc
             report.invariants = "FAILED"
@@ -82,13 +99,17 @@ def run_bench(opts: BenchOptions) -> int:
     return 0
 
 
-def _key_counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+def _counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    """A comma-separated list of positive integers, duplicates dropped; empty stays empty
+    only for an option whose default is empty."""
     try:
         counts = tuple(dict.fromkeys(int(v) for v in value.split(",") if v.strip()))
     except ValueError:
         raise click.BadParameter("a comma-separated list of positive integers") from None
-    if not counts or min(counts) < 1:
+    if (not counts and param.default) or (counts and min(counts) < 1):
         raise click.BadParameter("a comma-separated list of positive integers")
+    if param.name == "drain_workers" and counts and max(counts) > MAX_WORKERS:
+        raise click.BadParameter(f"at most {MAX_WORKERS} workers")
     return counts
 
 
@@ -113,7 +134,7 @@ def _key_counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple
     type=click.IntRange(1),
     default=500,
     show_default=True,
-    help="POSTs per (a) round, and events per (b) run.",
+    help="POSTs per (a) round, and events per (b) and (c) run.",
 )
 @click.option(
     "--concurrency",
@@ -126,15 +147,22 @@ def _key_counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple
     "--keys",
     default="1,8,64,1000",
     show_default=True,
-    callback=_key_counts,
-    help="Distinct record keys for (b); a comma-separated list runs (b) once per count.",
+    callback=_counts,
+    help="Distinct record keys for (b) and (c); a comma-separated list runs each once per count.",
 )
 @click.option(
     "--workers",
-    type=click.IntRange(1, 64),
+    type=click.IntRange(1, MAX_WORKERS),
     default=2,
     show_default=True,
-    help="Worker processes for (b).",
+    help="Worker processes for (b), and for (c) without --drain-workers.",
+)
+@click.option(
+    "--drain-workers",
+    default="",
+    callback=_counts,
+    help="Worker counts for (c), comma-separated (e.g. 1,2): each runs once per --keys "
+    "count.  [default: --workers]",
 )
 @click.option(
     "--lanes",
@@ -151,7 +179,10 @@ def _key_counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple
     help="(a) alternates baseline and keylane this many times; the best of each is shown.",
 )
 @click.option(
-    "--only", type=click.Choice(["receiver", "e2e"]), default=None, help="Run only one part."
+    "--only",
+    type=click.Choice(["receiver", "e2e", "drain"]),
+    default=None,
+    help="Run only one part.",
 )
 @click.option("--keep-temp", is_flag=True, help="Keep the temporary directory (logs, SQLite).")
 def main(
@@ -162,6 +193,7 @@ def main(
     concurrency: int,
     keys: tuple[int, ...],
     workers: int,
+    drain_workers: tuple[int, ...],
     lanes: int,
     rounds: int,
     only: str | None,
@@ -169,7 +201,18 @@ def main(
 ) -> None:
     """Entry point (see the module docstring)."""
     opts = BenchOptions(
-        store, redis_url, pg_url, events, concurrency, keys, workers, lanes, rounds, only, keep_temp
+        store,
+        redis_url,
+        pg_url,
+        events,
+        concurrency,
+        keys,
+        workers,
+        lanes,
+        rounds,
+        only,
+        keep_temp,
+        drain_workers,
     )
     try:
         code = run_bench(opts)

@@ -4,7 +4,9 @@ the exact check of the invariants afterwards, and the direct-apply baseline.
 Each event adds a small number to field ``n`` of its record, so a record's final value
 and revision say whether every event had exactly one effect. Per-record order is checked
 against what the load generator saw: if one delivery's 202 came back before another
-delivery of the same record was sent, the first must have the lower revision.
+delivery of the same record was sent, the first must have the lower revision. For queues
+filled directly, in order (part (c)), :func:`push_order` gives each event the span
+``(i, i)``: every earlier push of a record must then have a lower revision.
 """
 
 from __future__ import annotations
@@ -117,13 +119,19 @@ def _check_order(
         for _revision, sent, answered, event_id in entries:
             if answered < latest_sent:
                 problems.append(
-                    f"{key}: {event_id} was answered before {latest_id} was sent, "
+                    f"{key}: {event_id} was answered (or pushed) before {latest_id} was sent, "
                     "but applied after it"
                 )
                 break
             if sent > latest_sent:
                 latest_sent, latest_id = sent, event_id
     return problems
+
+
+def push_order(events: int) -> list[tuple[float, float] | None]:
+    """Spans for :func:`check_store` when the events were pushed in workload order: push
+    ``i`` was "sent and answered" at time ``i``."""
+    return [(float(i), float(i)) for i in range(events)]
 
 
 def direct_events(work: Workload, shards: ShardMap) -> list[Event]:

@@ -1,5 +1,6 @@
-"""The two parts of the benchmark, (a) receiver and (b) end to end, run on a :class:`Bench`
-(its processes, namespace and store) and written into a :class:`Report`."""
+"""Two parts of the benchmark, (a) receiver and (b) end to end, run on a :class:`Bench`
+(its processes, namespace and store) and written into a :class:`Report`; (c) is in
+:mod:`ops.bench_drain`."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from ops.bench_procs import (
 from ops.bench_report import E2eRun, ReceiverRun, Report
 from ops.embedded_redis import free_port
 from routing import ShardMap
+from routing.assignment import assign_shards
 from routing.keys import RedisKeys
 from workers.lanebroker import LaneBroker
 from workers.stores import open_store
@@ -111,17 +113,28 @@ def _start_workers(bench: Bench) -> list[Child]:
         for n in range(opts.workers)
     ]
     broker = LaneBroker(bench.redis, RedisKeys(bench.namespace), ShardMap(SHARD_COUNT))
-
-    def all_owned() -> bool:
-        if not all(w.alive() for w in workers):
-            raise BenchFailure(f"a worker exited:\n{bench.logs_tail()}")
-        holders = broker.holders()
-        owners = {h.rsplit("/", 1)[0] for h in holders.values()}
-        return len(holders) == SHARD_COUNT and len(owners) == min(opts.workers, SHARD_COUNT)
-
     say(f"(b) starting {opts.workers} worker(s) x {opts.lanes} lanes")
-    wait_for(all_owned, 90, "every shard to be owned by the workers", bench.logs_tail, 0.2)
+    wait_for(
+        lambda: all_shards_owned(bench, broker, workers),
+        90,
+        "every shard to be owned by the workers",
+        bench.logs_tail,
+        0.2,
+    )
     return workers
+
+
+def all_shards_owned(bench: Bench, broker: LaneBroker, workers: list[Child]) -> bool:
+    """Every shard is leased, each by the one of ``workers`` the balanced split gives it
+    to (the split has settled); :class:`BenchFailure` if a worker has exited."""
+    if not all(w.alive() for w in workers):
+        raise BenchFailure(f"a worker exited:\n{bench.logs_tail()}")
+    owner_of = {shard: h.rsplit("/", 1)[0] for shard, h in broker.holders().items()}
+    owners = set(owner_of.values())
+    if len(owner_of) != SHARD_COUNT or len(owners) != min(len(workers), SHARD_COUNT):
+        return False
+    split = assign_shards(SHARD_COUNT, owners)
+    return all(owner_of[shard] == owner for owner, mine in split.items() for shard in mine)
 
 
 def run_e2e_phase(bench: Bench, report: Report) -> None:
@@ -134,15 +147,16 @@ def run_e2e_phase(bench: Bench, report: Report) -> None:
     store.migrate()
     for keys in bench.opts.keys:
         report.e2e.append(_e2e_run(bench, store, receiver, workers, url, keys))
-    _audit(bench)
-
-
-def _audit(bench: Bench) -> None:
-    """``keylane audit``: the lease log and the journal show one owner per shard."""
     say("(b) keylane audit")
+    run_audit(bench.env)
+
+
+def run_audit(env: dict[str, str]) -> None:
+    """``keylane audit`` with ``env`` (its namespace and store): the lease log and the
+    journal show one owner per shard."""
     result = subprocess.run(
         keylane_argv("audit", "--json"),
-        env=bench.env,
+        env=env,
         cwd=REPO,
         capture_output=True,
         text=True,

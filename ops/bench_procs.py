@@ -277,6 +277,8 @@ class BenchOptions:
     rounds: int
     only: str | None
     keep_temp: bool
+    #: Worker counts for (c); one drain run per count and key count.
+    drain_workers: tuple[int, ...] = ()
 
 
 _STARTED = time.monotonic()
@@ -331,10 +333,20 @@ class Bench:
         else:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def start(self, name: str, argv: list[str]) -> Child:
-        """Start a child that is stopped when the run ends (or earlier, by the caller)."""
+    def start(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        es: contextlib.ExitStack | None = None,
+    ) -> Child:
+        """Start a child (with ``env``, default :attr:`env`) that is stopped when ``es``
+        (default: the whole run's stack) unwinds, or earlier, by the caller."""
         with INTERRUPTS.critical():
-            proc = self.es.enter_context(child(name, argv, self.env, self.logs))
+            stack = self.es if es is None else es
+            proc = stack.enter_context(
+                child(name, argv, self.env if env is None else env, self.logs)
+            )
             self.children.append(proc)
         return proc
 
@@ -351,6 +363,13 @@ class Bench:
         by the exit stack)."""
         for proc in self.children:
             proc.terminate()
+
+    def stop_all(self) -> None:
+        """Stop every child now, in parallel: SIGTERM all, then await each."""
+        self.terminate_all()
+        for proc in self.children:
+            proc.stop()
+        self.receiver = None
 
     def logs_tail(self) -> str:
         """The end of every child's log, for failure messages."""
