@@ -11,13 +11,13 @@ from pathlib import Path
 
 import click
 
-from ops.cli_common import cli_store, emit_json, settings_of
-from ops.cli_dlq import dlq
-from ops.cli_records import records
-from ops.observability import init_sentry
-from workers.errors import KeylaneError
-from workers.logcontext import configure_logging
-from workers.settings import Settings, load_settings
+from keylane.ops.cli_common import cli_store, emit_json, settings_of
+from keylane.ops.cli_dlq import dlq
+from keylane.ops.cli_records import records
+from keylane.ops.observability import init_sentry
+from keylane.routing.contract.errors import KeylaneError
+from keylane.routing.contract.logcontext import configure_logging
+from keylane.routing.contract.settings import Settings, load_settings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -133,7 +133,7 @@ def up(
     """Run receiver, workers and Flower (and an embedded Redis if none is configured)."""
     if up_data_dir is not None:
         ctx.find_root().obj = settings_of(ctx).model_copy(update={"data_dir": up_data_dir})
-    from ops.up import Supervisor, UpOptions
+    from keylane.ops.up import Supervisor, UpOptions
 
     if check:
         _exit_with_checks(settings_of(ctx), f"http://{host}:{port}")
@@ -154,7 +154,7 @@ def serve(ctx: click.Context, port: int, host: str) -> None:
     """Run the webhook receiver only."""
     import uvicorn
 
-    from producers.receiver import create_receiver
+    from keylane.producers.receiver import create_receiver
 
     settings = settings_of(ctx)
     init_sentry(settings, "receiver")  # before the app exists: the integration wraps it
@@ -186,7 +186,7 @@ def serve(ctx: click.Context, port: int, host: str) -> None:
 @click.pass_context
 def worker(ctx: click.Context, lanes: int) -> None:
     """Run one worker process: it joins the others and takes its share of the shards."""
-    from workers.worker import run_worker
+    from keylane.workers.worker import run_worker
 
     settings = settings_of(ctx).model_copy(update={"lanes": lanes})
     init_sentry(settings, "worker")
@@ -199,7 +199,7 @@ def worker(ctx: click.Context, lanes: int) -> None:
 @click.pass_context
 def flower(ctx: click.Context, port: int, address: str) -> None:
     """Run Flower on this deployment's Celery app."""
-    from workers.app import create_app
+    from keylane.workers.app import create_app
 
     settings = settings_of(ctx)
     app = create_app(settings)
@@ -217,9 +217,9 @@ def flower(ctx: click.Context, port: int, address: str) -> None:
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """Shards (owner, fencing token, depth, oldest message, in flight) and workers."""
-    from ops.status import collect_status
-    from ops.tables import render_table
-    from workers.lanebroker import LaneBroker
+    from keylane.ops.status import collect_status
+    from keylane.ops.tables import render_table
+    from keylane.workers.lanebroker import LaneBroker
 
     settings = settings_of(ctx)
     broker = LaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
@@ -256,7 +256,7 @@ def check_command(ctx: click.Context, receiver_url: str | None, max_age: str | N
 
     Exit code 0 when everything is healthy, 1 otherwise.
     """
-    from ops.triage import parse_age
+    from keylane.ops.triage import parse_age
 
     _exit_with_checks(settings_of(ctx), receiver_url, parse_age(max_age) if max_age else None)
 
@@ -264,7 +264,7 @@ def check_command(ctx: click.Context, receiver_url: str | None, max_age: str | N
 def _exit_with_checks(
     settings: Settings, receiver_url: str | None, max_age_s: float | None = None
 ) -> None:
-    from ops.health import run_checks
+    from keylane.ops.health import run_checks
 
     results = run_checks(settings, receiver_url, max_age_s)
     for result in results:
@@ -280,8 +280,8 @@ def audit(ctx: click.Context, as_json: bool) -> None:
 
     Exit code 0 when both are clean, 1 when a problem is found.
     """
-    from ops.audit import audit_journal, audit_lease_log
-    from workers.lanebroker import LaneBroker
+    from keylane.ops.audit import audit_journal, audit_lease_log
+    from keylane.workers.lanebroker import LaneBroker
 
     settings = settings_of(ctx)
     broker = LaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)

@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from workers.settings import Settings
-from workers.stores import open_store
-from workers.stores.base import Store
+from keylane.routing.contract.settings import Settings
+from keylane.workers.stores import open_store
+from keylane.workers.stores.base import Store
 
 
 def settings_of(ctx: click.Context) -> Settings:

@@ -17,12 +17,12 @@ from typing import Any, TypeVar
 
 import click
 
-from ops.cli_common import age, cli_store, emit_json, settings_of, when
-from ops.tables import render_table
-from ops.triage import Done, Triage, field_diffs, parse_age, stats_summary
-from workers.errors import KeylaneError
-from workers.lanebroker import LaneBroker
-from workers.stores.base import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter, Store
+from keylane.ops.cli_common import age, cli_store, emit_json, settings_of, when
+from keylane.ops.tables import render_table
+from keylane.ops.triage import Done, Triage, field_diffs, parse_age, stats_summary
+from keylane.routing.contract.errors import KeylaneError
+from keylane.workers.lanebroker import LaneBroker
+from keylane.workers.stores.base import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter, Store
 
 F = TypeVar("F", bound=Callable[..., Any])
 

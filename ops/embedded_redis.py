@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-from workers.errors import ConfigError
+from keylane.routing.contract.errors import ConfigError
 
 
 def redis_binary() -> str:

@@ -13,10 +13,10 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ops.status import collect_status
-from workers.lanebroker import LaneBroker
-from workers.settings import Settings
-from workers.stores import open_store
+from keylane.ops.status import collect_status
+from keylane.routing.contract.settings import Settings
+from keylane.workers.lanebroker import LaneBroker
+from keylane.workers.stores import open_store
 
 
 @dataclass(frozen=True)

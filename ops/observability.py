@@ -6,7 +6,7 @@ died. Nothing a sender sent leaves the process: request bodies are never attache
 local variables are captured, request headers (signatures), cookies and query strings are
 dropped, and every configured secret is replaced wherever it appears. Events about one
 webhook carry its source, event id, record key and shard as tags
-(:func:`workers.logcontext.event_context`).
+(:func:`keylane.routing.contract.logcontext.event_context`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sentry_sdk
 from sentry_sdk.integrations.logging import LoggingIntegration
 from sentry_sdk.integrations.redis import RedisIntegration
 
-from workers.settings import Settings
+from keylane.routing.contract.settings import Settings
 
 FILTERED = "[Filtered]"
 
@@ -68,7 +68,7 @@ def _secrets(settings: Settings, environ: Mapping[str, str]) -> list[str]:
     and the credentials in its URLs."""
     values: list[str] = []
     with contextlib.suppress(Exception):
-        from producers.sources import load_sources
+        from keylane.routing.contract.sources import load_sources
 
         for source in load_sources(settings).all():
             for name in getattr(source.verify, "secrets_env", ()):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from workers.lanebroker import LaneBroker
-from workers.message import MalformedMessage, parse_message
-from workers.settings import Settings
+from keylane.routing.contract.message import MalformedMessage, parse_message
+from keylane.routing.contract.settings import Settings
+from keylane.workers.lanebroker import LaneBroker
 
 
 def collect_status(settings: Settings, broker: LaneBroker) -> dict[str, Any]:

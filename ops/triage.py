@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from workers.changes import apply_changes
-from workers.errors import KeylaneError
-from workers.events import Event, parse_changes
-from workers.lanebroker import LaneBroker
-from workers.message import build_apply_message, build_release_message
-from workers.stores.base import DeadLetter, DeadLetterStatus, Store
+from keylane.routing.contract.errors import KeylaneError
+from keylane.routing.contract.events import Event, parse_changes
+from keylane.routing.contract.message import build_apply_message, build_release_message
+from keylane.workers.changes import apply_changes
+from keylane.workers.lanebroker import LaneBroker
+from keylane.workers.stores.base import DeadLetter, DeadLetterStatus, Store
 
 #: Reasons whose event cannot be applied by retrying it as it is.
 NOT_RETRYABLE = {

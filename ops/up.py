@@ -20,11 +20,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ops.embedded_redis import EmbeddedRedis
-from producers.sources import load_sources
-from workers.errors import ConfigError
-from workers.settings import Settings
-from workers.stores import open_store
+from keylane.ops.embedded_redis import EmbeddedRedis
+from keylane.producers.signatures import verifiers_of
+from keylane.routing.contract.errors import ConfigError
+from keylane.routing.contract.settings import Settings
+from keylane.routing.contract.sources import load_sources
+from keylane.workers.stores import open_store
 
 log = logging.getLogger("keylane.up")
 
@@ -85,7 +86,7 @@ class Supervisor:
         s = self.settings
         # Fail here, once and clearly, rather than in a receiver restarted forever.
         sources = load_sources(s)
-        sources.verifiers(os.environ)
+        verifiers_of(sources, os.environ)
         for source in sources.all():
             source.load_hook()
             if source.unsigned and source.name != "demo":
@@ -113,7 +114,7 @@ class Supervisor:
             store.close()
 
     def _spawn_all(self) -> None:
-        me = [sys.executable, "-m", "ops.cli"]
+        me = [sys.executable, "-m", "keylane.ops.cli"]
         s = self.settings
         for n in range(self.options.workers):
             self.children.append(Child(f"worker-{n}", [*me, "worker", "--lanes", str(s.lanes)]))

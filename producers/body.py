@@ -1,5 +1,5 @@
 """Reading a delivery's body with limits: media type, size, JSON depth. Each failure is an
-:class:`~workers.errors.InvalidEvent` with its status (415, 413, 400)."""
+:class:`~keylane.routing.contract.errors.InvalidEvent` with its status (415, 413, 400)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from workers.errors import InvalidEvent
+from keylane.routing.contract.errors import InvalidEvent
 
 MAX_JSON_DEPTH = 32
 

@@ -17,8 +17,8 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from routing.keys import RedisKeys
-from workers.errors import BrokerUnavailable
+from keylane.routing.contract.errors import BrokerUnavailable
+from keylane.routing.keys import RedisKeys
 
 _ENQUEUE = """
 local seen = redis.call('GET', KEYS[1])

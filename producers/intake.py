@@ -17,11 +17,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from producers.mapping import MISSING, Delivery, render, resolve
-from producers.signatures import Verified
-from producers.sources import Hook, SourceConfig
-from workers.errors import InvalidEvent
-from workers.events import (
+from keylane.producers.signatures import Verified
+from keylane.routing.contract.errors import InvalidEvent
+from keylane.routing.contract.events import (
     MAX_ID_CHARS,
     MAX_KEY_CHARS,
     Change,
@@ -29,6 +27,8 @@ from workers.events import (
     check_text,
     parse_changes,
 )
+from keylane.routing.contract.mapping import MISSING, Delivery, render, resolve
+from keylane.routing.contract.sources import Hook, SourceConfig
 
 KEYLESS_PREFIX = "keyless:"
 

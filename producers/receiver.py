@@ -12,7 +12,7 @@ record store. Its answers (the external contract, README "The external contract"
 * 503 with ``Retry-After`` when the shard or all shards together are over their
   high-water mark (derived from how fast they drain), or Redis is down.
 
-No 2xx is sent before Redis has run the accept script (:mod:`producers.enqueue`); no
+No 2xx is sent before Redis has run the accept script (:mod:`keylane.producers.enqueue`); no
 4xx changes any state; a refusal never marks the event as seen.
 """
 
@@ -36,17 +36,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from producers.body import check_media_type, parse_json, read_body
-from producers.enqueue import Enqueuer, EnqueueResult
-from producers.intake import Ignored, Intake, take_in
-from producers.sources import SourceConfig, Sources, load_sources
-from producers.telemetry import QueueWatch, ReceiverMetrics
-from workers.errors import BrokerUnavailable, InvalidEvent, SignatureError
-from workers.events import Event
-from workers.faults import Faults
-from workers.logcontext import event_context
-from workers.message import build_apply_message
-from workers.settings import Settings
+from keylane.producers.body import check_media_type, parse_json, read_body
+from keylane.producers.enqueue import Enqueuer, EnqueueResult
+from keylane.producers.intake import Ignored, Intake, take_in
+from keylane.producers.signatures import verifiers_of
+from keylane.producers.telemetry import QueueWatch, ReceiverMetrics
+from keylane.routing.contract.errors import BrokerUnavailable, InvalidEvent, SignatureError
+from keylane.routing.contract.events import Event
+from keylane.routing.contract.faults import Faults
+from keylane.routing.contract.logcontext import event_context
+from keylane.routing.contract.message import build_apply_message
+from keylane.routing.contract.settings import Settings
+from keylane.routing.contract.sources import SourceConfig, Sources, load_sources
 
 log = logging.getLogger("keylane.receiver")
 
@@ -71,7 +72,7 @@ class Receiver:
         self.watch = QueueWatch(client, settings.keys, settings.shards)
         self.metrics = ReceiverMetrics(self.watch, client, settings.keys)
         self.faults = Faults(settings.faults)
-        self.verifiers = sources.verifiers(os.environ if environ is None else environ)
+        self.verifiers = verifiers_of(sources, os.environ if environ is None else environ)
         self.hooks = {s.name: s.load_hook() for s in sources.all()}
         for source in sources.all():
             if source.unsigned and source.name != "demo":

@@ -23,10 +23,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
-from routing import ShardMap
-from routing.keys import RedisKeys
-from workers.lanebroker import LATENCY_BUCKETS_S
-from workers.message import MalformedMessage, parse_message
+from keylane.routing import ShardMap
+from keylane.routing.contract.message import MalformedMessage, parse_message
+from keylane.routing.keys import RedisKeys
+from keylane.workers.lanebroker import LATENCY_BUCKETS_S
 
 log = logging.getLogger("keylane.telemetry")
 

@@ -3,10 +3,10 @@
 from collections.abc import Mapping
 from typing import Any
 
-from routing.shards import ShardMap
+from keylane.routing.shards import ShardMap
 
 APPLY_TASK = "keylane.apply"
-#: Control message: release a record key held behind a dead letter (see workers.lanes).
+#: Control message: release a record key held behind a dead letter (run by the lanes).
 RELEASE_TASK = "keylane.release"
 
 

@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from keylane.routing.contract.settings import Settings, load_settings
+from keylane.workers.stores import open_store
+from keylane.workers.stores.base import Store
 from tests.support.services import (
     EmbeddedPostgres,
     pg_reachable,
@@ -25,9 +28,6 @@ from tests.support.services import (
     start_session_redis,
 )
 from tests.support.stack import Stack
-from workers.settings import Settings, load_settings
-from workers.stores import open_store
-from workers.stores.base import Store
 
 STORE_KINDS = ["sqlite", "postgres"]
 

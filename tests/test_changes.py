@@ -13,9 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from workers.changes import ALL_FIELDS, FieldOwnership, apply_changes
-from workers.errors import ChangeNotApplicable, FieldNotOwned, KeylaneError
-from workers.events import (
+from keylane.routing.contract.errors import ChangeNotApplicable, FieldNotOwned, KeylaneError
+from keylane.routing.contract.events import (
     MAX_FIELD_CHARS,
     MAX_FIELDS,
     MAX_ID_CHARS,
@@ -24,6 +23,8 @@ from workers.events import (
     Envelope,
     parse_changes,
 )
+from keylane.routing.contract.sources import ALL_FIELDS, FieldOwnership
+from keylane.workers.changes import apply_changes
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=10)
 json_values = st.recursive(

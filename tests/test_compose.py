@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from keylane.routing.contract.settings import load_settings
+from keylane.workers.lanebroker import LaneBroker
 from tests.support.stack import REPO
-from workers.lanebroker import LaneBroker
-from workers.settings import load_settings
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to parse docker-compose.yml")
 
@@ -41,7 +41,7 @@ def _service(compose: dict[str, Any], name: str) -> dict[str, Any]:
 
 def _keylane_cli() -> list[str]:
     script = Path(sys.executable).parent / "keylane"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "ops.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "keylane.ops.cli"]
 
 
 def _python_snippet(healthcheck: dict[str, Any]) -> str:

@@ -14,10 +14,10 @@ import httpx
 import pytest
 import redis
 
-from ops.records import edit_record
+from keylane.ops.records import edit_record
+from keylane.routing.contract.settings import FaultSpec
+from keylane.workers.stores.base import DeadLetter, DeadLetterFilter
 from tests.support.stack import REPO, Stack, event, settings_env, wait_until
-from workers.settings import FaultSpec
-from workers.stores.base import DeadLetter, DeadLetterFilter
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)]
 
@@ -54,7 +54,7 @@ def keylane(
 ) -> subprocess.CompletedProcess[str]:
     """Run the ``keylane`` CLI against the test deployment."""
     return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args],
+        [sys.executable, "-m", "keylane.ops.cli", *args],
         env=settings_env(stack.settings),
         cwd=REPO,
         capture_output=True,

@@ -9,10 +9,10 @@ from collections import Counter
 
 import pytest
 
-from ops.records import edit_record
+from keylane.ops.records import edit_record
+from keylane.routing.contract.settings import FaultSpec
+from keylane.workers.stores.base import DeadLetterFilter
 from tests.support.stack import Stack, event, send_all, wait_until
-from workers.settings import FaultSpec
-from workers.stores.base import DeadLetterFilter
 
 pytestmark = pytest.mark.slow
 

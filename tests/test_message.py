@@ -11,11 +11,11 @@ import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
-from routing.router import APPLY_TASK
-from workers.app import broker_options
-from workers.events import Change, Event
-from workers.message import build_apply_message, parse_message
-from workers.settings import Settings
+from keylane.routing.contract.events import Change, Event
+from keylane.routing.contract.message import build_apply_message, parse_message
+from keylane.routing.contract.settings import Settings
+from keylane.routing.router import APPLY_TASK
+from keylane.workers.app import broker_options
 
 
 def _event() -> Event:

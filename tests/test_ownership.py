@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from ops.audit import audit_journal, audit_lease_log
-from ops.embedded_redis import EmbeddedRedis
+from keylane.ops.audit import audit_journal, audit_lease_log
+from keylane.ops.embedded_redis import EmbeddedRedis
+from keylane.routing.contract.settings import FaultSpec, Settings
 from tests.support.load import SequentialLoad
 from tests.support.stack import Stack, event, wait_until
-from workers.settings import FaultSpec, Settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)]
 

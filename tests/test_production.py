@@ -13,11 +13,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ops.audit import audit_journal, audit_lease_log
-from ops.embedded_redis import free_port
+from keylane.ops.audit import audit_journal, audit_lease_log
+from keylane.ops.embedded_redis import free_port
+from keylane.routing.contract.settings import FaultSpec
 from tests.support.load import SequentialLoad
 from tests.support.stack import REPO, Stack, event, settings_env, wait_until
-from workers.settings import FaultSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)]
 
@@ -170,7 +170,7 @@ def test_metrics_match_what_was_sent(stack: Stack) -> None:
 def test_health_check_exit_codes(stack: Stack) -> None:
     def check(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "ops.cli", "check", *args],
+            [sys.executable, "-m", "keylane.ops.cli", "check", *args],
             env=settings_env(stack.settings),
             cwd=REPO,
             capture_output=True,

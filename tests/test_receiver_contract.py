@@ -164,8 +164,8 @@ def test_accept_duplicate_and_reuse_answers(running: Stack) -> None:
     # And the record got the first body once, and the reuse is one review row
     running.wait_journal(2)
     store = running.open_store()
+    from keylane.workers.stores.base import DeadLetterFilter
     from tests.support.stack import wait_until
-    from workers.stores.base import DeadLetterFilter
 
     wait_until(
         lambda: len(store.dead_letters(DeadLetterFilter(reasons=("id_reused",)))) == 1,

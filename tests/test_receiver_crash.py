@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from keylane.routing.contract.settings import FaultSpec
 from tests.support.stack import Stack, event
-from workers.settings import FaultSpec
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)

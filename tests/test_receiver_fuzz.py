@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from producers.receiver import create_receiver
-from producers.sources import parse_sources
-from workers.settings import Settings
+from keylane.producers.receiver import create_receiver
+from keylane.routing.contract.settings import Settings
+from keylane.routing.contract.sources import parse_sources
 
 pytestmark = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 

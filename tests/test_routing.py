@@ -16,10 +16,10 @@ from celery import Celery
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing import DEFAULT_SHARD_COUNT, QUEUE_PREFIX, ShardMap, stable_hash
-from routing.assignment import assign_shards
-from routing.router import APPLY_TASK, ShardRouter
-from routing.shards import MAX_SHARD_COUNT
+from keylane.routing import DEFAULT_SHARD_COUNT, QUEUE_PREFIX, ShardMap, stable_hash
+from keylane.routing.assignment import assign_shards
+from keylane.routing.router import APPLY_TASK, ShardRouter
+from keylane.routing.shards import MAX_SHARD_COUNT
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,7 @@ def _rng_keys(rng: random.Random, n: int) -> list[str]:
 
 _HASH_SCRIPT = """
 import json, sys
-from routing import ShardMap, stable_hash
+from keylane.routing import ShardMap, stable_hash
 keys = json.load(sys.stdin)
 print(json.dumps({
     "stable": [stable_hash(k) for k in keys],

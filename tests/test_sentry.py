@@ -2,7 +2,7 @@
 local HTTP server that keeps every envelope. A handler error and a dead letter arrive tagged
 with the event they are about; ``keylane up`` reports a worker killed with SIGKILL; and no
 envelope carries what a sender sent (bodies, headers, cookies) or a secret. Plus unit tests
-of :func:`ops.observability.scrub`."""
+of :func:`keylane.ops.observability.scrub`."""
 
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from ops.embedded_redis import free_port
-from ops.observability import FILTERED, _secrets, scrub
+from keylane.ops.embedded_redis import free_port
+from keylane.ops.observability import FILTERED, _secrets, scrub
+from keylane.routing.contract.settings import FaultSpec, Settings, load_settings
 from tests.support.stack import REPO, Stack, event, settings_env, wait_until
-from workers.settings import FaultSpec, Settings, load_settings
 
 SQLITE_ONLY = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 
@@ -400,7 +400,7 @@ def test_up_reports_a_worker_killed_with_sigkill(
     env = settings_env(settings, data_dir=str(tmp_path / "up-data"))
     env["SENTRY_DSN"] = sentry.dsn
     log_path = tmp_path / "up.log"
-    argv = [sys.executable, "-m", "ops.cli", "up", "--workers", "1", "--no-flower"]
+    argv = [sys.executable, "-m", "keylane.ops.cli", "up", "--workers", "1", "--no-flower"]
     argv += ["--port", str(free_port())]
     with log_path.open("wb") as log:
         up = subprocess.Popen(

@@ -10,11 +10,11 @@ import pytest
 import redis
 from celery.contrib.testing.worker import start_worker
 
+from keylane.routing.contract.events import Change, Event
+from keylane.routing.contract.message import build_apply_message, parse_message
+from keylane.routing.contract.settings import Settings
+from keylane.workers.app import create_app
 from tests.support.stack import Stack, event, wait_until
-from workers.app import create_app
-from workers.events import Change, Event
-from workers.message import build_apply_message, parse_message
-from workers.settings import Settings
 
 pytestmark = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 

@@ -23,7 +23,7 @@ from pydantic import SecretStr, ValidationError
 from standardwebhooks.webhooks import Webhook
 from starlette.datastructures import Headers
 
-from producers.signatures import (
+from keylane.producers.signatures import (
     GithubConfig,
     HmacConfig,
     NoneConfig,
@@ -38,7 +38,7 @@ from producers.signatures import (
     parse_verify_config,
     verifier_from_environ,
 )
-from workers.errors import ConfigError, SignatureError
+from keylane.routing.contract.errors import ConfigError, SignatureError
 
 NOW = 1_700_000_000.0
 BODY = (

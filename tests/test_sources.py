@@ -7,12 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from producers.intake import KEYLESS_PREFIX, Ignored, Intake, take_in
-from producers.signatures import Verified
-from producers.sources import DEMO, SourceConfig, Sources, load_sources, parse_sources
-from workers.errors import ConfigError, InvalidEvent
-from workers.events import Change
-from workers.settings import load_settings
+from keylane.producers.intake import KEYLESS_PREFIX, Ignored, Intake, take_in
+from keylane.producers.signatures import Verified, verifiers_of
+from keylane.routing.contract.errors import ConfigError, InvalidEvent
+from keylane.routing.contract.events import Change
+from keylane.routing.contract.settings import load_settings
+from keylane.routing.contract.sources import (
+    DEMO,
+    SourceConfig,
+    Sources,
+    load_sources,
+    parse_sources,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "ops" / "examples" / "sources.toml"
 UNSIGNED = Verified("none", None, None)
@@ -39,7 +45,7 @@ def test_the_example_file_parses_and_names_its_secrets() -> None:
     assert stripe.on["invoice.paid"]["paid_total"].op == "increment"
     # Then a missing secret is a start-up error naming the variable
     with pytest.raises(ConfigError, match="FORMS_WEBHOOK_SECRET is not set"):
-        sources.verifiers({})
+        verifiers_of(sources, {})
 
 
 def test_retention_follows_the_providers_retry_windows() -> None:

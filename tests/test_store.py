@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workers.changes import apply_changes
-from workers.errors import AlreadyApplied, NotOwner, StaleFence, VersionConflict
-from workers.events import Change
-from workers.stores import open_store
-from workers.stores.base import (
+from keylane.routing.contract.errors import AlreadyApplied, NotOwner, StaleFence, VersionConflict
+from keylane.routing.contract.events import Change
+from keylane.workers.changes import apply_changes
+from keylane.workers.stores import open_store
+from keylane.workers.stores.base import (
     DeadLetterDraft,
     DeadLetterFilter,
     EventWrite,

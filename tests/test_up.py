@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ops.embedded_redis import free_port
+from keylane.ops.embedded_redis import free_port
 from tests.support.stack import REPO, wait_until
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 def _keylane(data_dir: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ops.cli", "--data-dir", str(data_dir), *args],
+        [sys.executable, "-m", "keylane.ops.cli", "--data-dir", str(data_dir), *args],
         env=env,
         cwd=REPO,
         capture_output=True,
@@ -65,7 +65,7 @@ def test_up_runs_the_stack_on_an_embedded_redis(tmp_path: Path, redis_from: str)
             [
                 sys.executable,
                 "-m",
-                "ops.cli",
+                "keylane.ops.cli",
                 "--data-dir",
                 str(data_dir),
                 "up",

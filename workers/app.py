@@ -3,7 +3,7 @@
 Celery carries the shard queues (ordinary Celery queues of ``keylane.apply`` task
 messages), the workers' heartbeats and remote control, and the events Flower shows.
 The lanes, not Celery's consumer, take messages from the shard queues; see
-:mod:`workers.lanebroker` for why.
+:mod:`keylane.workers.lanebroker` for why.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from celery import Celery
 from celery.exceptions import Ignore
 from kombu.entity import Queue
 
-from routing.router import APPLY_TASK, RELEASE_TASK, ShardRouter
-from workers.errors import NotOwner
-from workers.events import Event
-from workers.message import build_apply_message, build_release_message
-from workers.settings import Settings
+from keylane.routing.contract.errors import NotOwner
+from keylane.routing.contract.events import Event
+from keylane.routing.contract.message import build_apply_message, build_release_message
+from keylane.routing.contract.settings import Settings
+from keylane.routing.router import APPLY_TASK, RELEASE_TASK, ShardRouter
 
 log = logging.getLogger("keylane.app")
 

@@ -18,23 +18,28 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from producers.sources import Handler, SourceConfig
-from workers.changes import apply_changes
-from workers.errors import (
+from keylane.routing.contract.errors import (
     AlreadyApplied,
     ChangeNotApplicable,
     FieldNotOwned,
     KeylaneError,
     VersionConflict,
 )
-from workers.events import Change, Event, parse_changes
-from workers.faults import NO_FAULTS, Faults
-from workers.stores.base import DeadLetterDraft, EventWrite, Fence, Record, Store
+from keylane.routing.contract.events import Change, Event, parse_changes
+from keylane.routing.contract.faults import NO_FAULTS, Faults
+from keylane.routing.contract.sources import SourceConfig
+from keylane.workers.changes import apply_changes
+from keylane.workers.stores.base import DeadLetterDraft, EventWrite, Fence, Record, Store
 
 Outcome = Literal["applied", "duplicate", "dead_lettered"]
+
+#: A source's lane-side handler: (event, record as freshly read) -> the change to apply,
+#: or None for none. It runs on every attempt, so it always computes from the current record.
+Handler = Callable[[Event, Record], "Mapping[str, Any] | None"]
 
 REVIEW_ERRORS = {
     "id_reused": "the sender reused this event id with a different body; the first body "

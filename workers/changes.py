@@ -8,37 +8,12 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from workers.errors import ChangeNotApplicable, FieldNotOwned
-from workers.events import Change
-
-
-@dataclass(frozen=True)
-class FieldOwnership:
-    """The fields a source may write: a set of names, or every field (``*``)."""
-
-    fields: frozenset[str] = frozenset()
-    everything: bool = False
-
-    @classmethod
-    def of(cls, names: Iterable[str]) -> FieldOwnership:
-        """``["*"]`` owns every field; otherwise exactly the names given."""
-        names = list(names)
-        if "*" in names:
-            return cls(everything=True)
-        return cls(fields=frozenset(names))
-
-    def not_owned(self, names: Iterable[str]) -> list[str]:
-        """The names among ``names`` that this ownership does not cover."""
-        if self.everything:
-            return []
-        return sorted(n for n in names if n not in self.fields)
-
-
-ALL_FIELDS = FieldOwnership(everything=True)
+from keylane.routing.contract.errors import ChangeNotApplicable, FieldNotOwned
+from keylane.routing.contract.events import Change
+from keylane.routing.contract.sources import ALL_FIELDS, FieldOwnership
 
 
 def apply_changes(

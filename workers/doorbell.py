@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from workers.lanebroker import LaneBroker
+from keylane.workers.lanebroker import LaneBroker
 
 log = logging.getLogger("keylane.doorbell")
 

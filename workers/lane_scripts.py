@@ -1,4 +1,4 @@
-"""The Lua scripts of the lanes (see :mod:`workers.lanebroker` for what each one is for).
+"""The Lua scripts of the lanes (see :mod:`keylane.workers.lanebroker` for what each one is for).
 
 Each runs atomically in Redis: that is the whole point of keeping every step of a lane
 (take, ack, acquire, park, release) in one script.

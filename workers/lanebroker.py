@@ -27,10 +27,10 @@ from typing import Any
 
 import redis
 
-from routing import ShardMap
-from routing.keys import RedisKeys
-from workers import lane_scripts as scripts
-from workers.errors import BrokerUnavailable
+from keylane.routing import ShardMap
+from keylane.routing.contract.errors import BrokerUnavailable
+from keylane.routing.keys import RedisKeys
+from keylane.workers import lane_scripts as scripts
 
 LEASE_LOG_MAXLEN = 100_000
 

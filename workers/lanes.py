@@ -26,20 +26,20 @@ from collections.abc import Callable
 import sentry_sdk
 from pydantic import ValidationError
 
-from producers.sources import Handler, SourceConfig, Sources
-from routing.router import APPLY_TASK, RELEASE_TASK
-from workers.alerts import alert_dead_letter
-from workers.apply import ApplyResult, apply_event, dead_letter
-from workers.doorbell import Doorbell
-from workers.errors import BrokerUnavailable, StaleFence, StoreUnavailable
-from workers.events import Event
-from workers.faults import Faults
-from workers.lanebroker import LaneBroker, Lease, Taken
-from workers.logcontext import event_context
-from workers.message import MalformedMessage, parse_message
-from workers.ownership import Ownership
-from workers.settings import Settings
-from workers.stores.base import DeadLetterDraft, DeadLetterFilter, Fence, Store
+from keylane.routing.contract.errors import BrokerUnavailable, StaleFence, StoreUnavailable
+from keylane.routing.contract.events import Event
+from keylane.routing.contract.faults import Faults
+from keylane.routing.contract.logcontext import event_context
+from keylane.routing.contract.message import MalformedMessage, parse_message
+from keylane.routing.contract.settings import Settings
+from keylane.routing.contract.sources import SourceConfig, Sources
+from keylane.routing.router import APPLY_TASK, RELEASE_TASK
+from keylane.workers.alerts import alert_dead_letter
+from keylane.workers.apply import ApplyResult, Handler, apply_event, dead_letter
+from keylane.workers.doorbell import Doorbell
+from keylane.workers.lanebroker import LaneBroker, Lease, Taken
+from keylane.workers.ownership import Ownership
+from keylane.workers.stores.base import DeadLetterDraft, DeadLetterFilter, Fence, Store
 
 log = logging.getLogger("keylane.lanes")
 

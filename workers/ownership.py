@@ -6,7 +6,7 @@ A background thread beats every ``heartbeat_ms``:
 2. it renews the leases it holds; a lease that could not be renewed is dropped at once,
    and lanes stop writing under it as soon as its local validity runs out, even when
    Redis cannot be reached to say so;
-3. it computes the shards this worker should own (:func:`routing.assignment.assign_shards`)
+3. it computes the shards this worker should own (:func:`keylane.routing.assignment.assign_shards`)
    and releases the others gracefully: no new message is taken from a shard being
    released, the one in flight is finished and acknowledged, then the lease is freed;
 4. it acquires the shards it should own that are free. Each acquisition advances the
@@ -23,11 +23,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from routing.assignment import assign_shards
-from workers.errors import BrokerUnavailable, StoreUnavailable
-from workers.lanebroker import LaneBroker, Lease
-from workers.settings import Settings
-from workers.stores.base import Store
+from keylane.routing.assignment import assign_shards
+from keylane.routing.contract.errors import BrokerUnavailable, StoreUnavailable
+from keylane.routing.contract.settings import Settings
+from keylane.workers.lanebroker import LaneBroker, Lease
+from keylane.workers.stores.base import Store
 
 log = logging.getLogger("keylane.ownership")
 

@@ -1,5 +1,5 @@
 """One worker process's lane machinery: Redis, ownership, lanes. Celery-independent, so
-the Celery bootstep (:mod:`workers.worker`) only starts and stops it."""
+the Celery bootstep (:mod:`keylane.workers.worker`) only starts and stops it."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import socket
 import time
 import uuid
 
-from producers.sources import Sources, load_sources
-from workers.faults import Faults
-from workers.lanebroker import LaneBroker
-from workers.lanes import Lanes, ResultCallback
-from workers.ownership import Ownership
-from workers.settings import Settings
-from workers.stores import open_store
-from workers.stores.base import Store
+from keylane.routing.contract.faults import Faults
+from keylane.routing.contract.settings import Settings
+from keylane.routing.contract.sources import Sources, load_sources
+from keylane.workers.lanebroker import LaneBroker
+from keylane.workers.lanes import Lanes, ResultCallback
+from keylane.workers.ownership import Ownership
+from keylane.workers.stores import open_store
+from keylane.workers.stores.base import Store
 
 log = logging.getLogger("keylane.worker")
 

@@ -17,13 +17,13 @@ from celery import bootsteps
 from celery.worker.control import control_command, inspect_command
 from kombu.entity import Queue
 
-from routing.router import APPLY_TASK
-from routing.shards import QUEUE_PREFIX
-from workers.app import CONTROL_QUEUE, create_app
-from workers.apply import ApplyResult
-from workers.events import Event
-from workers.service import LaneService
-from workers.settings import Settings
+from keylane.routing.contract.events import Event
+from keylane.routing.contract.settings import Settings
+from keylane.routing.router import APPLY_TASK
+from keylane.routing.shards import QUEUE_PREFIX
+from keylane.workers.app import CONTROL_QUEUE, create_app
+from keylane.workers.apply import ApplyResult
+from keylane.workers.service import LaneService
 
 log = logging.getLogger("keylane.worker")
 

@@ -9,8 +9,10 @@ and per delivery, before anything else reads the body::
     verified = verifier.verify(request.headers, body, now=time.time())  # or SignatureError
 """
 
-from producers.signatures.base import Verified, Verifier
-from producers.signatures.config import (
+from keylane.producers.signatures.base import Verified, Verifier
+from keylane.producers.signatures.factory import build_verifier, verifier_from_environ, verifiers_of
+from keylane.producers.signatures.keys import SecretInput
+from keylane.routing.contract.signing import (
     GithubConfig,
     HmacConfig,
     NoneConfig,
@@ -21,8 +23,6 @@ from producers.signatures.config import (
     load_secrets,
     parse_verify_config,
 )
-from producers.signatures.factory import build_verifier, verifier_from_environ
-from producers.signatures.keys import SecretInput
 
 __all__ = [
     "GithubConfig",
@@ -39,4 +39,5 @@ __all__ = [
     "load_secrets",
     "parse_verify_config",
     "verifier_from_environ",
+    "verifiers_of",
 ]

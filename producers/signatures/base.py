@@ -1,9 +1,9 @@
 """The verifier interface, and the header and timestamp checks every scheme shares.
 
 A verifier answers one question: did the sender sign this body? It raises
-:class:`~workers.errors.SignatureError` (answered 401) when not. Its messages are read by
-both the operator and the sender, so they say what was wrong with the delivery and never
-what the right signature would have been.
+:class:`~keylane.routing.contract.errors.SignatureError` (answered 401) when not. Its
+messages are read by both the operator and the sender, so they say what was wrong with
+the delivery and never what the right signature would have been.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from workers.errors import SignatureError
+from keylane.routing.contract.errors import SignatureError
 
 # Whole Unix seconds in ASCII digits only: ``\d`` would also take other scripts' digits,
 # which ``int()`` accepts. Twelve digits reach past the year 30000 and keep ``int()`` cheap.

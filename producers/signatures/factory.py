@@ -5,8 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import assert_never
 
-from producers.signatures.base import Verifier
-from producers.signatures.config import (
+from keylane.producers.signatures.base import Verifier
+from keylane.producers.signatures.generic import HmacSpec, HmacVerifier
+from keylane.producers.signatures.github import github_verifier
+from keylane.producers.signatures.keys import SecretInput
+from keylane.producers.signatures.shopify import shopify_verifier
+from keylane.producers.signatures.standard_webhooks import StandardWebhooksVerifier
+from keylane.producers.signatures.stripe import StripeVerifier
+from keylane.producers.signatures.unsigned import UnsignedVerifier
+from keylane.routing.contract.errors import ConfigError
+from keylane.routing.contract.signing import (
     GithubConfig,
     HmacConfig,
     NoneConfig,
@@ -16,14 +24,7 @@ from producers.signatures.config import (
     VerifyConfig,
     load_secrets,
 )
-from producers.signatures.generic import HmacVerifier
-from producers.signatures.github import github_verifier
-from producers.signatures.keys import SecretInput
-from producers.signatures.shopify import shopify_verifier
-from producers.signatures.standard_webhooks import StandardWebhooksVerifier
-from producers.signatures.stripe import StripeVerifier
-from producers.signatures.unsigned import UnsignedVerifier
-from workers.errors import ConfigError
+from keylane.routing.contract.sources import Sources
 
 
 def build_verifier(config: VerifyConfig, secrets: Sequence[SecretInput]) -> Verifier:
@@ -45,8 +46,14 @@ def build_verifier(config: VerifyConfig, secrets: Sequence[SecretInput]) -> Veri
     if isinstance(config, ShopifyConfig):
         return shopify_verifier(secrets)
     if isinstance(config, HmacConfig):
-        return HmacVerifier("hmac", secrets, config.spec())
+        return HmacVerifier("hmac", secrets, HmacSpec.of(config))
     assert_never(config)
+
+
+def verifiers_of(sources: Sources, environ: Mapping[str, str]) -> dict[str, Verifier]:
+    """Each source's verifier, with secrets read from ``environ`` (at start-up: a missing
+    secret is a ConfigError naming the variable, never its value)."""
+    return {s.name: verifier_from_environ(s.verify, environ) for s in sources.all()}
 
 
 def verifier_from_environ(config: VerifyConfig, environ: Mapping[str, str]) -> Verifier:

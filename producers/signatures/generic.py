@@ -8,11 +8,10 @@ against a tolerance. GitHub and Shopify are fixed instances of this scheme.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from producers.signatures.base import (
+from keylane.producers.signatures.base import (
     Verified,
     check_tolerance,
     lower_headers,
@@ -21,17 +20,20 @@ from producers.signatures.base import (
     parse_timestamp,
     require_header,
 )
-from producers.signatures.keys import (
-    Algorithm,
-    Encoding,
+from keylane.producers.signatures.keys import (
     SecretInput,
     SigningKeys,
     decode_signature,
     utf8_key,
 )
-
-PLACEHOLDERS = ("body", "timestamp", "event_id")
-_PLACEHOLDER = re.compile(r"\{(body|timestamp|event_id)\}")
+from keylane.routing.contract.signing import (
+    Algorithm,
+    Encoding,
+    HmacConfig,
+    check_signed_payload,
+    compile_template,
+    placeholders,
+)
 
 
 @dataclass(frozen=True)
@@ -48,35 +50,21 @@ class HmacSpec:
     event_id_header: str | None = None
 
     def __post_init__(self) -> None:
-        names = placeholders(compile_template(self.signed_payload))
-        if ("timestamp" in names) != (self.timestamp_header is not None):
-            # A timestamp header that is not signed protects against nothing, and a
-            # signed timestamp must come from somewhere.
-            raise ValueError(
-                "signed_payload uses {timestamp} if and only if timestamp_header is set"
-            )
-        if "event_id" in names and self.event_id_header is None:
-            raise ValueError("signed_payload uses {event_id} but event_id_header is not set")
+        check_signed_payload(self.signed_payload, self.timestamp_header, self.event_id_header)
 
-
-def compile_template(text: str) -> tuple[str, ...]:
-    """``text`` split into literal parts and placeholder names (at odd positions).
-
-    Raises ``ValueError`` unless ``{body}`` appears exactly once and every other brace
-    belongs to a known placeholder.
-    """
-    parts = tuple(_PLACEHOLDER.split(text))
-    literals, names = parts[0::2], parts[1::2]
-    if names.count("body") != 1:
-        raise ValueError("signed_payload must contain {body} exactly once")
-    if any("{" in literal or "}" in literal for literal in literals):
-        raise ValueError(f"signed_payload may only use the placeholders {PLACEHOLDERS}")
-    return parts
-
-
-def placeholders(template: tuple[str, ...]) -> tuple[str, ...]:
-    """The placeholder names a compiled ``template`` uses (not its literal text)."""
-    return template[1::2]
+    @classmethod
+    def of(cls, config: HmacConfig) -> HmacSpec:
+        """The signature layout a sources file's ``hmac`` table describes."""
+        return cls(
+            header=config.header,
+            algorithm=config.algorithm,
+            encoding=config.encoding,
+            prefix=config.prefix,
+            timestamp_header=config.timestamp_header,
+            signed_payload=config.signed_payload,
+            tolerance_s=config.tolerance_s,
+            event_id_header=config.event_id_header,
+        )
 
 
 def render(template: tuple[str, ...], values: Mapping[str, bytes]) -> bytes:

@@ -10,15 +10,14 @@ import base64
 import hmac
 import re
 from collections.abc import Iterable, Sequence
-from typing import Literal, TypeAlias
+from typing import TypeAlias
 
 from pydantic import SecretBytes, SecretStr
 
-from workers.errors import ConfigError
+from keylane.routing.contract.errors import ConfigError
+from keylane.routing.contract.signing import Algorithm, Encoding
 
 SecretInput: TypeAlias = str | bytes | SecretStr | SecretBytes
-Algorithm: TypeAlias = Literal["sha1", "sha256", "sha512"]
-Encoding: TypeAlias = Literal["hex", "base64"]
 
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
 

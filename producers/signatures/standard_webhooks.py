@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping, Sequence
 
-from producers.signatures.base import (
+from keylane.producers.signatures.base import (
     Verified,
     check_tolerance,
     lower_headers,
@@ -23,8 +23,8 @@ from producers.signatures.base import (
     parse_timestamp,
     require_header,
 )
-from producers.signatures.keys import SecretInput, SigningKeys, decode_signature, reveal
-from workers.errors import ConfigError
+from keylane.producers.signatures.keys import SecretInput, SigningKeys, decode_signature, reveal
+from keylane.routing.contract.errors import ConfigError
 
 ID_HEADER = "webhook-id"
 TIMESTAMP_HEADER = "webhook-timestamp"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from producers.signatures.base import Verified
+from keylane.producers.signatures.base import Verified
 
 
 class UnsignedVerifier:

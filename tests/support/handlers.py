@@ -6,8 +6,8 @@ import os
 from typing import Any
 from urllib.parse import urlsplit
 
-from workers.events import Event
-from workers.stores.base import Record
+from keylane.routing.contract.events import Event
+from keylane.workers.stores.base import Record
 
 
 def fail_on_bad(event: Event, record: Record) -> dict[str, Any]:

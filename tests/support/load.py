@@ -8,8 +8,8 @@ import time
 
 import httpx
 
+from keylane.workers.stores.base import Store
 from tests.support.stack import Stack
-from workers.stores.base import Store
 
 
 class SequentialLoad:

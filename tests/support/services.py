@@ -11,7 +11,7 @@ from pathlib import Path
 
 import redis
 
-from ops.embedded_redis import EmbeddedRedis, free_port
+from keylane.ops.embedded_redis import EmbeddedRedis, free_port
 
 
 def redis_reachable(url: str) -> bool:

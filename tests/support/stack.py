@@ -18,11 +18,11 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from ops.embedded_redis import free_port
-from workers.lanebroker import LaneBroker
-from workers.settings import Settings
-from workers.stores import open_store
-from workers.stores.base import Store
+from keylane.ops.embedded_redis import free_port
+from keylane.routing.contract.settings import Settings
+from keylane.workers.lanebroker import LaneBroker
+from keylane.workers.stores import open_store
+from keylane.workers.stores.base import Store
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -124,7 +124,7 @@ class Stack:
         n = sum(1 for p in self.procs if p.name.startswith(name))
         proc = Proc(
             f"{name}-{n}",
-            [sys.executable, "-m", "ops.cli", *args],
+            [sys.executable, "-m", "keylane.ops.cli", *args],
             {**settings_env(self.settings, **env), **self.extra_env},
             self.tmp / f"{name}-{n}.log",
         )

@@ -1,4 +1,4 @@
-"""Record stores: one interface (:mod:`workers.stores.base`), SQLite and PostgreSQL."""
+"""Record stores: one interface (:mod:`keylane.workers.stores.base`), SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlparse
 
-from workers.errors import ConfigError
-from workers.stores.base import Store
+from keylane.routing.contract.errors import ConfigError
+from keylane.workers.stores.base import Store
 
 
 def open_store(
@@ -16,12 +16,12 @@ def open_store(
     """Open a store from ``sqlite:///path`` or ``postgresql://...``."""
     scheme = urlparse(url).scheme
     if scheme == "sqlite":
-        from workers.stores.sqlite import SqliteStore
+        from keylane.workers.stores.sqlite import SqliteStore
 
         path = url[len("sqlite://") :]
         return SqliteStore(Path(path), timeout_ms=timeout_ms, synchronous=sqlite_synchronous)
     if scheme in ("postgres", "postgresql"):
-        from workers.stores.postgres import PostgresStore
+        from keylane.workers.stores.postgres import PostgresStore
 
         return PostgresStore(url, timeout_ms=timeout_ms)
     raise ConfigError(f"unsupported store URL scheme {scheme!r}: use sqlite:/// or postgresql://")

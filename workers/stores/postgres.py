@@ -16,9 +16,9 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from workers.errors import StoreUnavailable
-from workers.stores.sql import SqlStore
-from workers.stores.sql_base import Cursor
+from keylane.routing.contract.errors import StoreUnavailable
+from keylane.workers.stores.sql import SqlStore
+from keylane.workers.stores.sql_base import Cursor
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -74,7 +74,7 @@ _MIGRATION_LOCK = 0x6B65796C616E65
 
 
 class PostgresStore(SqlStore):
-    """A :class:`~workers.stores.base.Store` in PostgreSQL."""
+    """A :class:`~keylane.workers.stores.base.Store` in PostgreSQL."""
 
     json_param = "%s::json"
 

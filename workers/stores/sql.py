@@ -10,20 +10,20 @@ import json
 import time
 from typing import Any
 
-from workers.errors import AlreadyApplied, StaleFence, VersionConflict
-from workers.stores.base import (
+from keylane.routing.contract.errors import AlreadyApplied, StaleFence, VersionConflict
+from keylane.workers.stores.base import (
     DeadLetterDraft,
     EventWrite,
     Fence,
     JournalEntry,
     Record,
 )
-from workers.stores.sql_base import Cursor, dump_json
-from workers.stores.sql_review import ReviewSql
+from keylane.workers.stores.sql_base import Cursor, dump_json
+from keylane.workers.stores.sql_review import ReviewSql
 
 
 class SqlStore(ReviewSql):
-    """Store logic over a DB-API connection; see :mod:`workers.stores.base`."""
+    """Store logic over a DB-API connection; see :mod:`keylane.workers.stores.base`."""
 
     # -- records -----------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from workers.stores.base import Store
+from keylane.workers.stores.base import Store
 
 
 class Cursor(Protocol):

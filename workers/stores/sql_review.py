@@ -7,8 +7,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from workers.stores.base import DeadLetter, DeadLetterFilter, DeadLetterStatus
-from workers.stores.sql_base import SqlBase
+from keylane.workers.stores.base import DeadLetter, DeadLetterFilter, DeadLetterStatus
+from keylane.workers.stores.sql_base import SqlBase
 
 _DL_COLUMNS = (
     "id, created_at, source, event_id, record_key, shard, reason, {event}, {change}, "

@@ -13,9 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-from workers.errors import StoreUnavailable
-from workers.stores.sql import SqlStore
-from workers.stores.sql_base import Cursor
+from keylane.routing.contract.errors import StoreUnavailable
+from keylane.workers.stores.sql import SqlStore
+from keylane.workers.stores.sql_base import Cursor
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -68,7 +68,7 @@ CREATE INDEX IF NOT EXISTS dead_letters_key ON dead_letters (record_key);
 
 
 class SqliteStore(SqlStore):
-    """A :class:`~workers.stores.base.Store` in one SQLite file."""
+    """A :class:`~keylane.workers.stores.base.Store` in one SQLite file."""
 
     def __init__(
         self,

@@ -2,10 +2,10 @@
 HTTP and no load generator competing for the CPUs.
 
 Before any worker runs, the shard queues are filled with the workload of (b)
-(:func:`ops.bench_e2e.workload`). Each event is built as the receiver builds it: the
-``demo`` source's verifier and intake, :class:`workers.events.Event` (body hash,
-``accepted_at``, shard from :class:`routing.ShardMap`) and
-:func:`workers.message.build_apply_message`, pushed with ``LPUSH`` to
+(:func:`keylane.ops.bench.e2e.workload`). Each event is built as the receiver builds it: the
+``demo`` source's verifier and intake, :class:`keylane.routing.contract.events.Event` (body hash,
+``accepted_at``, shard from :class:`keylane.routing.ShardMap`) and
+:func:`keylane.routing.contract.message.build_apply_message`, pushed with ``LPUSH`` to
 ``RedisKeys(namespace).queue(queue_name)``, in workload order, in pipelines on one
 connection, so each shard queue holds its records' events in the order they were pushed.
 What the receiver's accept script does besides the push is left out: the dedupe mark (no
@@ -22,7 +22,7 @@ Then ``W`` workers of ``--lanes`` lanes are started, and the run is timed two wa
 
 Each run has its own Redis namespace and store (no leases, fences, members or journal
 left over from another run), removed with its workers when the run ends. Afterwards the
-store is checked as in (b) (:func:`ops.bench_e2e.check_store`): journal size, each
+store is checked as in (b) (:func:`keylane.ops.bench.e2e.check_store`): journal size, each
 record's sum and revision, every event ``applied``, no dead letters, and per-record
 order: the push order stands in for the HTTP answers of (b) (push ``i`` was "sent and
 answered" at time ``i``), so each record's revisions must follow the order its events
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import redis
 
-from ops.bench_e2e import (
+from keylane.ops.bench.e2e import (
     DirectRun,
     Workload,
     apply_direct,
@@ -46,8 +46,8 @@ from ops.bench_e2e import (
     push_order,
     workload,
 )
-from ops.bench_phases import all_shards_owned, run_audit
-from ops.bench_procs import (
+from keylane.ops.bench.phases import all_shards_owned, run_audit
+from keylane.ops.bench.procs import (
     MAX_ATTEMPTS,
     SHARD_COUNT,
     Bench,
@@ -60,17 +60,18 @@ from ops.bench_procs import (
     redis_cpu_s,
     say,
 )
-from ops.bench_report import DrainRun, Report
-from producers.body import parse_json
-from producers.intake import Intake, take_in
-from producers.sources import DEMO, Sources
-from routing import ShardMap
-from routing.keys import RedisKeys
-from workers.events import Event
-from workers.lanebroker import LaneBroker
-from workers.message import build_apply_message
-from workers.stores import open_store
-from workers.stores.base import Store
+from keylane.ops.bench.report import DrainRun, Report
+from keylane.producers.body import parse_json
+from keylane.producers.intake import Intake, take_in
+from keylane.producers.signatures import verifiers_of
+from keylane.routing import ShardMap
+from keylane.routing.contract.events import Event
+from keylane.routing.contract.message import build_apply_message
+from keylane.routing.contract.sources import DEMO, Sources
+from keylane.routing.keys import RedisKeys
+from keylane.workers.lanebroker import LaneBroker
+from keylane.workers.stores import open_store
+from keylane.workers.stores.base import Store
 
 #: ``LPUSH``es per pipeline while filling the queues.
 FILL_BATCH = 500
@@ -100,8 +101,8 @@ def receiver_messages(
     work: Workload, shards: ShardMap, start: int, stop: int
 ) -> list[tuple[str, bytes]]:
     """Events ``start..stop`` of ``work`` as (queue name, message), built as
-    ``producers.receiver`` builds them for a delivery to ``/webhooks/demo``."""
-    verifier = Sources([DEMO]).verifiers({})[DEMO.name]
+    ``keylane.producers.receiver`` builds them for a delivery to ``/webhooks/demo``."""
+    verifier = verifiers_of(Sources([DEMO]), {})[DEMO.name]
     hook = DEMO.load_hook()
     out = []
     for body in work.bodies[start:stop]:

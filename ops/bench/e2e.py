@@ -17,13 +17,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ops.bench_procs import BenchFailure
-from producers.sources import DEMO
-from routing import ShardMap
-from workers.apply import apply_event
-from workers.events import Envelope, Event
-from workers.stores import open_store
-from workers.stores.base import DeadLetterFilter, Fence, Store
+from keylane.ops.bench.procs import BenchFailure
+from keylane.routing import ShardMap
+from keylane.routing.contract.events import Envelope, Event
+from keylane.routing.contract.sources import DEMO
+from keylane.workers.apply import apply_event
+from keylane.workers.stores import open_store
+from keylane.workers.stores.base import DeadLetterFilter, Fence, Store
 
 EVENT_TYPE = "bench.increment"
 
@@ -165,7 +165,7 @@ class DirectRun:
 
 
 def apply_direct(store_url: str, work: Workload, shards: ShardMap, max_attempts: int) -> DirectRun:
-    """Apply ``work`` with :func:`workers.apply.apply_event` into a fresh store at
+    """Apply ``work`` with :func:`keylane.workers.apply.apply_event` into a fresh store at
     ``store_url``, under fences as a lane holds them, and check the result."""
     events = direct_events(work, shards)
     store = open_store(store_url)

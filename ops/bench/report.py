@@ -8,9 +8,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ops.bench_e2e import DirectRun
-from ops.bench_load import LoadResult
-from ops.tables import render_table
+from keylane.ops.bench.e2e import DirectRun
+from keylane.ops.bench.load import LoadResult
+from keylane.ops.tables import render_table
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,15 @@
-"""keylane's benchmark: ``python -m ops.bench``.
+"""keylane's benchmark: ``python -m keylane.ops.bench``.
 
 (a) **Receiver**: HTTP 202s per second (and p50/p99 latency) of ``keylane serve`` for
     ``--events`` POSTs from ``--concurrency`` clients, against a baseline served the same
-    way (:mod:`ops.bench_baseline`: parse the body, ``LPUSH``, nothing else).
+    way (:mod:`keylane.ops.bench.baseline`: parse the body, ``LPUSH``, nothing else).
 (b) **End to end**: for each ``--keys`` count, events per second from the first POST
     until the store's journal holds every event, with ``--workers`` worker processes of
     ``--lanes`` lanes, against a baseline that applies the same events in this process
-    with :func:`workers.apply.apply_event` on a fresh store of the same kind.
+    with :func:`keylane.workers.apply.apply_event` on a fresh store of the same kind.
     Afterwards the store is checked exactly: journal size, each record's sum and revision,
     per-record order, no dead letters. Any difference fails the run (exit code 1).
-(c) **Drain** (:mod:`ops.bench_drain`): the lanes alone. For each ``--keys`` count and
+(c) **Drain** (:mod:`keylane.ops.bench.drain`): the lanes alone. For each ``--keys`` count and
     each ``--drain-workers`` count (default ``--workers``), the shard queues are filled
     with the same workload without HTTP, messages built as the receiver builds them;
     then the workers start, and events per second are measured from the moment every
@@ -31,7 +31,7 @@ from dataclasses import asdict
 
 import click
 
-from ops.bench_procs import INTERRUPTS, BenchFailure, BenchOptions, say
+from keylane.ops.bench.procs import INTERRUPTS, BenchFailure, BenchOptions, say
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 MAX_WORKERS = 64
@@ -58,10 +58,10 @@ end; stops every process it starts. Exit code 1 if an invariant does not hold.
 
 def run_bench(opts: BenchOptions) -> int:
     """Run the benchmark, print the table and the JSON line; the exit code."""
-    from ops.bench_drain import run_drain_phase
-    from ops.bench_phases import run_e2e_phase, run_receiver_phase
-    from ops.bench_procs import Bench, redis_profile
-    from ops.bench_report import Report
+    from keylane.ops.bench.drain import run_drain_phase
+    from keylane.ops.bench.phases import run_e2e_phase, run_receiver_phase
+    from keylane.ops.bench.procs import Bench, redis_profile
+    from keylane.ops.bench.report import Report
 
     with INTERRUPTS.installed(), ExitStack() as es:
         bench = Bench(opts, es)

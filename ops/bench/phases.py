@@ -1,6 +1,6 @@
 """Two parts of the benchmark, (a) receiver and (b) end to end, run on a :class:`Bench`
 (its processes, namespace and store) and written into a :class:`Report`; (c) is in
-:mod:`ops.bench_drain`."""
+:mod:`keylane.ops.bench.drain`."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import subprocess
 import sys
 import time
 
-from ops.bench_e2e import apply_direct, check_store, workload
-from ops.bench_load import run_load
-from ops.bench_procs import (
+from keylane.ops.bench.e2e import apply_direct, check_store, workload
+from keylane.ops.bench.load import run_load
+from keylane.ops.bench.procs import (
     MAX_ATTEMPTS,
     REPO,
     SHARD_COUNT,
@@ -25,14 +25,14 @@ from ops.bench_procs import (
     say,
     wait_for,
 )
-from ops.bench_report import E2eRun, ReceiverRun, Report
-from ops.embedded_redis import free_port
-from routing import ShardMap
-from routing.assignment import assign_shards
-from routing.keys import RedisKeys
-from workers.lanebroker import LaneBroker
-from workers.stores import open_store
-from workers.stores.base import Store
+from keylane.ops.bench.report import E2eRun, ReceiverRun, Report
+from keylane.ops.embedded_redis import free_port
+from keylane.routing import ShardMap
+from keylane.routing.assignment import assign_shards
+from keylane.routing.keys import RedisKeys
+from keylane.workers.lanebroker import LaneBroker
+from keylane.workers.stores import open_store
+from keylane.workers.stores.base import Store
 
 WARMUP_REQUESTS = 100
 
@@ -76,7 +76,7 @@ def run_receiver_phase(bench: Bench, report: Report) -> None:
         [
             sys.executable,
             "-m",
-            "ops.bench_baseline",
+            "keylane.ops.bench.baseline",
             "--port",
             str(port),
             "--redis-url",

@@ -5,7 +5,7 @@ shard routing, no Celery message. It is served by uvicorn exactly as ``keylane s
 serves the real receiver (same loop, HTTP parser and options), so the ratio between the
 two is the price of keylane's checks and of its accept script.
 
-Run as ``python -m ops.bench_baseline --port P --redis-url URL --key KEY``.
+Run as ``python -m keylane.ops.bench.baseline --port P --redis-url URL --key KEY``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workers.settings import FaultSpec
+from keylane.routing.contract.settings import FaultSpec
 
 
 class InjectedFault(RuntimeError):

@@ -23,19 +23,18 @@ from __future__ import annotations
 import importlib
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from producers.mapping import check_reference, check_template, is_reference
-from producers.signatures import NoneConfig, Verifier, VerifyConfig, verifier_from_environ
-from workers.changes import FieldOwnership
-from workers.errors import ConfigError
-from workers.events import OPS, Event, check_field_name
-from workers.settings import Settings
-from workers.stores.base import Record
+from keylane.routing.contract.errors import ConfigError
+from keylane.routing.contract.events import OPS, check_field_name
+from keylane.routing.contract.mapping import check_reference, check_template, is_reference
+from keylane.routing.contract.settings import Settings
+from keylane.routing.contract.signing import NoneConfig, VerifyConfig
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 DAY_S = 24 * 3600
@@ -52,9 +51,31 @@ PROVIDER_RETENTION_S = {
 
 #: Receiver-side mapping hook: (parsed body, headers) -> {"record_key", "changes"} or None.
 Hook = Callable[[Any, Mapping[str, str]], "Mapping[str, Any] | None"]
-#: Lane-side handler: (event, record as freshly read) -> the change to apply, or None for
-#: none. It runs on every attempt, so it always computes from the current record.
-Handler = Callable[[Event, Record], "Mapping[str, Any] | None"]
+
+
+@dataclass(frozen=True)
+class FieldOwnership:
+    """The fields a source may write: a set of names, or every field (``*``)."""
+
+    fields: frozenset[str] = frozenset()
+    everything: bool = False
+
+    @classmethod
+    def of(cls, names: Iterable[str]) -> FieldOwnership:
+        """``["*"]`` owns every field; otherwise exactly the names given."""
+        names = list(names)
+        if "*" in names:
+            return cls(everything=True)
+        return cls(fields=frozenset(names))
+
+    def not_owned(self, names: Iterable[str]) -> list[str]:
+        """The names among ``names`` that this ownership does not cover."""
+        if self.everything:
+            return []
+        return sorted(n for n in names if n not in self.fields)
+
+
+ALL_FIELDS = FieldOwnership(everything=True)
 
 
 class FieldRule(BaseModel):
@@ -185,7 +206,7 @@ class SourceConfig(BaseModel):
         """The receiver's mapping hook, imported (ConfigError when it cannot be)."""
         return None if self.hook is None else _import(self.name, self.hook)
 
-    def load_handler(self) -> Handler | None:
+    def load_handler(self) -> Callable[..., Any] | None:
         """The lane's handler, imported (ConfigError when it cannot be)."""
         return None if self.handler is None else _import(self.name, self.handler)
 
@@ -225,11 +246,6 @@ class Sources:
     def all(self) -> list[SourceConfig]:
         """Every source."""
         return [self._by_name[n] for n in self.names()]
-
-    def verifiers(self, environ: Mapping[str, str]) -> dict[str, Verifier]:
-        """Each source's verifier, with secrets read from ``environ`` (at start-up: a
-        missing secret is a ConfigError naming the variable, never its value)."""
-        return {s.name: verifier_from_environ(s.verify, environ) for s in self.all()}
 
 
 def parse_sources(text: str, origin: str = "sources file") -> Sources:

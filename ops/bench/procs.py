@@ -156,7 +156,7 @@ def child(name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> Ite
 
 def keylane_argv(*args: str) -> list[str]:
     """``keylane ARGS`` run with this interpreter."""
-    return [sys.executable, "-m", "ops.cli", *args]
+    return [sys.executable, "-m", "keylane.ops.cli", *args]
 
 
 def child_env(values: dict[str, str]) -> dict[str, str]:
@@ -352,7 +352,7 @@ class Bench:
 
     def wait_http(self, proc: Child, url: str) -> None:
         """Wait until ``url`` answers 200; fail if ``proc`` exits first."""
-        from ops.bench_load import get_ok
+        from keylane.ops.bench.load import get_ok
 
         wait_for(lambda: get_ok(url) or not proc.alive(), 30, f"{proc.name} at {url}")
         if not proc.alive():

@@ -12,9 +12,9 @@ from typing import Literal
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from routing import DEFAULT_SHARD_COUNT, ShardMap
-from routing.keys import RedisKeys
-from workers.errors import ConfigError
+from keylane.routing import DEFAULT_SHARD_COUNT, ShardMap
+from keylane.routing.contract.errors import ConfigError
+from keylane.routing.keys import RedisKeys
 
 THREE_DAYS_S = 3 * 24 * 3600
 

@@ -19,8 +19,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from routing.router import APPLY_TASK, RELEASE_TASK
-from workers.events import Event
+from keylane.routing.contract.events import Event
+from keylane.routing.router import APPLY_TASK, RELEASE_TASK
 
 _ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
 
