@@ -219,11 +219,11 @@ def status(ctx: click.Context, as_json: bool) -> None:
     """Shards (owner, fencing token, depth, oldest message, in flight) and workers."""
     from keylane.ops.status import collect_status
     from keylane.ops.tables import render_table
-    from keylane.workers.lanebroker import LaneBroker
+    from keylane.ops.telemetry import DeploymentView
 
     settings = settings_of(ctx)
-    broker = LaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
-    report = collect_status(settings, broker)
+    view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+    report = collect_status(settings, view)
     if as_json:
         emit_json(report)
         return
@@ -281,11 +281,11 @@ def audit(ctx: click.Context, as_json: bool) -> None:
     Exit code 0 when both are clean, 1 when a problem is found.
     """
     from keylane.ops.audit import audit_journal, audit_lease_log
-    from keylane.workers.lanebroker import LaneBroker
+    from keylane.ops.telemetry import DeploymentView
 
     settings = settings_of(ctx)
-    broker = LaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
-    events = broker.lease_events()
+    view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+    events = view.lease_events()
     store = cli_store(settings)
     try:
         entries = store.journal_entries()

@@ -21,7 +21,7 @@ from keylane.ops.cli_common import age, cli_store, emit_json, settings_of, when
 from keylane.ops.tables import render_table
 from keylane.ops.triage import Done, Triage, field_diffs, parse_age, stats_summary
 from keylane.routing.contract.errors import KeylaneError
-from keylane.workers.lanebroker import LaneBroker
+from keylane.workers.gateway import LaneGateway
 from keylane.workers.stores.base import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter, Store
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -266,8 +266,8 @@ def _bulk(
             click.confirm(
                 f"{verb.capitalize()} {len(rows)} dead letter(s) ({summary})?", abort=True, err=True
             )
-        broker = LaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
-        done = _run(Triage(store, broker), rows, act, verb)
+        gateway = LaneGateway.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+        done = _run(Triage(store, gateway), rows, act, verb)
     finally:
         store.close()
     _report(verb, done, as_json)

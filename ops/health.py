@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from keylane.ops.status import collect_status
+from keylane.ops.telemetry import DeploymentView
 from keylane.routing.contract.settings import Settings
-from keylane.workers.lanebroker import LaneBroker
 from keylane.workers.stores import open_store
 
 
@@ -49,9 +49,12 @@ def run_checks(
 
 
 def _redis(settings: Settings) -> Check:
-    broker = LaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+    view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)
     started = time.monotonic()
-    broker.client.ping()
+    try:
+        view.ping()
+    finally:
+        view.close()
     return Check("redis", True, f"answers ({(time.monotonic() - started) * 1000:.1f} ms)")
 
 
@@ -66,8 +69,11 @@ def _store(settings: Settings) -> Check:
 
 
 def _shards(settings: Settings, max_age_s: float | None) -> Check:
-    broker = LaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
-    report = collect_status(settings, broker)
+    view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+    try:
+        report = collect_status(settings, view)
+    finally:
+        view.close()
     if report["unowned"]:
         unowned = report["unowned"]
         return Check("shards", False, f"{len(unowned)} shard(s) without an owner: {unowned[:10]}")

@@ -5,16 +5,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from keylane.ops.telemetry import DeploymentView
 from keylane.routing.contract.message import MalformedMessage, parse_message
 from keylane.routing.contract.settings import Settings
-from keylane.workers.lanebroker import LaneBroker
 
 
-def collect_status(settings: Settings, broker: LaneBroker) -> dict[str, Any]:
+def collect_status(settings: Settings, view: DeploymentView) -> dict[str, Any]:
     """A JSON-ready picture of the deployment."""
     now = time.time()
     shards = []
-    for state in broker.shard_states():
+    for state in view.shard_states():
         holder = state.pop("holder")
         inflight = state.pop("inflight")
         head = state.pop("head")
@@ -24,7 +24,7 @@ def collect_status(settings: Settings, broker: LaneBroker) -> dict[str, Any]:
         head_event = _event_of(head)
         state["oldest_age_s"] = round(now - head_event["accepted_at"], 3) if head_event else None
         shards.append(state)
-    members = broker.members_info()
+    members = view.members()
     for member in members:
         member["heartbeat_age_s"] = round(now - member.pop("heartbeat_ms") / 1000, 3)
         member["shards"] = sum(1 for s in shards if s["owner"] == member["worker"])
@@ -33,7 +33,7 @@ def collect_status(settings: Settings, broker: LaneBroker) -> dict[str, Any]:
         "shard_count": settings.shard_count,
         "shards": shards,
         "workers": members,
-        "counters": broker.counters(),
+        "counters": view.counters(),
         "unowned": [s["shard"] for s in shards if s["owner"] is None],
     }
 

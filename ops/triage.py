@@ -19,9 +19,9 @@ from typing import Any, Literal
 
 from keylane.routing.contract.errors import KeylaneError
 from keylane.routing.contract.events import Event, parse_changes
-from keylane.routing.contract.message import build_apply_message, build_release_message
+from keylane.routing.contract.message import build_apply_message, build_unhold_message
 from keylane.workers.changes import apply_changes
-from keylane.workers.lanebroker import LaneBroker
+from keylane.workers.gateway import LaneGateway
 from keylane.workers.stores.base import DeadLetter, DeadLetterStatus, Store
 
 #: Reasons whose event cannot be applied by retrying it as it is.
@@ -45,9 +45,9 @@ class Done:
 class Triage:
     """Operations on review rows, for the CLI."""
 
-    def __init__(self, store: Store, broker: LaneBroker) -> None:
+    def __init__(self, store: Store, gateway: LaneGateway) -> None:
         self.store = store
-        self.broker = broker
+        self.gateway = gateway
 
     def retry(self, row: DeadLetter, by: str, note: str | None = None) -> Done:
         """Queue the row's event again (see the module docstring)."""
@@ -58,9 +58,9 @@ class Triage:
         event = Event.model_validate(row.event).model_copy(
             update={"retry_of": row.id, "accepted_at": time.time(), "review": None}
         )
-        queue = self.broker.shards.queue_name(event.shard)
-        at_head = self.broker.holder(row.record_key) == row.id
-        queued = self.broker.push_once(
+        queue = self.gateway.shards.queue_name(event.shard)
+        at_head = self.gateway.held_by(row.record_key) == row.id
+        queued = self.gateway.push_once(
             f"retry:{row.id}", event.shard, build_apply_message(event, queue), at_head
         )
         # The row is marked after the push: a crash in between leaves it open, and the
@@ -79,11 +79,11 @@ class Triage:
         if not self.store.set_dead_letter_status(row.id, status, ("open",), by, note):
             return Done(row.id, "skipped", f"status is {row.status}, not open")
         detail = ""
-        if self.broker.holder(row.record_key) == row.id:
-            queue = self.broker.shards.queue_name(row.shard)
-            message = build_release_message(row.record_key, row.id, queue)
-            parked = self.broker.parked_count(row.record_key)  # before the lane releases them
-            self.broker.push_once(f"release:{row.id}", row.shard, message, at_head=True)
+        if self.gateway.held_by(row.record_key) == row.id:
+            queue = self.gateway.shards.queue_name(row.shard)
+            message = build_unhold_message(row.record_key, row.id, queue)
+            parked = self.gateway.parked_count(row.record_key)  # before the lane releases them
+            self.gateway.push_once(f"release:{row.id}", row.shard, message, at_head=True)
             detail = f"released {row.record_key}: {parked} parked event(s) go next"
         return Done(row.id, "closed", detail)
 

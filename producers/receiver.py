@@ -12,7 +12,7 @@ record store. Its answers (the external contract, README "The external contract"
 * 503 with ``Retry-After`` when the shard or all shards together are over their
   high-water mark (derived from how fast they drain), or Redis is down.
 
-No 2xx is sent before Redis has run the accept script (:mod:`keylane.producers.enqueue`); no
+No 2xx is sent before Redis has run the accept script (:mod:`keylane.producers.gateway`); no
 4xx changes any state; a refusal never marks the event as seen.
 """
 
@@ -28,7 +28,6 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-import redis.asyncio as aioredis
 import sentry_sdk
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -37,7 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from keylane.producers.body import check_media_type, parse_json, read_body
-from keylane.producers.enqueue import Enqueuer, EnqueueResult
+from keylane.producers.gateway import EnqueueResult, ReceiverGateway
 from keylane.producers.intake import Ignored, Intake, take_in
 from keylane.producers.signatures import verifiers_of
 from keylane.producers.telemetry import QueueWatch, ReceiverMetrics
@@ -63,14 +62,14 @@ class Receiver:
         self,
         settings: Settings,
         sources: Sources,
-        client: aioredis.Redis,
+        gateway: ReceiverGateway,
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
         self.sources = sources
-        self.enqueuer = Enqueuer(client, settings.keys)
-        self.watch = QueueWatch(client, settings.keys, settings.shards)
-        self.metrics = ReceiverMetrics(self.watch, client, settings.keys)
+        self.gateway = gateway
+        self.watch = QueueWatch(gateway)
+        self.metrics = ReceiverMetrics(self.watch, gateway)
         self.faults = Faults(settings.faults)
         self.verifiers = verifiers_of(sources, os.environ if environ is None else environ)
         self.hooks = {s.name: s.load_hook() for s in sources.all()}
@@ -131,7 +130,7 @@ class Receiver:
 
     async def readyz(self, request: Request) -> Response:
         """Readiness: Redis answers, so deliveries can be accepted."""
-        if await self.enqueuer.ping():
+        if await self.gateway.ping():
             return JSONResponse({"status": "ready"})
         return self.refuse(
             503,
@@ -191,7 +190,7 @@ class Receiver:
         retention_ms = source.retention(s) * 1000
         self.faults.hit("receiver.before_enqueue", event.record_key)
         try:
-            result = await self.enqueuer.accept(
+            result = await self.gateway.accept(
                 source=event.source,
                 event_id=event.event_id,
                 body_sha256=event.body_sha256,
@@ -205,7 +204,7 @@ class Receiver:
             )
             if result.verdict == "reused":
                 review = event.model_copy(update={"review": "id_reused"})
-                await self.enqueuer.record_reuse(
+                await self.gateway.record_reuse(
                     source=event.source,
                     event_id=event.event_id,
                     body_sha256=event.body_sha256,
@@ -270,10 +269,8 @@ def create_receiver(
 ) -> Starlette:
     """The receiver's ASGI application for ``settings`` (signing secrets are read from
     ``environ``, by default the process environment)."""
-    client = aioredis.Redis.from_url(
-        settings.redis_dsn(), socket_timeout=5, socket_connect_timeout=5, health_check_interval=15
-    )
-    receiver = Receiver(settings, sources or load_sources(settings), client, environ)
+    gateway = ReceiverGateway.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+    receiver = Receiver(settings, sources or load_sources(settings), gateway, environ)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         # Starlette's own 404/405 (no such route, wrong method), as JSON like every answer.
@@ -290,7 +287,7 @@ def create_receiver(
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-            await client.aclose()
+            await gateway.close()
 
     app = Starlette(
         exception_handlers={HTTPException: http_error},

@@ -17,16 +17,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
-from redis.exceptions import RedisError
 
-from keylane.routing import ShardMap
+from keylane.producers.gateway import MetricSnapshot, ReceiverGateway
+from keylane.routing.contract.errors import BrokerUnavailable
 from keylane.routing.contract.message import MalformedMessage, parse_message
-from keylane.routing.keys import RedisKeys
-from keylane.workers.lanebroker import LATENCY_BUCKETS_S
+from keylane.routing.keys import LATENCY_BUCKETS_S
 
 log = logging.getLogger("keylane.telemetry")
 
@@ -50,9 +48,7 @@ class ShardView:
 class QueueWatch:
     """Polls the shard queues (see the module docstring)."""
 
-    client: aioredis.Redis
-    keys: RedisKeys
-    shards: ShardMap
+    gateway: ReceiverGateway
     interval_s: float = 1.0
     views: dict[int, ShardView] = field(default_factory=dict)
     polled_at: float = 0.0
@@ -81,26 +77,20 @@ class QueueWatch:
         while True:
             try:
                 await self.poll()
-            except RedisError as exc:
+            except BrokerUnavailable as exc:
                 log.debug("queue poll failed: %s", exc)
             await asyncio.sleep(self.interval_s)
 
     async def poll(self) -> None:
         """Read every shard once."""
-        pipe = self.client.pipeline(transaction=False)
-        for shard in range(self.shards.count):
-            queue = self.keys.queue(self.shards.queue_name(shard))
-            pipe.llen(queue)
-            pipe.lindex(queue, -1)
-        pipe.hgetall(self.keys.drained)
-        replies = await pipe.execute()
+        snapshot = await self.gateway.queues()
         now = time.monotonic()
         elapsed = now - self.polled_at if self.polled_at else 0.0
-        drained = {int(k): int(v) for k, v in replies[-1].items()}
-        for shard in range(self.shards.count):
+        drained = snapshot.drained
+        for shard, depth in enumerate(snapshot.depths):
             view = self.views.setdefault(shard, ShardView(drained=drained.get(shard, 0)))
-            view.depth = int(replies[2 * shard])
-            view.oldest_accepted_at = _accepted_at(replies[2 * shard + 1])
+            view.depth = depth
+            view.oldest_accepted_at = _accepted_at(snapshot.heads[shard])
             count = drained.get(shard, 0)
             if elapsed > 0:
                 rate = max(0, count - view.drained) / elapsed
@@ -155,7 +145,7 @@ REDIS_COUNTERS = (
 class ReceiverMetrics:
     """The receiver's own counters (refusals), and a collector for everything else."""
 
-    def __init__(self, watch: QueueWatch, client: aioredis.Redis, keys: RedisKeys) -> None:
+    def __init__(self, watch: QueueWatch, gateway: ReceiverGateway) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.refused = Counter(
             "keylane_refused_total",
@@ -163,7 +153,7 @@ class ReceiverMetrics:
             ["reason"],
             registry=self.registry,
         )
-        self._snapshot = _Snapshot(watch, client, keys)
+        self._snapshot = _Snapshot(watch, gateway)
         self.registry.register(self._snapshot)
 
     async def render(self) -> bytes:
@@ -175,57 +165,45 @@ class ReceiverMetrics:
 class _Snapshot(Collector):
     """Metric families from Redis counters and the queue watch, read at scrape time."""
 
-    def __init__(self, watch: QueueWatch, client: aioredis.Redis, keys: RedisKeys) -> None:
+    def __init__(self, watch: QueueWatch, gateway: ReceiverGateway) -> None:
         self.watch = watch
-        self.client = client
-        self.keys = keys
-        self.counters: dict[str, float] = {}
-        self.latency: dict[str, float] = {}
-        self.members = 0
-        self.held = 0
+        self.gateway = gateway
+        self.snapshot = MetricSnapshot({}, {}, 0, 0)
 
     async def refresh(self) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(self.keys.counters)
-        pipe.hgetall(self.keys.latency)
-        pipe.zcard(self.keys.members)
-        pipe.hlen(self.keys.held)
-        counters, latency, members, held = await pipe.execute()
-        self.counters = {_text(k): float(v) for k, v in counters.items()}
-        self.latency = {_text(k): float(v) for k, v in latency.items()}
-        self.members, self.held = int(members), int(held)
+        self.snapshot = await self.gateway.metrics()
 
     def collect(self) -> Iterable[Any]:
         for key, name, doc in REDIS_COUNTERS:
             family = CounterMetricFamily(name.removesuffix("_total"), doc)
-            family.add_metric([], self.counters.get(key, 0.0))
+            family.add_metric([], self.snapshot.counters.get(key, 0.0))
             yield family
         full = CounterMetricFamily(
             "keylane_shard_full_refusals",
             "Deliveries refused with 503 because their shard was at its high-water mark.",
         )
-        full.add_metric([], self.counters.get("refused_full", 0.0))
+        full.add_metric([], self.snapshot.counters.get("refused_full", 0.0))
         yield full
         yield self._latency()
         yield from self._queues()
         workers = GaugeMetricFamily("keylane_workers", "Live worker processes.")
-        workers.add_metric([], self.members)
+        workers.add_metric([], self.snapshot.members)
         yield workers
         held = GaugeMetricFamily("keylane_held_keys", "Record keys held behind a dead letter.")
-        held.add_metric([], self.held)
+        held.add_metric([], self.snapshot.held)
         yield held
 
     def _latency(self) -> HistogramMetricFamily:
         cumulative, buckets = 0.0, []
         for bound in LATENCY_BUCKETS_S:
-            cumulative += self.latency.get(repr(bound), 0.0)
+            cumulative += self.snapshot.latency.get(repr(bound), 0.0)
             buckets.append((repr(bound), cumulative))
-        buckets.append(("+Inf", cumulative + self.latency.get("+Inf", 0.0)))
+        buckets.append(("+Inf", cumulative + self.snapshot.latency.get("+Inf", 0.0)))
         return HistogramMetricFamily(
             "keylane_apply_latency_seconds",
             "Time from acceptance (202) to the committed write, for applied events.",
             buckets=buckets,
-            sum_value=self.latency.get("sum", 0.0),
+            sum_value=self.snapshot.latency.get("sum", 0.0),
         )
 
     def _queues(self) -> Iterable[GaugeMetricFamily]:
@@ -250,7 +228,3 @@ class _Snapshot(Collector):
             )
             rate.add_metric(label, view.rate_per_s)
         return [depth, age, rate]
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

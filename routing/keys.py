@@ -4,7 +4,26 @@ kombu is given the same namespace as its ``global_keyprefix``, so a shard queue
 ``keylane.shard.07`` lives at ``<ns>:keylane.shard.07``, where Flower also finds it.
 """
 
+import hashlib
 from dataclasses import dataclass
+
+#: Upper bounds (seconds) of the apply-latency histogram's buckets, the fields of
+#: :attr:`RedisKeys.latency` (the lanes count into them, the metrics read them).
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def latency_bucket(seconds: float) -> str:
+    """The histogram field (its bucket's upper bound, or ``+Inf``) of a latency."""
+    for bound in LATENCY_BUCKETS_S:
+        if seconds <= bound:
+            return repr(bound)
+    return "+Inf"
+
+
+def message_digest(raw: bytes) -> str:
+    """A message's field in its shard's delivery counts (what Lua's ``redis.sha1hex``
+    gives, so scripts and Python name the same field)."""
+    return hashlib.sha1(raw, usedforsecurity=False).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from typing import Any
 from keylane.routing.shards import ShardMap
 
 APPLY_TASK = "keylane.apply"
-#: Control message: release a record key held behind a dead letter (run by the lanes).
-RELEASE_TASK = "keylane.release"
+#: Control message: unhold a record key held behind a dead letter (run by the lanes).
+UNHOLD_TASK = "keylane.unhold"
 
 
 class ShardRouter:

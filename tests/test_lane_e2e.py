@@ -101,7 +101,7 @@ def test_concurrent_increments_with_outside_edits_stay_exact(stack: Stack) -> No
             if edit_key == key:
                 assert fields[name] == value
     assert len(edits) > 50
-    conflicts = stack.broker().counters().get("conflicts", 0)
+    conflicts = stack.view().counters().get("conflicts", 0)
     assert conflicts > 0, "the outside writer should have forced some conflicts"
 
 
@@ -163,7 +163,7 @@ def test_persistent_conflict_becomes_a_dead_letter_and_the_key_moves_on(stack: S
     stack.wait_journal(2)
     assert store.read("hot:1").fields["n"] == 5
     wait_until(
-        lambda: stack.broker().depth(stack.settings.shards.shard_for_key("hot:1")) == 0,
+        lambda: stack.view().depth(stack.settings.shards.shard_for_key("hot:1")) == 0,
         10,
         "the shard to drain",
     )

@@ -54,9 +54,9 @@ def test_a_slow_destination_pushes_back_on_senders_and_nothing_is_lost(stack: St
     watcher_stop = threading.Event()
 
     def watch_depth() -> None:
-        broker = stack.broker()
+        view = stack.view()
         while not watcher_stop.is_set():
-            depths.append(max(broker.depth(s) for s in shards))
+            depths.append(max(view.depth(s) for s in shards))
             time.sleep(0.02)
 
     watcher = threading.Thread(target=watch_depth)
@@ -240,5 +240,5 @@ def test_rolling_restart_under_load_loses_and_duplicates_nothing(stack: Stack) -
     stack.wait_journal(load.total, timeout_s=120)
     # Then every event was applied once and in order, and shards changed hands cleanly
     load.verify(stack.open_store())
-    assert audit_lease_log(stack.broker().lease_events()) == []
+    assert audit_lease_log(stack.view().lease_events()) == []
     assert audit_journal(stack.open_store().journal_entries()) == []

@@ -50,7 +50,7 @@ def _send(stack: Stack, source: str, body: bytes, headers: dict[str, str]) -> An
 
 
 def _state(stack: Stack) -> tuple[int, dict[str, int]]:
-    return stack.open_store().journal_size(), stack.broker().counters()
+    return stack.open_store().journal_size(), stack.view().counters()
 
 
 def _stripe_invoice(event_id: str, customer: str, cents: int) -> bytes:
@@ -253,7 +253,7 @@ def test_keyless_deliveries_are_each_applied_and_never_collide(
     assert len({a.json()["event_id"] for a in answers}) == 3
     stack.wait_journal(103)
     assert stack.open_store().read("tally:2").fields["n"] == 3
-    assert stack.broker().counters()["keyless"] == 103
+    assert stack.view().counters()["keyless"] == 103
 
 
 def test_a_replay_after_the_dedupe_window_has_no_second_effect(
@@ -272,7 +272,7 @@ def test_a_replay_after_the_dedupe_window_has_no_second_effect(
     # Then Redis no longer knows it, but the store's journal does: no second effect
     assert replay.status_code == 202
     wait_until(
-        lambda: stack.broker().counters().get("duplicate", 0) == 1,
+        lambda: stack.view().counters().get("duplicate", 0) == 1,
         20,
         "the lane to recognise the replay",
     )

@@ -3,7 +3,7 @@
 Celery carries the shard queues (ordinary Celery queues of ``keylane.apply`` task
 messages), the workers' heartbeats and remote control, and the events Flower shows.
 The lanes, not Celery's consumer, take messages from the shard queues; see
-:mod:`keylane.workers.lanebroker` for why.
+:mod:`keylane.workers.gateway` for why.
 """
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import redis
 from celery import Celery
 from celery.exceptions import Ignore
 from kombu.entity import Queue
 
 from keylane.routing.contract.errors import NotOwner
 from keylane.routing.contract.events import Event
-from keylane.routing.contract.message import build_apply_message, build_release_message
+from keylane.routing.contract.message import build_apply_message, build_unhold_message
 from keylane.routing.contract.settings import Settings
-from keylane.routing.router import APPLY_TASK, RELEASE_TASK, ShardRouter
+from keylane.routing.router import APPLY_TASK, UNHOLD_TASK, ShardRouter
+from keylane.workers.gateway import LaneGateway
 
 log = logging.getLogger("keylane.app")
 
@@ -64,9 +64,9 @@ def create_app(settings: Settings) -> Celery:
     def apply(self: Any, event: dict[str, Any]) -> None:
         _give_back(settings, self.request, build_apply_message(Event(**event), _queue(self)))
 
-    @app.task(name=RELEASE_TASK, ignore_result=True, shared=False, bind=True)
-    def release(self: Any, record_key: str, dead_letter_id: int) -> None:
-        message = build_release_message(record_key, dead_letter_id, _queue(self))
+    @app.task(name=UNHOLD_TASK, ignore_result=True, shared=False, bind=True)
+    def unhold(self: Any, record_key: str, dead_letter_id: int) -> None:
+        message = build_unhold_message(record_key, dead_letter_id, _queue(self))
         _give_back(settings, self.request, message)
 
     return app
@@ -84,14 +84,11 @@ def _give_back(settings: Settings, request: Any, message: bytes) -> None:
         shard = settings.shards.shard_of_queue(queue)
     except ValueError as exc:
         raise NotOwner(-1, f"keylane tasks run only inside keylane lanes ({exc})") from exc
-    client = redis.Redis.from_url(settings.redis_dsn())
+    gateway = LaneGateway.from_url(settings.redis_dsn(), settings.keys, settings.shards)
     try:
-        with client.pipeline(transaction=True) as pipe:
-            pipe.rpush(settings.keys.queue(queue), message)
-            pipe.publish(settings.keys.doorbell, shard)
-            pipe.execute()
+        gateway.give_back(shard, message)
     finally:
-        client.close()
+        gateway.close()
     log.error(
         "a plain Celery consumer took a message from %s; it is back at the head of the "
         "queue for the shard's lane (do not consume keylane's shard queues)",

@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from keylane.workers.lanebroker import LaneBroker
+from keylane.workers.gateway import LaneGateway
 
 log = logging.getLogger("keylane.doorbell")
 
@@ -21,8 +21,8 @@ log = logging.getLogger("keylane.doorbell")
 class Doorbell:
     """Shard hints for the lanes of one worker process."""
 
-    def __init__(self, broker: LaneBroker, is_mine: Callable[[int], bool]) -> None:
-        self._broker = broker
+    def __init__(self, gateway: LaneGateway, is_mine: Callable[[int], bool]) -> None:
+        self._gateway = gateway
         self._is_mine = is_mine
         self._cond = threading.Condition()
         self._rung: dict[int, None] = {}  # insertion-ordered set
@@ -61,8 +61,7 @@ class Doorbell:
     def _listen(self) -> None:
         while not self._stop.is_set():
             try:
-                pubsub = self._broker.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-                pubsub.subscribe(self._broker.keys.doorbell)
+                pubsub = self._gateway.doorbell()
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=1.0)
                     if message is not None:

@@ -33,11 +33,11 @@ from keylane.routing.contract.logcontext import event_context
 from keylane.routing.contract.message import MalformedMessage, parse_message
 from keylane.routing.contract.settings import Settings
 from keylane.routing.contract.sources import SourceConfig, Sources
-from keylane.routing.router import APPLY_TASK, RELEASE_TASK
+from keylane.routing.router import APPLY_TASK, UNHOLD_TASK
 from keylane.workers.alerts import alert_dead_letter
 from keylane.workers.apply import ApplyResult, Handler, apply_event, dead_letter
 from keylane.workers.doorbell import Doorbell
-from keylane.workers.lanebroker import LaneBroker, Lease, Taken
+from keylane.workers.gateway import LaneGateway, Lease, Taken
 from keylane.workers.ownership import Ownership
 from keylane.workers.stores.base import DeadLetterDraft, DeadLetterFilter, Fence, Store
 
@@ -57,7 +57,7 @@ class Lanes:
     def __init__(
         self,
         settings: Settings,
-        broker: LaneBroker,
+        gateway: LaneGateway,
         ownership: Ownership,
         sources: Sources,
         store_factory: Callable[[], Store],
@@ -65,7 +65,7 @@ class Lanes:
         on_result: ResultCallback | None = None,
     ) -> None:
         self.settings = settings
-        self.broker = broker
+        self.gateway = gateway
         self.ownership = ownership
         self.sources = sources
         self.faults = faults
@@ -74,7 +74,7 @@ class Lanes:
         self._handlers: dict[str, Handler | None] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.doorbell = Doorbell(broker, ownership.owns)
+        self.doorbell = Doorbell(gateway, ownership.owns)
         # A shard that was just acquired may hold a restored message: look there first.
         ownership.on_acquired = self.doorbell.ring
 
@@ -137,7 +137,7 @@ class Lanes:
             return False
         taken = None
         try:
-            taken = self.broker.take(leases)
+            taken = self.gateway.take(leases)
         finally:
             for lease in leases:
                 if taken is None or lease.shard != taken.shard:
@@ -155,8 +155,8 @@ class Lanes:
     def _handle(self, store: Store, lease: Lease, taken: Taken) -> None:
         try:
             message = parse_message(taken.raw)
-            if message.task_name == RELEASE_TASK:
-                self._release(lease, taken, message.kwargs)
+            if message.task_name == UNHOLD_TASK:
+                self._unhold(lease, taken, message.kwargs)
                 return
             if message.task_name != APPLY_TASK:
                 raise MalformedMessage(f"unexpected task {message.task_name!r}")
@@ -176,7 +176,7 @@ class Lanes:
 
     def _route(self, store: Store, lease: Lease, taken: Taken, event: Event, task_id: str) -> None:
         if taken.any_held or event.retry_of is not None:
-            verdict = self.broker.park(lease, taken.raw, event.record_key, event.retry_of)
+            verdict = self.gateway.park(lease, taken.raw, event.record_key, event.retry_of)
             if verdict == "parked":
                 log.info(
                     "parked %s/%s: %s is held behind an open dead letter",
@@ -190,10 +190,10 @@ class Lanes:
                 return
         self._apply(store, lease, taken, event, task_id)
 
-    def _release(self, lease: Lease, taken: Taken, kwargs: dict[str, object]) -> None:
+    def _unhold(self, lease: Lease, taken: Taken, kwargs: dict[str, object]) -> None:
         record_key = str(kwargs["record_key"])
         dead_letter_id = int(str(kwargs["dead_letter_id"]))
-        released = self.broker.release_key(lease, taken.raw, record_key, dead_letter_id)
+        released = self.gateway.unhold_key(lease, taken.raw, record_key, dead_letter_id)
         if released < 0:
             self.ownership.lost(lease, "lease changed before a release could run")
         else:
@@ -215,13 +215,13 @@ class Lanes:
             self.ownership.lost(lease, str(exc))
             return
         except StoreUnavailable:
-            self.broker.uncount_delivery(lease.shard, taken.raw)  # an outage is not its fault
+            self.gateway.uncount_delivery(lease.shard, taken.raw)  # an outage is not its fault
             self.ownership.back_off(lease.shard, 1.0)
             raise
         except Exception as exc:
             log.exception("handler error on %s (delivery %s)", ref, deliveries)
             sentry_sdk.capture_exception(exc)
-            self.broker.note_failure(lease.shard, taken.raw, f"{type(exc).__name__}: {exc}")
+            self.gateway.note_failure(lease.shard, taken.raw, f"{type(exc).__name__}: {exc}")
             self.ownership.back_off(lease.shard, min(MAX_BACKOFF_S, 0.05 * 2**deliveries))
             return
         if result is None:
@@ -230,7 +230,7 @@ class Lanes:
         self.faults.hit("worker.before_ack", event.record_key)
         applied = result.outcome == "applied"
         latency = max(0.0, time.time() - event.accepted_at) if applied else None
-        self.broker.ack(
+        self.gateway.ack(
             lease, taken.raw, result.outcome, result.conflicts, result.attempts, latency
         )
         if self._on_result is not None:
@@ -244,7 +244,7 @@ class Lanes:
         if deliveries > self.settings.max_deliveries:
             # Started this often without finishing: failing every time (handler_error) or
             # killing its worker every time (poison). Record it and let the shard move on.
-            last_error = self.broker.last_failure(lease.shard, taken.raw)
+            last_error = self.gateway.last_failure(lease.shard, taken.raw)
             reason = "handler_error" if last_error else "poison"
             detail = last_error or "the worker died each time (killed, crashed or stuck)"
             return dead_letter(
@@ -284,7 +284,7 @@ class Lanes:
         if result.outcome == "dead_lettered":
             alert_dead_letter(event, result)
             if holds and result.reason != "id_reused" and result.dead_letter_id is not None:
-                self.broker.hold(event.record_key, result.dead_letter_id)
+                self.gateway.hold(event.record_key, result.dead_letter_id)
         elif result.outcome == "duplicate" and holds and event.review is None:
             entry = store.journal(event.source, event.event_id)
             if entry is not None and entry.outcome == "dead_lettered":
@@ -294,7 +294,7 @@ class Lanes:
                     )
                 ):
                     if row.event_id == event.event_id:
-                        self.broker.hold(event.record_key, row.id)
+                        self.gateway.hold(event.record_key, row.id)
 
     def _malformed(self, store: Store, lease: Lease, taken: Taken, error: str) -> None:
         digest = hashlib.sha256(taken.raw).hexdigest()
@@ -316,7 +316,7 @@ class Lanes:
         except StaleFence as exc:
             self.ownership.lost(lease, str(exc))
             return
-        self.broker.ack(lease, taken.raw, "dead_lettered")
+        self.gateway.ack(lease, taken.raw, "dead_lettered")
 
 
 def _close(store: Store | None) -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from keylane.routing.assignment import assign_shards
 from keylane.routing.contract.errors import BrokerUnavailable, StoreUnavailable
 from keylane.routing.contract.settings import Settings
-from keylane.workers.lanebroker import LaneBroker, Lease
+from keylane.workers.gateway import LaneGateway, Lease
 from keylane.workers.stores.base import Store
 
 log = logging.getLogger("keylane.ownership")
@@ -56,14 +56,14 @@ class Ownership:
     def __init__(
         self,
         settings: Settings,
-        broker: LaneBroker,
+        gateway: LaneGateway,
         store_factory: Callable[[], Store],
         worker_id: str,
         info: dict[str, object],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
-        self.broker = broker
+        self.gateway = gateway
         self.worker_id = worker_id
         self.info = info
         self._store_factory = store_factory
@@ -144,7 +144,7 @@ class Ownership:
                 return
             del self._held[lease.shard]
         log.warning("lost shard %s (token %s): %s", lease.shard, lease.token, why)
-        self._try(lambda: self.broker.log_lease_event("lost", lease, self.worker_id))
+        self._try(lambda: self.gateway.log_lease_event("lost", lease, self.worker_id))
 
     def owned(self) -> dict[int, Lease]:
         """The leases held now, by shard."""
@@ -187,7 +187,9 @@ class Ownership:
     def _tick(self, store: Store) -> None:
         s = self.settings
         try:
-            members = self.broker.heartbeat(self.worker_id, self.info, member_ttl_ms=s.lease_ttl_ms)
+            members = self.gateway.heartbeat(
+                self.worker_id, self.info, member_ttl_ms=s.lease_ttl_ms
+            )
         except BrokerUnavailable as exc:
             log.warning("cannot reach Redis for heartbeat: %s", exc)
             return
@@ -206,7 +208,7 @@ class Ownership:
         held = list(self.owned().values())
         sent_at = self._clock()
         try:
-            renewed = self.broker.renew(held, self.settings.lease_ttl_ms)
+            renewed = self.gateway.renew(held, self.settings.lease_ttl_ms)
         except BrokerUnavailable as exc:
             log.warning("cannot renew leases: %s", exc)
             return
@@ -241,7 +243,7 @@ class Ownership:
             log.critical(
                 "lane stuck on shard %s for over %ss: giving the shard up", lease.shard, deadline_s
             )
-            self._try(lambda lease=lease: self.broker.release(lease, self.worker_id, "stuck"))  # type: ignore[misc]
+            self._release_quietly(lease, "stuck")
         if hopeless:
             log.critical("every lane is stuck; exiting so the supervisor restarts this worker")
             logging.shutdown()
@@ -255,7 +257,7 @@ class Ownership:
             ready = [h.lease for h in self._held.values() if h.releasing and not h.busy]
         for lease in ready:
             try:
-                self.broker.release(lease, self.worker_id)
+                self.gateway.release_lease(lease, self.worker_id)
             except BrokerUnavailable as exc:
                 log.warning("cannot release shard %s: %s", lease.shard, exc)
                 continue
@@ -266,7 +268,7 @@ class Ownership:
     def _acquire(self, shard: int, store: Store) -> None:
         sent_at = self._clock()
         try:
-            got = self.broker.acquire(shard, self.worker_id, self.settings.lease_ttl_ms)
+            got = self.gateway.acquire(shard, self.worker_id, self.settings.lease_ttl_ms)
         except BrokerUnavailable as exc:
             log.warning("cannot acquire shard %s: %s", shard, exc)
             return
@@ -277,7 +279,7 @@ class Ownership:
             newest = store.advance_fence(shard, lease.token)
         except StoreUnavailable as exc:
             log.warning("cannot register fence of shard %s: %s", shard, exc)
-            self._try(lambda: self.broker.release(lease, self.worker_id, "abandoned"))
+            self._release_quietly(lease, "abandoned")
             return
         if newest > lease.token:
             # Redis lost its counter (restart without AOF): move it past the store's.
@@ -287,8 +289,8 @@ class Ownership:
                 newest,
                 lease.token,
             )
-            self._try(lambda: self.broker.bump_fence(shard, newest))
-            self._try(lambda: self.broker.release(lease, self.worker_id, "abandoned"))
+            self._try(lambda: self.gateway.bump_fence(shard, newest))
+            self._release_quietly(lease, "abandoned")
             return
         valid_until = sent_at + self.settings.lease_ttl_ms / 1000 * VALIDITY_FRACTION
         with self._lock:
@@ -309,10 +311,14 @@ class Ownership:
         if self._thread is not None:
             self._thread.join(timeout=max(0.0, deadline - self._clock()) + 1)
         for lease in list(self.owned().values()):
-            self._try(lambda lease=lease: self.broker.release(lease, self.worker_id))  # type: ignore[misc]
+            self._release_quietly(lease, "released")
         with self._lock:
             self._held.clear()
-        self._try(lambda: self.broker.leave(self.worker_id))
+        self._try(lambda: self.gateway.leave(self.worker_id))
+
+    def _release_quietly(self, lease: Lease, reason: str) -> None:
+        """Release ``lease``; a Redis outage is logged (the lease then simply expires)."""
+        self._try(lambda: self.gateway.release_lease(lease, self.worker_id, reason))
 
     @staticmethod
     def _try(fn: Callable[[], object]) -> None:

@@ -12,7 +12,7 @@ import uuid
 from keylane.routing.contract.faults import Faults
 from keylane.routing.contract.settings import Settings
 from keylane.routing.contract.sources import Sources, load_sources
-from keylane.workers.lanebroker import LaneBroker
+from keylane.workers.gateway import LaneGateway
 from keylane.workers.lanes import Lanes, ResultCallback
 from keylane.workers.ownership import Ownership
 from keylane.workers.stores import open_store
@@ -38,7 +38,7 @@ class LaneService:
     ) -> None:
         self.settings = settings
         self.worker_id = worker_id or new_worker_id()
-        self.broker = LaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+        self.gateway = LaneGateway.from_url(settings.redis_dsn(), settings.keys, settings.shards)
         self.sources = sources or load_sources(settings)
         info: dict[str, object] = {
             "host": socket.gethostname(),
@@ -46,10 +46,10 @@ class LaneService:
             "lanes": settings.lanes,
             "started": time.time(),
         }
-        self.ownership = Ownership(settings, self.broker, self.open_store, self.worker_id, info)
+        self.ownership = Ownership(settings, self.gateway, self.open_store, self.worker_id, info)
         self.lanes = Lanes(
             settings,
-            self.broker,
+            self.gateway,
             self.ownership,
             self.sources,
             self.open_store,

@@ -61,6 +61,7 @@ from keylane.ops.bench.procs import (
     say,
 )
 from keylane.ops.bench.report import DrainRun, Report
+from keylane.ops.telemetry import DeploymentView
 from keylane.producers.body import parse_json
 from keylane.producers.intake import Intake, take_in
 from keylane.producers.signatures import verifiers_of
@@ -69,7 +70,6 @@ from keylane.routing.contract.events import Event
 from keylane.routing.contract.message import build_apply_message
 from keylane.routing.contract.sources import DEMO, Sources
 from keylane.routing.keys import RedisKeys
-from keylane.workers.lanebroker import LaneBroker
 from keylane.workers.stores import open_store
 from keylane.workers.stores.base import Store
 
@@ -182,7 +182,7 @@ def _drain_run(bench: Bench, work: Workload, workers: int, direct: DirectRun) ->
         if queued != events:
             raise BenchFailure(f"{tag}: the shard queues hold {queued} messages, not {events}")
         env = {**bench.env, "KEYLANE_NAMESPACE": namespace, "KEYLANE_STORE_URL": store_url}
-        broker = LaneBroker(bench.redis, redis_keys, shards)
+        view = DeploymentView(bench.redis, redis_keys, shards)
         say(f"{tag}: starting {workers} worker(s) x {opts.lanes} lanes")
         redis0, bench0, t0 = redis_cpu_s(bench.redis), time.process_time(), time.perf_counter()
         procs = [
@@ -196,7 +196,7 @@ def _drain_run(bench: Bench, work: Workload, workers: int, direct: DirectRun) ->
         ]
         es.callback(_terminate, procs)  # unwinds first: they stop in parallel
         start = _Mark(t0, 0, 0.0, redis0, bench0)
-        owned, done = _watch(bench, store, broker, procs, events, tag)
+        owned, done = _watch(bench, store, view, procs, events, tag)
         time.sleep(0.2)  # let a late second effect, if there were one, land before the check
         problems = check_store(store, work, events, push_order(events))
         if problems:
@@ -225,7 +225,7 @@ def _terminate(procs: list[Child]) -> None:
 
 
 def _watch(
-    bench: Bench, store: Store, broker: LaneBroker, procs: list[Child], events: int, tag: str
+    bench: Bench, store: Store, view: DeploymentView, procs: list[Child], events: int, tag: str
 ) -> tuple[_Mark | None, _Mark]:
     """Poll until the journal holds ``events`` entries: the marks when every shard was
     first owned (None if the journal was full first) and when the journal was full."""
@@ -233,7 +233,7 @@ def _watch(
     deadline = time.monotonic() + timeout_s
     owned: _Mark | None = None
     while time.monotonic() < deadline:
-        if owned is None and all_shards_owned(bench, broker, procs):
+        if owned is None and all_shards_owned(bench, view, procs):
             owned = _mark(store, procs, bench.redis)
         elif not all(p.alive() for p in procs):
             raise BenchFailure(f"{tag}: a worker exited:\n{bench.logs_tail()}")

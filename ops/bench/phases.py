@@ -27,10 +27,10 @@ from keylane.ops.bench.procs import (
 )
 from keylane.ops.bench.report import E2eRun, ReceiverRun, Report
 from keylane.ops.embedded_redis import free_port
+from keylane.ops.telemetry import DeploymentView
 from keylane.routing import ShardMap
 from keylane.routing.assignment import assign_shards
 from keylane.routing.keys import RedisKeys
-from keylane.workers.lanebroker import LaneBroker
 from keylane.workers.stores import open_store
 from keylane.workers.stores.base import Store
 
@@ -112,10 +112,10 @@ def _start_workers(bench: Bench) -> list[Child]:
         bench.start(f"worker-{n}", keylane_argv("worker", "--lanes", str(opts.lanes)))
         for n in range(opts.workers)
     ]
-    broker = LaneBroker(bench.redis, RedisKeys(bench.namespace), ShardMap(SHARD_COUNT))
+    view = DeploymentView(bench.redis, RedisKeys(bench.namespace), ShardMap(SHARD_COUNT))
     say(f"(b) starting {opts.workers} worker(s) x {opts.lanes} lanes")
     wait_for(
-        lambda: all_shards_owned(bench, broker, workers),
+        lambda: all_shards_owned(bench, view, workers),
         90,
         "every shard to be owned by the workers",
         bench.logs_tail,
@@ -124,12 +124,12 @@ def _start_workers(bench: Bench) -> list[Child]:
     return workers
 
 
-def all_shards_owned(bench: Bench, broker: LaneBroker, workers: list[Child]) -> bool:
+def all_shards_owned(bench: Bench, view: DeploymentView, workers: list[Child]) -> bool:
     """Every shard is leased, each by the one of ``workers`` the balanced split gives it
     to (the split has settled); :class:`BenchFailure` if a worker has exited."""
     if not all(w.alive() for w in workers):
         raise BenchFailure(f"a worker exited:\n{bench.logs_tail()}")
-    owner_of = {shard: h.rsplit("/", 1)[0] for shard, h in broker.holders().items()}
+    owner_of = {shard: h.rsplit("/", 1)[0] for shard, h in view.lease_values().items()}
     owners = set(owner_of.values())
     if len(owner_of) != SHARD_COUNT or len(owners) != min(len(workers), SHARD_COUNT):
         return False

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from keylane.routing.contract.events import Event
-from keylane.routing.router import APPLY_TASK, RELEASE_TASK
+from keylane.routing.router import APPLY_TASK, UNHOLD_TASK
 
 _ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
 
@@ -49,13 +49,13 @@ def build_apply_message(event: Event, queue: str, task_id: str | None = None) ->
     )
 
 
-def build_release_message(record_key: str, dead_letter_id: int, queue: str) -> bytes:
+def build_unhold_message(record_key: str, dead_letter_id: int, queue: str) -> bytes:
     """The control message that releases ``record_key`` if ``dead_letter_id`` holds it."""
     return build_task_message(
-        RELEASE_TASK,
+        UNHOLD_TASK,
         {"record_key": record_key, "dead_letter_id": dead_letter_id},
         queue,
-        f"release {record_key} (dead letter {dead_letter_id})",
+        f"unhold {record_key} (dead letter {dead_letter_id})",
     )
 
 

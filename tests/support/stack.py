@@ -19,8 +19,9 @@ import httpx
 from pydantic import SecretStr
 
 from keylane.ops.embedded_redis import free_port
+from keylane.ops.telemetry import DeploymentView
 from keylane.routing.contract.settings import Settings
-from keylane.workers.lanebroker import LaneBroker
+from keylane.workers.gateway import LaneGateway
 from keylane.workers.stores import open_store
 from keylane.workers.stores.base import Store
 
@@ -144,18 +145,23 @@ class Stack:
         assert proc.alive(), proc.log()
         return proc
 
-    def broker(self) -> LaneBroker:
-        """A Redis handle on this deployment's namespace."""
+    def gateway(self) -> LaneGateway:
+        """The lanes' Redis gateway on this deployment's namespace."""
         s = self.settings
-        return LaneBroker.from_url(s.redis_dsn(), s.keys, s.shards)
+        return LaneGateway.from_url(s.redis_dsn(), s.keys, s.shards)
+
+    def view(self) -> DeploymentView:
+        """Read-only views of this deployment in Redis (what ``keylane status`` shows)."""
+        s = self.settings
+        return DeploymentView.from_url(s.redis_dsn(), s.keys, s.shards)
 
     def wait_all_owned(self, workers: int | None = None, timeout_s: float = 30) -> None:
         """Wait until every shard has an owner (and, if given, ``workers`` live members
         each owning some)."""
-        broker = self.broker()
+        view = self.view()
 
         def ready() -> bool:
-            holders = broker.holders()
+            holders = view.lease_values()
             if len(holders) < self.settings.shard_count:
                 return False
             if workers is None:

@@ -1,4 +1,5 @@
-"""The Redis side of the lanes: leases, atomic take/ack of shard messages, membership.
+"""The lanes' one gateway to Redis: leases, atomic take/ack of shard messages, held keys,
+membership and counters. Nothing else on the worker side talks to Redis.
 
 Why keylane does not let kombu's Redis consumer read the shard queues (facts.md):
 kombu pops with ``BRPOP`` and only afterwards records the message as unacknowledged, so a
@@ -18,32 +19,20 @@ The queue itself stays an ordinary Celery queue (kombu's list at ``<ns>:<queue>`
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from keylane.routing import ShardMap
-from keylane.routing.contract.errors import BrokerUnavailable
-from keylane.routing.keys import RedisKeys
-from keylane.workers import lane_scripts as scripts
+from keylane.routing.contract import redis_scripts as scripts
+from keylane.routing.contract.redis_calls import broker_errors, reply_text
+from keylane.routing.keys import RedisKeys, latency_bucket, message_digest
 
 LEASE_LOG_MAXLEN = 100_000
-
-#: Upper bounds (seconds) of the apply-latency histogram's buckets.
-LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-
-
-def latency_bucket(seconds: float) -> str:
-    """The histogram bucket (its upper bound, or ``+Inf``) of a latency."""
-    for bound in LATENCY_BUCKETS_S:
-        if seconds <= bound:
-            return repr(bound)
-    return "+Inf"
 
 
 @dataclass(frozen=True)
@@ -75,25 +64,26 @@ class Acquired:
     restored: int
 
 
-class LaneBroker:
+class LaneGateway:
     """Typed access to the lane scripts. Thread-safe (redis-py's pool)."""
 
     def __init__(self, client: redis.Redis, keys: RedisKeys, shards: ShardMap) -> None:
         self.client = client
         self.keys = keys
         self.shards = shards
-        self._acquire = client.register_script(scripts.ACQUIRE)
-        self._renew = client.register_script(scripts.RENEW)
-        self._release = client.register_script(scripts.RELEASE)
-        self._take = client.register_script(scripts.TAKE)
-        self._ack = client.register_script(scripts.ACK)
+        self._acquire_lease = client.register_script(scripts.ACQUIRE_LEASE)
+        self._renew_leases = client.register_script(scripts.RENEW_LEASES)
+        self._release_lease = client.register_script(scripts.RELEASE_LEASE)
+        self._take_message = client.register_script(scripts.TAKE_MESSAGE)
+        self._ack_message = client.register_script(scripts.ACK_MESSAGE)
         self._bump_fence = client.register_script(scripts.BUMP_FENCE)
-        self._park = client.register_script(scripts.PARK)
-        self._release_key = client.register_script(scripts.RELEASE_KEY)
+        self._park_message = client.register_script(scripts.PARK_MESSAGE)
+        self._unhold_key = client.register_script(scripts.UNHOLD_KEY)
         self._push_once = client.register_script(scripts.PUSH_ONCE)
+        self._give_back = client.register_script(scripts.GIVE_BACK)
 
     @classmethod
-    def from_url(cls, url: str, keys: RedisKeys, shards: ShardMap) -> LaneBroker:
+    def from_url(cls, url: str, keys: RedisKeys, shards: ShardMap) -> LaneGateway:
         """Connect to Redis at ``url``."""
         return cls(connect(url), keys, shards)
 
@@ -107,7 +97,7 @@ class LaneBroker:
         """Take the shard's lease if it is free, restoring a dead owner's in-flight message."""
         k = self.keys
         ok, holder, restored = _call(
-            self._acquire,
+            self._acquire_lease,
             [
                 k.lease(shard),
                 k.fence(shard),
@@ -118,7 +108,7 @@ class LaneBroker:
             ],
             [worker_id, ttl_ms, shard, LEASE_LOG_MAXLEN],
         )
-        holder = _text(holder)
+        holder = reply_text(holder)
         if not ok:
             return Acquired(None, holder, 0)
         token = int(holder.rsplit("/", 1)[1])
@@ -129,18 +119,18 @@ class LaneBroker:
         if not leases:
             return []
         result = _call(
-            self._renew,
+            self._renew_leases,
             [self.keys.lease(lease.shard) for lease in leases],
             [ttl_ms, *(lease.value for lease in leases)],
         )
         return [bool(x) for x in result]
 
-    def release(self, lease: Lease, worker_id: str, reason: str = "released") -> bool:
+    def release_lease(self, lease: Lease, worker_id: str, reason: str = "released") -> bool:
         """Give the lease up (only if still ours); logged as ``reason``."""
         k = self.keys
         return bool(
             _call(
-                self._release,
+                self._release_lease,
                 [k.lease(lease.shard), k.lease_log, k.last_owner(lease.shard)],
                 [lease.value, lease.shard, reason, LEASE_LOG_MAXLEN, worker_id, lease.token],
             )
@@ -162,12 +152,6 @@ class LaneBroker:
         """Raise the shard's fencing counter to ``at_least`` (after Redis lost data)."""
         return int(_call(self._bump_fence, [self.keys.fence(shard)], [at_least]))
 
-    def holders(self) -> dict[int, str]:
-        """Current lease values by shard."""
-        names = [self.keys.lease(s) for s in range(self.shards.count)]
-        values = _do(lambda: self.client.mget(names))
-        return {s: _text(v) for s, v in enumerate(values) if v is not None}
-
     # -- messages ----------------------------------------------------------------------
 
     def take(self, leases: Sequence[Lease]) -> Taken | None:
@@ -188,7 +172,7 @@ class LaneBroker:
                 self.keys.deliveries(lease.shard),
             ]
         keys.append(self.keys.held)
-        result = _call(self._take, keys, [lease.value for lease in leases])
+        result = _call(self._take_message, keys, [lease.value for lease in leases])
         if result is None:
             return None
         index, raw, resumed, held_keys, deliveries = result
@@ -231,22 +215,24 @@ class LaneBroker:
             f"{latency_s or 0.0:.6f}",
             lease.shard,
         ]
-        return bool(_call(self._ack, keys, args))
+        return bool(_call(self._ack_message, keys, args))
 
     def park(self, lease: Lease, raw: bytes, record_key: str, retry_of: int | None) -> str:
         """``parked`` (the key is held: the message waits, in order, and leaves the
         in-flight slot), ``released`` (it is the retry of the holding dead letter: the
         parked messages now follow it), ``free`` (not held) or ``lost`` (not the owner)."""
         k = self.keys
-        return _text(
+        return reply_text(
             _call(
-                self._park,
+                self._park_message,
                 [
                     k.lease(lease.shard),
                     k.inflight(lease.shard),
                     k.held,
                     k.parked(record_key),
                     self.queue_key(lease.shard),
+                    k.deliveries(lease.shard),
+                    k.counters,
                 ],
                 [lease.value, raw, record_key, "" if retry_of is None else str(retry_of)],
             )
@@ -256,34 +242,30 @@ class LaneBroker:
         """Hold ``record_key`` behind a dead letter (unless it is already held)."""
         return bool(_do(lambda: self.client.hsetnx(self.keys.held, record_key, dead_letter_id)))
 
-    def holder(self, record_key: str) -> int | None:
+    def held_by(self, record_key: str) -> int | None:
         """The dead letter holding ``record_key``, if any."""
         value = _do(lambda: self.client.hget(self.keys.held, record_key))
         return int(value) if value is not None else None
-
-    def held(self) -> dict[str, int]:
-        """Every held key and the dead letter holding it."""
-        raw = _do(lambda: self.client.hgetall(self.keys.held))
-        return {_text(k): int(v) for k, v in raw.items()}
 
     def parked_count(self, record_key: str) -> int:
         """Messages waiting behind the held ``record_key``."""
         return int(_do(lambda: self.client.llen(self.keys.parked(record_key))))
 
-    def release_key(self, lease: Lease, raw: bytes, record_key: str, dead_letter_id: int) -> int:
-        """Run a release control message: if ``dead_letter_id`` holds the key, its parked
+    def unhold_key(self, lease: Lease, raw: bytes, record_key: str, dead_letter_id: int) -> int:
+        """Run an unhold control message: if ``dead_letter_id`` holds the key, its parked
         messages go to the head of the queue; the control message is acknowledged.
         Returns how many were released (-1: not the owner)."""
         k = self.keys
         return int(
             _call(
-                self._release_key,
+                self._unhold_key,
                 [
                     k.lease(lease.shard),
                     k.inflight(lease.shard),
                     k.held,
                     k.parked(record_key),
                     self.queue_key(lease.shard),
+                    k.deliveries(lease.shard),
                 ],
                 [lease.value, raw, record_key, dead_letter_id],
             )
@@ -319,71 +301,7 @@ class LaneBroker:
     def last_failure(self, shard: int, raw: bytes) -> str:
         """The error of the last failed delivery, if any."""
         field = f"{message_digest(raw)}:error"
-        return _text(_do(lambda: self.client.hget(self.keys.deliveries(shard), field)))
-
-    def depth(self, shard: int) -> int:
-        """Messages waiting in the shard queue (not counting the one in flight)."""
-        return int(_do(lambda: self.client.llen(self.queue_key(shard))))
-
-    def shard_states(self) -> list[dict[str, Any]]:
-        """Per shard: lease holder, fencing counter, depth, in-flight message, head message."""
-        k = self.keys
-        n = self.shards.count
-        pipe = self.client.pipeline(transaction=False)
-        for shard in range(n):
-            pipe.get(k.lease(shard))
-            pipe.pttl(k.lease(shard))
-            pipe.get(k.fence(shard))
-            pipe.llen(self.queue_key(shard))
-            pipe.lindex(k.inflight(shard), -1)
-            pipe.lindex(self.queue_key(shard), -1)
-        raw = _do(pipe.execute)
-        out = []
-        for shard in range(n):
-            holder, ttl, fence, depth, inflight, head = raw[shard * 6 : shard * 6 + 6]
-            out.append(
-                {
-                    "shard": shard,
-                    "queue": self.shards.queue_name(shard),
-                    "holder": _text(holder) or None,
-                    "lease_ttl_ms": int(ttl) if holder is not None else None,
-                    "fence": int(fence or 0),
-                    "depth": int(depth),
-                    "inflight": inflight,
-                    "head": head,
-                }
-            )
-        return out
-
-    def members_info(self) -> list[dict[str, Any]]:
-        """Live and recently seen workers with their last heartbeat."""
-        k = self.keys
-        entries = _do(lambda: self.client.zrange(k.members, 0, -1, withscores=True))
-        out = []
-        for member, score in entries:
-            worker = _text(member)
-            info = _do(lambda worker=worker: self.client.hget(k.member(worker), "info"))
-            out.append(
-                {
-                    "worker": worker,
-                    "heartbeat_ms": int(score),
-                    "info": json.loads(info) if info else {},
-                }
-            )
-        return out
-
-    def lease_events(self) -> list[dict[str, str]]:
-        """The lease log, oldest first (trimmed to about the last 100,000 events)."""
-        entries = _do(lambda: self.client.xrange(self.keys.lease_log, "-", "+"))
-        return [
-            {"id": _text(entry_id), **{_text(k): _text(v) for k, v in fields.items()}}
-            for entry_id, fields in entries
-        ]
-
-    def counters(self) -> dict[str, int]:
-        """The deployment's counters."""
-        raw = _do(lambda: self.client.hgetall(self.keys.counters))
-        return {_text(k): int(v) for k, v in raw.items()}
+        return reply_text(_do(lambda: self.client.hget(self.keys.deliveries(shard), field)))
 
     # -- membership and counters ---------------------------------------------------------
 
@@ -399,7 +317,7 @@ class LaneBroker:
         pipe.zremrangebyscore(k.members, 0, now_ms - member_ttl_ms)
         pipe.zrange(k.members, 0, -1)
         result = _do(pipe.execute)
-        return [_text(m) for m in result[-1]]
+        return [reply_text(m) for m in result[-1]]
 
     def leave(self, worker_id: str) -> None:
         """Remove this worker from the members (graceful stop)."""
@@ -409,10 +327,24 @@ class LaneBroker:
         """Add to one of the deployment's counters."""
         _do(lambda: self.client.hincrby(self.keys.counters, counter, by))
 
+    # -- the doorbell and stray messages -------------------------------------------------
 
-def message_digest(raw: bytes) -> str:
-    """The key of a message in its shard's delivery counts (what ``redis.sha1hex`` gives)."""
-    return hashlib.sha1(raw, usedforsecurity=False).hexdigest()
+    def doorbell(self) -> Any:
+        """A pub/sub subscription to the doorbell channel (shard numbers of queues that
+        just got a message); the caller reads it with ``get_message`` and closes it."""
+        with broker_errors():
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            pubsub.subscribe(self.keys.doorbell)
+        return pubsub
+
+    def give_back(self, shard: int, raw: bytes) -> None:
+        """Put a shard message back at the head of its queue and ring the shard (a plain
+        Celery consumer took it; only the shard's lane may run it)."""
+        _call(self._give_back, [self.queue_key(shard)], [raw, self.keys.doorbell, shard])
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self.client.close()
 
 
 def connect(url: str) -> redis.Redis:
@@ -422,23 +354,14 @@ def connect(url: str) -> redis.Redis:
     )
 
 
-def _text(value: object) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bytes):
-        return value.decode()
-    return str(value)
-
-
 def _call(script: Any, keys: list[str], args: list[Any]) -> Any:
-    return _do(lambda: script(keys=keys, args=args))
+    with broker_errors():
+        return script(keys=keys, args=args)
 
 
-def _do(fn: Any) -> Any:
-    try:
+def _do(fn: Callable[[], Any]) -> Any:
+    with broker_errors():
         return fn()
-    except redis.RedisError as exc:
-        raise BrokerUnavailable(f"Redis: {exc}") from exc
 
 
-__all__ = ["Acquired", "LaneBroker", "Lease", "Taken", "connect"]
+__all__ = ["Acquired", "LaneGateway", "Lease", "Taken", "connect"]

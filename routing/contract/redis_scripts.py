@@ -1,10 +1,55 @@
-"""The Lua scripts of the lanes (see :mod:`keylane.workers.lanebroker` for what each one is for).
+"""Every Lua script keylane runs in Redis, named for what it does.
 
-Each runs atomically in Redis: that is the whole point of keeping every step of a lane
-(take, ack, acquire, park, release) in one script.
+Each runs atomically: that is the whole point of keeping every step that must not be
+split (accept = dedupe + enqueue; take, ack, acquire, park, unhold) in one script. The
+receiver's gateway (:mod:`keylane.producers.gateway`) runs the first two, the lanes'
+gateway (:mod:`keylane.workers.gateway`) the rest. Key names come from
+:mod:`keylane.routing.keys`.
 """
 
-ACQUIRE = """
+# -- the receiver ------------------------------------------------------------------------
+
+# Dedupe on the sender's event id and push to the shard queue, or neither (invariant 1):
+# KEYS = (dedupe mark, queue, counters); ARGV = (body hash, message, answer, retention ms,
+# high-water mark, doorbell channel, shard, keyless flag).
+ACCEPT_EVENT = """
+local seen = redis.call('GET', KEYS[1])
+if seen then
+  local sep = string.find(seen, '\\n', 1, true)
+  if string.sub(seen, 1, sep - 1) == ARGV[1] then
+    redis.call('HINCRBY', KEYS[3], 'duplicate_deliveries', 1)
+    return {'duplicate', string.sub(seen, sep + 1)}
+  end
+  redis.call('HINCRBY', KEYS[3], 'reused_ids', 1)
+  return {'reused', string.sub(seen, sep + 1)}
+end
+local depth = redis.call('LLEN', KEYS[2])
+if depth >= tonumber(ARGV[5]) then
+  redis.call('HINCRBY', KEYS[3], 'refused_full', 1)
+  return {'full', tostring(depth)}
+end
+redis.call('LPUSH', KEYS[2], ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1] .. '\\n' .. ARGV[3], 'PX', ARGV[4])
+redis.call('PUBLISH', ARGV[6], ARGV[7])
+redis.call('HINCRBY', KEYS[3], 'accepted', 1)
+if ARGV[8] == '1' then redis.call('HINCRBY', KEYS[3], 'keyless', 1) end
+return {'accepted', ARGV[3]}
+"""
+
+# Queue one review message per distinct body sent under a reused event id.
+RECORD_ID_REUSE = """
+if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then
+  redis.call('LPUSH', KEYS[2], ARGV[2])
+  redis.call('PUBLISH', ARGV[3], ARGV[4])
+  return 1
+end
+return 0
+"""
+
+# -- the lanes ---------------------------------------------------------------------------
+
+
+ACQUIRE_LEASE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0, redis.call('GET', KEYS[1]), 0}
 end
@@ -27,7 +72,7 @@ redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[4], '*', 'event', 'acquired',
 return {1, value, restored}
 """
 
-RENEW = """
+RENEW_LEASES = """
 local out = {}
 for i = 1, #KEYS do
   if redis.call('GET', KEYS[i]) == ARGV[i + 1] then
@@ -40,7 +85,7 @@ end
 return out
 """
 
-RELEASE = """
+RELEASE_LEASE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[3])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[3],
@@ -51,7 +96,7 @@ return 1
 # KEYS: (lease, inflight, queue, deliveries) per candidate shard, then the held-keys hash.
 # A message is counted in ``deliveries`` (by the SHA-1 of its bytes, which a restore
 # keeps) each time it is handed to a lane, so poison is seen even when the lane dies.
-TAKE = """
+TAKE_MESSAGE = """
 local held_keys = redis.call('HLEN', KEYS[#KEYS])
 for i = 1, #ARGV do
   local lease, inflight, queue, deliveries = KEYS[4*i-3], KEYS[4*i-2], KEYS[4*i-1], KEYS[4*i]
@@ -74,7 +119,7 @@ return nil
 # Park a held key's message (in arrival order), or, when the message is the operator's
 # retry of the very dead letter that holds the key, release the key: its parked messages
 # go back to the head of the queue, to run right after this one.
-PARK = """
+PARK_MESSAGE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 'lost' end
 local holder = redis.call('HGET', KEYS[3], ARGV[3])
 if not holder then return 'free' end
@@ -92,8 +137,9 @@ redis.call('HINCRBY', KEYS[7], 'parked', 1)
 return 'parked'
 """
 
-# A release control message: the dead letter that held the key was resolved or discarded.
-RELEASE_KEY = """
+# The unhold control message: the dead letter that held the key was resolved or discarded,
+# so the key's parked messages go back to the head of the queue, in order.
+UNHOLD_KEY = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 local released = 0
 if redis.call('HGET', KEYS[3], ARGV[3]) == ARGV[4] then
@@ -122,7 +168,7 @@ return 1
 
 # Acknowledge, and count in the same step: outcome, conflicts and attempts (counters),
 # accepted-to-done latency (histogram bucket, sum, count) and the shard's drain count.
-ACK = """
+ACK_MESSAGE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('LREM', KEYS[2], 1, ARGV[2])
 local digest = redis.sha1hex(ARGV[2])
@@ -144,4 +190,11 @@ BUMP_FENCE = """
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 if current < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
 return current
+"""
+
+# A plain Celery consumer took a shard message: put it back at the head and ring the shard.
+GIVE_BACK = """
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
 """

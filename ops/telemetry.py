@@ -1,0 +1,115 @@
+"""Read-only views of a deployment in Redis, for ``keylane status``, ``check`` and
+``audit``: who holds which shard lease, queue depths and heads, the live workers, the
+lease log and the counters. The operator's side of Redis; it never writes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+
+from keylane.routing import ShardMap
+from keylane.routing.contract.redis_calls import broker_errors, reply_text
+from keylane.routing.keys import RedisKeys
+
+
+class DeploymentView:
+    """Snapshots of one namespace's lanes in Redis."""
+
+    def __init__(self, client: redis.Redis, keys: RedisKeys, shards: ShardMap) -> None:
+        self.client = client
+        self.keys = keys
+        self.shards = shards
+
+    @classmethod
+    def from_url(cls, url: str, keys: RedisKeys, shards: ShardMap) -> DeploymentView:
+        """Connect to Redis at ``url`` (with timeouts: a dead server is an error)."""
+        client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+        return cls(client, keys, shards)
+
+    def ping(self) -> bool:
+        """Whether Redis answers (raises :class:`BrokerUnavailable` when it does not)."""
+        with broker_errors():
+            return bool(self.client.ping())
+
+    def lease_values(self) -> dict[int, str]:
+        """The lease value (``worker/token``) of every held shard, by shard."""
+        names = [self.keys.lease(s) for s in range(self.shards.count)]
+        with broker_errors():
+            values = self.client.mget(names)
+        return {s: reply_text(v) for s, v in enumerate(values) if v is not None}
+
+    def depth(self, shard: int) -> int:
+        """Messages waiting in the shard queue (not counting the one in flight)."""
+        with broker_errors():
+            return int(self.client.llen(self.keys.queue(self.shards.queue_name(shard))))
+
+    def shard_states(self) -> list[dict[str, Any]]:
+        """Per shard: lease holder, fencing counter, depth, in-flight message, head message."""
+        k = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        for shard in range(self.shards.count):
+            queue = k.queue(self.shards.queue_name(shard))
+            pipe.get(k.lease(shard))
+            pipe.pttl(k.lease(shard))
+            pipe.get(k.fence(shard))
+            pipe.llen(queue)
+            pipe.lindex(k.inflight(shard), -1)
+            pipe.lindex(queue, -1)
+        with broker_errors():
+            raw = pipe.execute()
+        out = []
+        for shard in range(self.shards.count):
+            holder, ttl, fence, depth, inflight, head = raw[shard * 6 : shard * 6 + 6]
+            out.append(
+                {
+                    "shard": shard,
+                    "queue": self.shards.queue_name(shard),
+                    "holder": reply_text(holder) or None,
+                    "lease_ttl_ms": int(ttl) if holder is not None else None,
+                    "fence": int(fence or 0),
+                    "depth": int(depth),
+                    "inflight": inflight,
+                    "head": head,
+                }
+            )
+        return out
+
+    def members(self) -> list[dict[str, Any]]:
+        """Live and recently seen workers with their last heartbeat."""
+        k = self.keys
+        with broker_errors():
+            entries: Any = self.client.zrange(k.members, 0, -1, withscores=True)
+            infos = [self.client.hget(k.member(reply_text(m)), "info") for m, _ in entries]
+        return [
+            {
+                "worker": reply_text(member),
+                "heartbeat_ms": int(score),
+                "info": json.loads(info) if info else {},
+            }
+            for (member, score), info in zip(entries, infos, strict=True)
+        ]
+
+    def lease_events(self) -> list[dict[str, str]]:
+        """The lease log, oldest first (trimmed to about the last 100,000 events)."""
+        with broker_errors():
+            entries: Any = self.client.xrange(self.keys.lease_log, "-", "+")
+        return [
+            {
+                "id": reply_text(entry_id),
+                **{reply_text(k): reply_text(v) for k, v in fields.items()},
+            }
+            for entry_id, fields in entries
+        ]
+
+    def counters(self) -> dict[str, int]:
+        """The deployment's counters."""
+        with broker_errors():
+            raw: Any = self.client.hgetall(self.keys.counters)
+        return {reply_text(k): int(v) for k, v in raw.items()}
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self.client.close()

@@ -1,0 +1,34 @@
+"""How both sides read Redis replies and report Redis failures.
+
+Every gateway (:mod:`keylane.producers.gateway`, :mod:`keylane.workers.gateway`,
+:mod:`keylane.ops.telemetry`) runs its Redis calls inside :func:`broker_errors`, so a
+connection problem reaches the rest of keylane as one error, :class:`BrokerUnavailable`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from redis.exceptions import RedisError
+
+from keylane.routing.contract.errors import BrokerUnavailable
+
+
+@contextlib.contextmanager
+def broker_errors() -> Iterator[None]:
+    """Turn any Redis error raised inside the block (sync or ``await``-ed) into
+    :class:`BrokerUnavailable`."""
+    try:
+        yield
+    except RedisError as exc:
+        raise BrokerUnavailable(f"Redis: {exc}") from exc
+
+
+def reply_text(value: object) -> str:
+    """A Redis reply as text (``""`` for nil)."""
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
