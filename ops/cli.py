@@ -7,62 +7,35 @@ settings object (``ctx.obj``) that every subcommand uses.
 from __future__ import annotations
 
 import signal
-from pathlib import Path
 
 import click
 
-from keylane.ops.cli_common import cli_store, emit_json, settings_of
+from keylane.ops.cli_common import (
+    accept_deployment_options,
+    cli_store,
+    deployment_params,
+    emit_json,
+    setting_option,
+    settings_of,
+)
 from keylane.ops.cli_dlq import dlq
 from keylane.ops.cli_records import records
 from keylane.ops.observability import init_sentry
 from keylane.routing.contract.errors import KeylaneError
-from keylane.routing.contract.logcontext import configure_logging
-from keylane.routing.contract.settings import Settings, load_settings
+from keylane.routing.contract.settings import Settings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--data-dir",
-    type=click.Path(path_type=Path),
-    envvar="KEYLANE_DATA_DIR",
-    help="Data directory (SQLite store, embedded Redis). [env KEYLANE_DATA_DIR]",
-)
-@click.option(
-    "--redis-url",
-    envvar="KEYLANE_REDIS_URL",
-    help="Redis URL; default: the embedded Redis of the data directory.",
-)
-@click.option(
-    "--store-url",
-    envvar="KEYLANE_STORE_URL",
-    help="sqlite:///path or postgresql://...; default: SQLite in the data directory.",
-)
-@click.option(
-    "--shards",
-    "shard_count",
-    type=int,
-    envvar="KEYLANE_SHARD_COUNT",
-    help="Shard count (fixed for the life of a deployment). Default 64.",
-)
-@click.option("--log-level", envvar="KEYLANE_LOG_LEVEL", default="INFO", show_default=True)
-@click.pass_context
-def cli(
-    ctx: click.Context,
-    data_dir: Path | None,
-    redis_url: str | None,
-    store_url: str | None,
-    shard_count: int | None,
-    log_level: str,
-) -> None:
-    """keylane: webhook lanes with one owner per record and versioned writes."""
-    configure_logging(log_level)
-    ctx.obj = load_settings(
-        data_dir=data_dir,
-        redis_url=redis_url,
-        store_url=store_url,
-        shard_count=shard_count,
-        log_level=log_level,
-    )
+def cli() -> None:
+    """keylane: webhook lanes with one owner per record and versioned writes.
+
+    The deployment options (--data-dir, --redis-url, --store-url, --shards, --log-level,
+    --log-format) go before or after the command; each also reads its KEYLANE_*
+    environment variable.
+    """
+
+
+cli.params.extend(deployment_params())
 
 
 def main() -> None:
@@ -78,40 +51,17 @@ def main() -> None:
 
 
 @cli.command()
-@click.option(
-    "--port",
-    type=int,
-    envvar="KEYLANE_PORT",
-    default=8000,
-    show_default=True,
-    help="Receiver HTTP port.",
-)
-@click.option("--host", envvar="KEYLANE_HOST", default="127.0.0.1", show_default=True)
-@click.option(
+@setting_option("--port", "port", "Receiver HTTP port.", type=int)
+@setting_option("--host", "host", "Receiver address.")
+@setting_option(
     "--workers",
+    "worker_processes",
+    "Worker processes (shards are split evenly between them).",
     type=int,
-    default=2,
-    show_default=True,
-    help="Worker processes (shards are split evenly between them).",
 )
-@click.option(
-    "--lanes",
-    type=int,
-    envvar="KEYLANE_LANES",
-    default=4,
-    show_default=True,
-    help="Lanes (concurrent shards) per worker process.",
-)
-@click.option(
-    "--flower-port", type=int, envvar="KEYLANE_FLOWER_PORT", default=5555, show_default=True
-)
+@setting_option("--lanes", "lanes", "Lanes (concurrent shards) per worker process.", type=int)
+@setting_option("--flower-port", "flower_port", "Flower's HTTP port.", type=int)
 @click.option("--no-flower", is_flag=True, help="Do not start Flower.")
-@click.option(
-    "--data-dir",
-    "up_data_dir",
-    type=click.Path(path_type=Path),
-    help="Data directory (same as `keylane --data-dir`).",
-)
 @click.option(
     "--check",
     is_flag=True,
@@ -119,38 +69,23 @@ def main() -> None:
     "exit 0 if healthy, 1 if not.",
 )
 @click.pass_context
-def up(
-    ctx: click.Context,
-    port: int,
-    host: str,
-    workers: int,
-    lanes: int,
-    flower_port: int,
-    no_flower: bool,
-    up_data_dir: Path | None,
-    check: bool,
-) -> None:
+def up(ctx: click.Context, no_flower: bool, check: bool) -> None:
     """Run receiver, workers and Flower (and an embedded Redis if none is configured)."""
-    if up_data_dir is not None:
-        ctx.find_root().obj = settings_of(ctx).model_copy(update={"data_dir": up_data_dir})
     from keylane.ops.up import Supervisor, UpOptions
 
+    settings = settings_of(ctx)
     if check:
-        _exit_with_checks(settings_of(ctx), f"http://{host}:{port}")
-
-    settings = settings_of(ctx).model_copy(
-        update={"port": port, "host": host, "lanes": lanes, "flower_port": flower_port}
-    )
+        _exit_with_checks(settings, f"http://{settings.host}:{settings.port}")
     init_sentry(settings, "supervisor")
-    code = Supervisor(settings, UpOptions(workers=workers, flower=not no_flower)).run()
+    code = Supervisor(settings, UpOptions(flower=not no_flower)).run()
     raise SystemExit(code)
 
 
 @cli.command()
-@click.option("--port", type=int, envvar="KEYLANE_PORT", default=8000, show_default=True)
-@click.option("--host", envvar="KEYLANE_HOST", default="127.0.0.1", show_default=True)
+@setting_option("--port", "port", "Receiver HTTP port.", type=int)
+@setting_option("--host", "host", "Receiver address.")
 @click.pass_context
-def serve(ctx: click.Context, port: int, host: str) -> None:
+def serve(ctx: click.Context) -> None:
     """Run the webhook receiver only."""
     import uvicorn
 
@@ -165,8 +100,8 @@ def serve(ctx: click.Context, port: int, host: str) -> None:
         signal.signal(signum, lambda *_: None)
     uvicorn.run(
         app,
-        host=host,
-        port=port,
+        host=settings.host,
+        port=settings.port,
         log_config=None,  # keep keylane's log format for uvicorn's lines too
         log_level=settings.log_level.lower(),
         access_log=False,
@@ -175,35 +110,28 @@ def serve(ctx: click.Context, port: int, host: str) -> None:
 
 
 @cli.command()
-@click.option(
-    "--lanes",
-    type=int,
-    envvar="KEYLANE_LANES",
-    default=4,
-    show_default=True,
-    help="Lanes (concurrent shards) in this process.",
-)
+@setting_option("--lanes", "lanes", "Lanes (concurrent shards) in this process.", type=int)
 @click.pass_context
-def worker(ctx: click.Context, lanes: int) -> None:
+def worker(ctx: click.Context) -> None:
     """Run one worker process: it joins the others and takes its share of the shards."""
     from keylane.workers.worker import run_worker
 
-    settings = settings_of(ctx).model_copy(update={"lanes": lanes})
+    settings = settings_of(ctx)
     init_sentry(settings, "worker")
     run_worker(settings, loglevel=settings.log_level)
 
 
 @cli.command()
-@click.option("--port", type=int, envvar="KEYLANE_FLOWER_PORT", default=5555, show_default=True)
-@click.option("--address", default="127.0.0.1", show_default=True)
+@setting_option("--port", "flower_port", "Flower's HTTP port.", type=int)
+@setting_option("--address", "flower_address", "Flower's address.")
 @click.pass_context
-def flower(ctx: click.Context, port: int, address: str) -> None:
+def flower(ctx: click.Context) -> None:
     """Run Flower on this deployment's Celery app."""
     from keylane.workers.app import create_app
 
     settings = settings_of(ctx)
     app = create_app(settings)
-    argv = ["flower", f"--port={port}", f"--address={address}"]
+    argv = ["flower", f"--port={settings.flower_port}", f"--address={settings.flower_address}"]
     if settings.flower_basic_auth is not None:
         argv.append(f"--basic-auth={settings.flower_basic_auth.get_secret_value()}")
     app.start(argv=argv)
@@ -313,6 +241,7 @@ def audit(ctx: click.Context, as_json: bool) -> None:
 
 cli.add_command(records)
 cli.add_command(dlq)
+accept_deployment_options(cli)
 
 
 if __name__ == "__main__":

@@ -1,21 +1,119 @@
-"""What the ``keylane`` subcommands share: the settings object, store access, output."""
+"""What the ``keylane`` subcommands share: the settings object, store access, output.
+
+Settings are the one source of every default and environment variable: an option that sets
+a setting is declared with :func:`setting_option`, which takes its help text's default and
+variable from :class:`Settings` and only records what the user typed. The settings object
+is built once, when a command first asks for it (:func:`settings_of`), from the
+environment and those overrides. The deployment options (``--data-dir``, ``--redis-url``,
+``--store-url``, ``--shards``, ``--log-level``, ``--log-format``) are accepted before the
+subcommand and after it alike (:func:`accept_deployment_options`).
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
-from keylane.routing.contract.settings import Settings
+from keylane.routing.contract.logcontext import configure_logging
+from keylane.routing.contract.settings import Settings, env_var, load_settings
 from keylane.workers.stores import open_store
 from keylane.workers.stores.base import Store
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+_OVERRIDES = "keylane.overrides"
+_SETTINGS = "keylane.settings"
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    if value is not None and param.name is not None:
+        ctx.find_root().meta.setdefault(_OVERRIDES, {})[param.name] = value
+    return value
+
+
+def setting_param(flag: str, field: str, help_text: str, **kwargs: Any) -> click.Option:
+    """A command-line option that overrides the setting ``field``; its help shows the
+    default and the environment variable, both from :class:`Settings`."""
+    default = Settings.model_fields[field].default
+    shown = "none" if default is None else str(default)
+    return click.Option(
+        [flag, field],
+        default=None,
+        expose_value=False,
+        callback=_remember,
+        help=f"{help_text} [default: {shown}; env {env_var(field)}]",
+        **kwargs,
+    )
+
+
+def setting_option(flag: str, field: str, help_text: str, **kwargs: Any) -> Callable[[F], F]:
+    """:func:`setting_param` as a decorator."""
+
+    def decorate(fn: F) -> F:
+        params = getattr(fn, "__click_params__", [])
+        params.append(setting_param(flag, field, help_text, **kwargs))
+        fn.__click_params__ = params  # type: ignore[attr-defined]
+        return fn
+
+    return decorate
+
+
+def deployment_params() -> list[click.Option]:
+    """The options every command accepts: which deployment, and how to log."""
+    return [
+        setting_param(
+            "--data-dir",
+            "data_dir",
+            "Data directory (SQLite store, embedded Redis).",
+            type=click.Path(path_type=Path),
+        ),
+        setting_param(
+            "--redis-url", "redis_url", "Redis URL; none: the data directory's embedded Redis."
+        ),
+        setting_param(
+            "--store-url",
+            "store_url",
+            "sqlite:///path or postgresql://...; none: SQLite in the data directory.",
+        ),
+        setting_param(
+            "--shards", "shard_count", "Shard count (fixed for the life of a deployment).", type=int
+        ),
+        setting_param("--log-level", "log_level", "Log level."),
+        setting_param(
+            "--log-format", "log_format", "Log lines.", type=click.Choice(["text", "json"])
+        ),
+    ]
+
+
+def accept_deployment_options(group: click.Group) -> None:
+    """Let every subcommand of ``group`` take the deployment options too, so that
+    ``keylane status --data-dir D`` works as well as ``keylane --data-dir D status``."""
+    for command in _leaves(group):
+        command.params.extend(deployment_params())
+
+
+def _leaves(group: click.Group) -> Iterator[click.Command]:
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            yield from _leaves(command)
+        else:
+            yield command
+
 
 def settings_of(ctx: click.Context) -> Settings:
-    """The settings the ``keylane`` group built from its options and the environment."""
-    settings = ctx.find_root().obj
+    """The settings of this invocation: environment and ``KEYLANE_*`` defaults, overridden
+    by the options given (built once; logging is configured from them)."""
+    root = ctx.find_root()
+    if _SETTINGS not in root.meta:
+        settings = load_settings(**root.meta.get(_OVERRIDES, {}))
+        configure_logging(settings.log_level, settings.log_format)
+        root.meta[_SETTINGS] = settings
+    settings = root.meta[_SETTINGS]
     assert isinstance(settings, Settings)
     return settings
 

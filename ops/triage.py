@@ -30,7 +30,7 @@ NOT_RETRYABLE = {
     "id_reused": "the event id was already applied with its first body; resolve or discard",
 }
 
-Outcome = Literal["queued", "already queued", "closed", "skipped"]
+TriageOutcome = Literal["queued", "already queued", "closed", "skipped"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Done:
     """What an operation did to one row."""
 
     row_id: int
-    outcome: Outcome
+    outcome: TriageOutcome
     detail: str = ""
 
 

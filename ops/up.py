@@ -23,7 +23,7 @@ from pathlib import Path
 from keylane.ops.embedded_redis import EmbeddedRedis
 from keylane.producers.signatures import verifiers_of
 from keylane.routing.contract.errors import ConfigError
-from keylane.routing.contract.settings import Settings
+from keylane.routing.contract.settings import Settings, settings_environ
 from keylane.routing.contract.sources import load_sources
 from keylane.workers.stores import open_store
 
@@ -49,7 +49,6 @@ class Child:
 class UpOptions:
     """What ``keylane up`` runs."""
 
-    workers: int = 2
     flower: bool = True
     restart: bool = True
 
@@ -63,7 +62,8 @@ class Supervisor:
         self.redis: EmbeddedRedis | None = None
         self.children: list[Child] = []
         self._stop = threading.Event()
-        self._env = dict(os.environ)
+        # Children build the very same settings, whatever came from flags or the environment.
+        self._env = {**os.environ, **settings_environ(settings)}
 
     def run(self) -> int:
         """Start everything, supervise until told to stop, stop everything."""
@@ -116,13 +116,11 @@ class Supervisor:
     def _spawn_all(self) -> None:
         me = [sys.executable, "-m", "keylane.ops.cli"]
         s = self.settings
-        for n in range(self.options.workers):
-            self.children.append(Child(f"worker-{n}", [*me, "worker", "--lanes", str(s.lanes)]))
-        self.children.append(
-            Child("receiver", [*me, "serve", "--host", s.host, "--port", str(s.port)])
-        )
+        for n in range(s.worker_processes):
+            self.children.append(Child(f"worker-{n}", [*me, "worker"]))
+        self.children.append(Child("receiver", [*me, "serve"]))
         if self.options.flower:
-            self.children.append(Child("flower", [*me, "flower", "--port", str(s.flower_port)]))
+            self.children.append(Child("flower", [*me, "flower"]))
         for child in self.children:
             self._spawn(child)
 

@@ -35,7 +35,7 @@ from keylane.routing.contract.sources import SourceConfig
 from keylane.workers.changes import apply_changes
 from keylane.workers.stores.base import DeadLetterDraft, EventWrite, Fence, Record, Store
 
-Outcome = Literal["applied", "duplicate", "dead_lettered"]
+ApplyOutcome = Literal["applied", "duplicate", "dead_lettered"]
 
 #: A source's lane-side handler: (event, record as freshly read) -> the change to apply,
 #: or None for none. It runs on every attempt, so it always computes from the current record.
@@ -51,7 +51,7 @@ REVIEW_ERRORS = {
 class ApplyResult:
     """What became of one delivery."""
 
-    outcome: Outcome
+    outcome: ApplyOutcome
     attempts: int = 0
     conflicts: int = 0
     revision: int | None = None

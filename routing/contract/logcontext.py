@@ -2,7 +2,7 @@
 
 A line logged inside :func:`event_context` carries the event's ``source``, ``event_id``,
 ``record_key``, ``shard`` and ``attempt``; so does a Sentry event captured there (as
-tags). ``KEYLANE_LOG_FORMAT=json`` switches to JSON lines.
+tags). The ``log_format`` setting (``KEYLANE_LOG_FORMAT=json``) switches to JSON lines.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import contextlib
 import contextvars
 import json
 import logging
-import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -86,9 +85,8 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str)
 
 
-def configure_logging(level: str = "INFO", fmt: str | None = None) -> None:
-    """Root logging for a keylane process (stderr)."""
-    fmt = (fmt or os.environ.get("KEYLANE_LOG_FORMAT") or "text").lower()
+def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
+    """Root logging for a keylane process (stderr), in ``text`` or ``json`` lines."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else KeyValueFormatter())
     handler.addFilter(EventFields())

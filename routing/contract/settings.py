@@ -6,6 +6,7 @@ their entry point and pass the object down.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -44,6 +45,7 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1, le=100)
     max_deliveries: int = Field(5, ge=1, le=1000)
     lanes: int = Field(4, ge=1, le=256)
+    worker_processes: int = Field(2, ge=1, le=64)  # what `keylane up` starts
     lease_ttl_ms: int = Field(10_000, ge=200)
     heartbeat_ms: int = Field(2_000, ge=50)
     handler_time_limit_ms: int = Field(10_000, ge=10)
@@ -65,9 +67,11 @@ class Settings(BaseSettings):
         None, validation_alias=AliasChoices("KEYLANE_SENTRY_DSN", "SENTRY_DSN")
     )
     flower_port: int = Field(5555, ge=0, le=65535)
+    flower_address: str = "127.0.0.1"
     flower_basic_auth: SecretStr | None = None
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "FULL"
     log_level: str = "INFO"
+    log_format: Literal["text", "json"] = "text"
     task_events: bool = True  # Celery task events for Flower's task list
     faults: list[FaultSpec] = Field(default_factory=list)
 
@@ -124,6 +128,29 @@ class Settings(BaseSettings):
             "no Redis configured: set KEYLANE_REDIS_URL, or run `keylane up`, which starts an "
             f"embedded Redis in {self.data_dir}"
         )
+
+
+def settings_environ(settings: Settings) -> dict[str, str]:
+    """``KEYLANE_*`` variables that make a child process build exactly ``settings``."""
+    env: dict[str, str] = {}
+    for name, field in type(settings).model_fields.items():
+        value = getattr(settings, name)
+        if value is None:
+            continue
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        elif isinstance(value, list):
+            value = json.dumps([v.model_dump() if isinstance(v, BaseModel) else v for v in value])
+        var = f"KEYLANE_{name.upper()}"
+        if isinstance(field.validation_alias, AliasChoices):
+            var = str(field.validation_alias.choices[0])
+        env[var] = str(value)
+    return env
+
+
+def env_var(name: str) -> str:
+    """The environment variable of the setting ``name``."""
+    return f"KEYLANE_{name.upper()}"
 
 
 def load_settings(**overrides: object) -> Settings:

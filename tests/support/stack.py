@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import SecretStr
 
 from keylane.ops.embedded_redis import free_port
 from keylane.ops.telemetry import DeploymentView
-from keylane.routing.contract.settings import Settings
+from keylane.routing.contract.settings import Settings, env_var, settings_environ
 from keylane.workers.gateway import LaneGateway
 from keylane.workers.stores import open_store
 from keylane.workers.stores.base import Store
@@ -29,21 +28,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def settings_env(settings: Settings, **extra: Any) -> dict[str, str]:
-    """The environment that makes a keylane process use ``settings``."""
+    """The environment that makes a keylane process use ``settings`` (and ``extra``
+    settings on top)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEYLANE_")}
     env["PYTHONPATH"] = str(REPO)
     env["PYTHONUNBUFFERED"] = "1"
-    values = {name: getattr(settings, name) for name in type(settings).model_fields}
-    values["faults"] = [f.model_dump() for f in settings.faults] or None
-    values.update(extra)
-    for name, value in values.items():
-        if value is None:
-            continue
-        if isinstance(value, SecretStr):
-            value = value.get_secret_value()
-        elif isinstance(value, list | dict):
-            value = json.dumps(value)
-        env[f"KEYLANE_{name.upper()}"] = str(value)
+    env.update(settings_environ(settings))
+    for name, value in extra.items():
+        if value is not None:
+            env[env_var(name)] = json.dumps(value) if isinstance(value, list | dict) else str(value)
     return env
 
 
