@@ -7,21 +7,25 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Dependencies first, from pyproject.toml alone (empty packages stand in for the code), so
-# a code change does not reinstall them. README.md is optional here: the glob copies it
+# Dependencies first, from pyproject.toml alone (an empty package stands in for the code),
+# so a code change does not reinstall them. README.md is optional here: the glob copies it
 # when present, and setuptools only warns when it is not.
 COPY pyproject.toml README.m[d] /tmp/src/
-RUN mkdir /tmp/src/producers /tmp/src/routing /tmp/src/workers /tmp/src/ops \
+RUN mkdir /tmp/src/keylane && touch /tmp/src/keylane/__init__.py \
     && pip install /tmp/src \
-    && pip uninstall --yes keylane
+    && pip uninstall --yes keylane \
+    && rm -r /tmp/src/keylane
 
-# The project itself, installed as a regular (non-editable) package; the source tree is
-# removed, so nothing can shadow the installed packages.
+# The project itself, installed exactly as users install it and as the test suite checks
+# (tests/test_install.py): `pip install .`, no extras, not editable. keylane/ links the
+# four folders in as keylane.routing, .producers, .workers and .ops; the source tree is
+# removed afterwards, so nothing can shadow the installed package.
+COPY keylane /tmp/src/keylane
 COPY producers /tmp/src/producers
 COPY routing /tmp/src/routing
 COPY workers /tmp/src/workers
 COPY ops /tmp/src/ops
-RUN pip install --no-deps /tmp/src \
+RUN pip install /tmp/src \
     && rm -rf /tmp/src \
     && keylane --help > /dev/null
 
