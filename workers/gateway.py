@@ -221,22 +221,9 @@ class LaneGateway:
         """``parked`` (the key is held: the message waits, in order, and leaves the
         in-flight slot), ``released`` (it is the retry of the holding dead letter: the
         parked messages now follow it), ``free`` (not held) or ``lost`` (not the owner)."""
-        k = self.keys
-        return reply_text(
-            _call(
-                self._park_message,
-                [
-                    k.lease(lease.shard),
-                    k.inflight(lease.shard),
-                    k.held,
-                    k.parked(record_key),
-                    self.queue_key(lease.shard),
-                    k.deliveries(lease.shard),
-                    k.counters,
-                ],
-                [lease.value, raw, record_key, "" if retry_of is None else str(retry_of)],
-            )
-        )
+        keys = [*self._hold_keys(lease, record_key), self.keys.counters]
+        args = [lease.value, raw, record_key, "" if retry_of is None else str(retry_of)]
+        return reply_text(_call(self._park_message, keys, args))
 
     def hold(self, record_key: str, dead_letter_id: int) -> bool:
         """Hold ``record_key`` behind a dead letter (unless it is already held)."""
@@ -255,21 +242,21 @@ class LaneGateway:
         """Run an unhold control message: if ``dead_letter_id`` holds the key, its parked
         messages go to the head of the queue; the control message is acknowledged.
         Returns how many were released (-1: not the owner)."""
+        keys = self._hold_keys(lease, record_key)
+        args = [lease.value, raw, record_key, dead_letter_id]
+        return int(_call(self._unhold_key, keys, args))
+
+    def _hold_keys(self, lease: Lease, record_key: str) -> list[str]:
+        """KEYS[1..6] of the park and unhold scripts."""
         k = self.keys
-        return int(
-            _call(
-                self._unhold_key,
-                [
-                    k.lease(lease.shard),
-                    k.inflight(lease.shard),
-                    k.held,
-                    k.parked(record_key),
-                    self.queue_key(lease.shard),
-                    k.deliveries(lease.shard),
-                ],
-                [lease.value, raw, record_key, dead_letter_id],
-            )
-        )
+        return [
+            k.lease(lease.shard),
+            k.inflight(lease.shard),
+            k.held,
+            k.parked(record_key),
+            self.queue_key(lease.shard),
+            k.deliveries(lease.shard),
+        ]
 
     def push_once(
         self,
