@@ -17,57 +17,15 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from keylane.routing.contract.errors import StoreUnavailable
+from keylane.workers.stores.schema import ColumnTypes, schema_ddl
 from keylane.workers.stores.sql import SqlStore
 from keylane.workers.stores.sql_base import Cursor
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS records (
-    key TEXT PRIMARY KEY,
-    fields JSON NOT NULL,
-    revision BIGINT NOT NULL,
-    updated_at DOUBLE PRECISION NOT NULL
-);
-CREATE TABLE IF NOT EXISTS journal (
-    source TEXT NOT NULL,
-    event_id TEXT NOT NULL,
-    record_key TEXT NOT NULL,
-    shard INTEGER NOT NULL,
-    outcome TEXT NOT NULL,
-    revision BIGINT,
-    attempts INTEGER NOT NULL,
-    recorded_at DOUBLE PRECISION NOT NULL,
-    fence BIGINT,
-    PRIMARY KEY (source, event_id)
-);
-CREATE INDEX IF NOT EXISTS journal_record ON journal (record_key);
-CREATE TABLE IF NOT EXISTS shard_fences (
-    shard INTEGER PRIMARY KEY,
-    token BIGINT NOT NULL,
-    updated_at DOUBLE PRECISION NOT NULL
-);
-CREATE TABLE IF NOT EXISTS dead_letters (
-    id BIGSERIAL PRIMARY KEY,
-    created_at DOUBLE PRECISION NOT NULL,
-    source TEXT NOT NULL,
-    event_id TEXT NOT NULL,
-    record_key TEXT NOT NULL,
-    shard INTEGER NOT NULL,
-    reason TEXT NOT NULL,
-    event JSON NOT NULL,
-    attempted_change JSON NOT NULL,
-    revision_read BIGINT,
-    revision_found BIGINT,
-    attempts INTEGER NOT NULL,
-    error TEXT NOT NULL,
-    status TEXT NOT NULL,
-    status_by TEXT,
-    status_at DOUBLE PRECISION,
-    note TEXT,
-    retry_of BIGINT
-);
-CREATE INDEX IF NOT EXISTS dead_letters_status ON dead_letters (status, created_at);
-CREATE INDEX IF NOT EXISTS dead_letters_key ON dead_letters (record_key);
-"""
+_SCHEMA = schema_ddl(
+    ColumnTypes(
+        bigint="BIGINT", real="DOUBLE PRECISION", json="JSON", serial_key="BIGSERIAL PRIMARY KEY"
+    )
+)
 
 # Serializes concurrent migrations (two workers starting at once) on a fixed lock id.
 _MIGRATION_LOCK = 0x6B65796C616E65

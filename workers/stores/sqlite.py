@@ -14,57 +14,15 @@ from pathlib import Path
 from typing import Literal
 
 from keylane.routing.contract.errors import StoreUnavailable
+from keylane.workers.stores.schema import ColumnTypes, schema_ddl
 from keylane.workers.stores.sql import SqlStore
 from keylane.workers.stores.sql_base import Cursor
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS records (
-    key TEXT PRIMARY KEY,
-    fields TEXT NOT NULL,
-    revision INTEGER NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS journal (
-    source TEXT NOT NULL,
-    event_id TEXT NOT NULL,
-    record_key TEXT NOT NULL,
-    shard INTEGER NOT NULL,
-    outcome TEXT NOT NULL,
-    revision INTEGER,
-    attempts INTEGER NOT NULL,
-    recorded_at REAL NOT NULL,
-    fence INTEGER,
-    PRIMARY KEY (source, event_id)
-);
-CREATE INDEX IF NOT EXISTS journal_record ON journal (record_key);
-CREATE TABLE IF NOT EXISTS shard_fences (
-    shard INTEGER PRIMARY KEY,
-    token INTEGER NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS dead_letters (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    created_at REAL NOT NULL,
-    source TEXT NOT NULL,
-    event_id TEXT NOT NULL,
-    record_key TEXT NOT NULL,
-    shard INTEGER NOT NULL,
-    reason TEXT NOT NULL,
-    event TEXT NOT NULL,
-    attempted_change TEXT NOT NULL,
-    revision_read INTEGER,
-    revision_found INTEGER,
-    attempts INTEGER NOT NULL,
-    error TEXT NOT NULL,
-    status TEXT NOT NULL,
-    status_by TEXT,
-    status_at REAL,
-    note TEXT,
-    retry_of INTEGER
-);
-CREATE INDEX IF NOT EXISTS dead_letters_status ON dead_letters (status, created_at);
-CREATE INDEX IF NOT EXISTS dead_letters_key ON dead_letters (record_key);
-"""
+_SCHEMA = schema_ddl(
+    ColumnTypes(
+        bigint="INTEGER", real="REAL", json="TEXT", serial_key="INTEGER PRIMARY KEY AUTOINCREMENT"
+    )
+)
 
 
 class SqliteStore(SqlStore):
