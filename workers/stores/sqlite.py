@@ -1,4 +1,4 @@
-"""SQLite store: the default, one file in the data directory, WAL journal.
+"""SQLite, the default store: one file in the data directory, WAL journal.
 
 Several processes share the file: write transactions start with ``BEGIN IMMEDIATE`` so
 that a writer takes the database lock before it reads the fence (no lock upgrade, no
@@ -14,19 +14,19 @@ from pathlib import Path
 from typing import Literal
 
 from keylane.routing.contract.errors import StoreUnavailable
-from keylane.workers.stores.schema import ColumnTypes, schema_ddl
-from keylane.workers.stores.sql import SqlStore
-from keylane.workers.stores.sql_base import Cursor
+from keylane.workers.stores.dialect import Cursor
+from keylane.workers.stores.schema import ColumnTypes
 
-_SCHEMA = schema_ddl(
-    ColumnTypes(
+
+class SqliteDialect:
+    """A :class:`~keylane.workers.stores.dialect.Dialect`: one SQLite file's connection."""
+
+    column_types = ColumnTypes(
         bigint="INTEGER", real="REAL", json="TEXT", serial_key="INTEGER PRIMARY KEY AUTOINCREMENT"
     )
-)
-
-
-class SqliteStore(SqlStore):
-    """A :class:`~keylane.workers.stores.base.Store` in one SQLite file."""
+    json_param = "?"
+    # BEGIN IMMEDIATE already holds the database's write lock: no advance can interleave.
+    fence_lock = ""
 
     def __init__(
         self,
@@ -47,9 +47,12 @@ class SqliteStore(SqlStore):
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open SQLite store {path}: {exc}") from exc
 
-    def migrate(self) -> None:
+    def json_out(self, column: str) -> str:
+        return column
+
+    def migrate(self, ddl: str) -> None:
         try:
-            self._conn.executescript(_SCHEMA)
+            self._conn.executescript(ddl)
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot create schema in {self.path}: {exc}") from exc
 
@@ -57,7 +60,7 @@ class SqliteStore(SqlStore):
         self._conn.close()
 
     @contextmanager
-    def _transaction(self) -> Iterator[Cursor]:
+    def transaction(self) -> Iterator[Cursor]:
         cur = self._conn.cursor()
         try:
             cur.execute("BEGIN IMMEDIATE")
@@ -82,7 +85,7 @@ class SqliteStore(SqlStore):
             cur.close()
 
     @contextmanager
-    def _cursor(self) -> Iterator[Cursor]:
+    def cursor(self) -> Iterator[Cursor]:
         cur = self._conn.cursor()
         try:
             yield cur
@@ -90,9 +93,3 @@ class SqliteStore(SqlStore):
             raise StoreUnavailable(f"SQLite read failed: {exc}") from exc
         finally:
             cur.close()
-
-    def _lock_fence(self, cur: Cursor, shard: int) -> int:
-        # BEGIN IMMEDIATE already holds the database's write lock: no advance can interleave.
-        cur.execute("SELECT token FROM shard_fences WHERE shard = ?", (shard,))
-        row = cur.fetchone()
-        return int(row[0]) if row else 0
