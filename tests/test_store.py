@@ -584,6 +584,29 @@ def test_no_dead_letters_means_empty_stats(store: Store) -> None:
     assert store.dead_letters(DeadLetterFilter()) == []
 
 
+# -- schema ------------------------------------------------------------------------------
+
+
+def test_migrating_an_existing_store_again_keeps_what_it_holds(
+    store: Store, store_url: str
+) -> None:
+    # Given a store with a record, a journal entry, a fence and a review row
+    store.commit_event(write("e-1", "contact:1", {"n": 1}, 0), Fence(SHARD, 2))
+    row_id = store.commit_dead_letter(draft("e-2"), Fence(SHARD, 2))
+    # When another process opens the same store and migrates it again
+    again = open_store(store_url)
+    try:
+        again.migrate()
+        # Then everything is still there, and new rows go on from the old ones
+        assert again.read("contact:1").fields == {"n": 1}
+        assert again.journal("crm", "e-1") is not None
+        assert again.fence_of(SHARD) == 2
+        assert again.dead_letter(row_id) is not None
+        assert again.commit_dead_letter(draft("e-3"), None) > row_id
+    finally:
+        again.close()
+
+
 # -- record keys and JSON ----------------------------------------------------------------
 
 

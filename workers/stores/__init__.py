@@ -1,4 +1,5 @@
-"""Record stores: one interface (:mod:`keylane.workers.stores.base`), SQLite and PostgreSQL."""
+"""Record stores: one interface (:mod:`keylane.workers.stores.base`), one SQL store
+(:mod:`keylane.workers.stores.sql`) over a SQLite or PostgreSQL dialect."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from urllib.parse import urlparse
 
 from keylane.routing.contract.errors import ConfigError
 from keylane.workers.stores.base import Store
+from keylane.workers.stores.sql import SqlStore
 
 
 def open_store(
@@ -16,12 +18,14 @@ def open_store(
     """Open a store from ``sqlite:///path`` or ``postgresql://...``."""
     scheme = urlparse(url).scheme
     if scheme == "sqlite":
-        from keylane.workers.stores.sqlite import SqliteStore
+        from keylane.workers.stores.sqlite import SqliteDialect
 
         path = url[len("sqlite://") :]
-        return SqliteStore(Path(path), timeout_ms=timeout_ms, synchronous=sqlite_synchronous)
+        return SqlStore(
+            SqliteDialect(Path(path), timeout_ms=timeout_ms, synchronous=sqlite_synchronous)
+        )
     if scheme in ("postgres", "postgresql"):
-        from keylane.workers.stores.postgres import PostgresStore
+        from keylane.workers.stores.postgres import PostgresDialect
 
-        return PostgresStore(url, timeout_ms=timeout_ms)
+        return SqlStore(PostgresDialect(url, timeout_ms=timeout_ms))
     raise ConfigError(f"unsupported store URL scheme {scheme!r}: use sqlite:/// or postgresql://")

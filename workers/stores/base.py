@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Outcome = Literal["applied", "dead_lettered"]
+JournalOutcome = Literal["applied", "dead_lettered"]
 DeadLetterStatus = Literal["open", "retried", "discarded", "resolved"]
 DEAD_LETTER_STATUSES: tuple[str, ...] = ("open", "retried", "discarded", "resolved")
 
@@ -56,7 +56,7 @@ class JournalEntry:
     event_id: str
     record_key: str
     shard: int
-    outcome: Outcome
+    outcome: JournalOutcome
     revision: int | None
     attempts: int
     recorded_at: float

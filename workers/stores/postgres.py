@@ -9,7 +9,7 @@ other.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -17,66 +17,21 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from keylane.routing.contract.errors import StoreUnavailable
-from keylane.workers.stores.sql import SqlStore
-from keylane.workers.stores.sql_base import Cursor
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS records (
-    key TEXT PRIMARY KEY,
-    fields JSON NOT NULL,
-    revision BIGINT NOT NULL,
-    updated_at DOUBLE PRECISION NOT NULL
-);
-CREATE TABLE IF NOT EXISTS journal (
-    source TEXT NOT NULL,
-    event_id TEXT NOT NULL,
-    record_key TEXT NOT NULL,
-    shard INTEGER NOT NULL,
-    outcome TEXT NOT NULL,
-    revision BIGINT,
-    attempts INTEGER NOT NULL,
-    recorded_at DOUBLE PRECISION NOT NULL,
-    fence BIGINT,
-    PRIMARY KEY (source, event_id)
-);
-CREATE INDEX IF NOT EXISTS journal_record ON journal (record_key);
-CREATE TABLE IF NOT EXISTS shard_fences (
-    shard INTEGER PRIMARY KEY,
-    token BIGINT NOT NULL,
-    updated_at DOUBLE PRECISION NOT NULL
-);
-CREATE TABLE IF NOT EXISTS dead_letters (
-    id BIGSERIAL PRIMARY KEY,
-    created_at DOUBLE PRECISION NOT NULL,
-    source TEXT NOT NULL,
-    event_id TEXT NOT NULL,
-    record_key TEXT NOT NULL,
-    shard INTEGER NOT NULL,
-    reason TEXT NOT NULL,
-    event JSON NOT NULL,
-    attempted_change JSON NOT NULL,
-    revision_read BIGINT,
-    revision_found BIGINT,
-    attempts INTEGER NOT NULL,
-    error TEXT NOT NULL,
-    status TEXT NOT NULL,
-    status_by TEXT,
-    status_at DOUBLE PRECISION,
-    note TEXT,
-    retry_of BIGINT
-);
-CREATE INDEX IF NOT EXISTS dead_letters_status ON dead_letters (status, created_at);
-CREATE INDEX IF NOT EXISTS dead_letters_key ON dead_letters (record_key);
-"""
+from keylane.workers.stores.dialect import Cursor
+from keylane.workers.stores.schema import ColumnTypes
 
 # Serializes concurrent migrations (two workers starting at once) on a fixed lock id.
 _MIGRATION_LOCK = 0x6B65796C616E65
 
 
-class PostgresStore(SqlStore):
-    """A :class:`~keylane.workers.stores.base.Store` in PostgreSQL."""
+class PostgresDialect:
+    """A :class:`~keylane.workers.stores.dialect.Dialect`: a PostgreSQL connection."""
 
-    json_param = "%s::json"
+    column_types = ColumnTypes(
+        bigint="BIGINT", real="DOUBLE PRECISION", json="JSON", serial_key="BIGSERIAL PRIMARY KEY"
+    )
+    json_param = "?::json"
+    fence_lock = " FOR SHARE"
 
     def __init__(self, dsn: str, timeout_ms: int = 5000) -> None:
         self._dsn = dsn
@@ -93,19 +48,16 @@ class PostgresStore(SqlStore):
     def json_out(self, column: str) -> str:
         return f"{column}::text"
 
-    def _q(self, sql: str) -> str:
-        return sql.replace("?", "%s")
-
-    def migrate(self) -> None:
-        with self._transaction() as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            cur.execute(_SCHEMA)
+    def migrate(self, ddl: str) -> None:
+        with self.transaction() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
+            cur.execute(ddl)
 
     def close(self) -> None:
         self._conn.close()
 
     @contextmanager
-    def _transaction(self) -> Iterator[Cursor]:
+    def transaction(self) -> Iterator[Cursor]:
         try:
             with self._conn.transaction(), self._conn.cursor() as cur:
                 yield _PgCursor(cur)
@@ -113,21 +65,16 @@ class PostgresStore(SqlStore):
             raise StoreUnavailable(f"PostgreSQL write failed: {exc}") from exc
 
     @contextmanager
-    def _cursor(self) -> Iterator[Cursor]:
+    def cursor(self) -> Iterator[Cursor]:
         try:
             with self._conn.cursor() as cur:
                 yield _PgCursor(cur)
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"PostgreSQL read failed: {exc}") from exc
 
-    def _lock_fence(self, cur: Cursor, shard: int) -> int:
-        cur.execute("SELECT token FROM shard_fences WHERE shard = %s FOR SHARE", (shard,))
-        row = cur.fetchone()
-        return int(row[0]) if row else 0
-
 
 class _PgCursor:
-    """psycopg's cursor, with ``execute`` accepting the same SQL text as SQLite's."""
+    """psycopg's cursor, with ``execute`` taking SQLite's ``?`` placeholders."""
 
     def __init__(self, cur: psycopg.Cursor[Any]) -> None:
         self._cur = cur
@@ -136,8 +83,8 @@ class _PgCursor:
     def rowcount(self) -> int:
         return self._cur.rowcount
 
-    def execute(self, sql: Any, params: Any = None) -> Any:
-        return self._cur.execute(sql, params)
+    def execute(self, sql: str, params: Sequence[Any] | None = None) -> Any:
+        return self._cur.execute(sql.replace("?", "%s"), params)
 
     def fetchone(self) -> Any:
         return self._cur.fetchone()

@@ -1,4 +1,4 @@
-"""SQLite store: the default, one file in the data directory, WAL journal.
+"""SQLite, the default store: one file in the data directory, WAL journal.
 
 Several processes share the file: write transactions start with ``BEGIN IMMEDIATE`` so
 that a writer takes the database lock before it reads the fence (no lock upgrade, no
@@ -14,61 +14,19 @@ from pathlib import Path
 from typing import Literal
 
 from keylane.routing.contract.errors import StoreUnavailable
-from keylane.workers.stores.sql import SqlStore
-from keylane.workers.stores.sql_base import Cursor
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS records (
-    key TEXT PRIMARY KEY,
-    fields TEXT NOT NULL,
-    revision INTEGER NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS journal (
-    source TEXT NOT NULL,
-    event_id TEXT NOT NULL,
-    record_key TEXT NOT NULL,
-    shard INTEGER NOT NULL,
-    outcome TEXT NOT NULL,
-    revision INTEGER,
-    attempts INTEGER NOT NULL,
-    recorded_at REAL NOT NULL,
-    fence INTEGER,
-    PRIMARY KEY (source, event_id)
-);
-CREATE INDEX IF NOT EXISTS journal_record ON journal (record_key);
-CREATE TABLE IF NOT EXISTS shard_fences (
-    shard INTEGER PRIMARY KEY,
-    token INTEGER NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS dead_letters (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    created_at REAL NOT NULL,
-    source TEXT NOT NULL,
-    event_id TEXT NOT NULL,
-    record_key TEXT NOT NULL,
-    shard INTEGER NOT NULL,
-    reason TEXT NOT NULL,
-    event TEXT NOT NULL,
-    attempted_change TEXT NOT NULL,
-    revision_read INTEGER,
-    revision_found INTEGER,
-    attempts INTEGER NOT NULL,
-    error TEXT NOT NULL,
-    status TEXT NOT NULL,
-    status_by TEXT,
-    status_at REAL,
-    note TEXT,
-    retry_of INTEGER
-);
-CREATE INDEX IF NOT EXISTS dead_letters_status ON dead_letters (status, created_at);
-CREATE INDEX IF NOT EXISTS dead_letters_key ON dead_letters (record_key);
-"""
+from keylane.workers.stores.dialect import Cursor
+from keylane.workers.stores.schema import ColumnTypes
 
 
-class SqliteStore(SqlStore):
-    """A :class:`~keylane.workers.stores.base.Store` in one SQLite file."""
+class SqliteDialect:
+    """A :class:`~keylane.workers.stores.dialect.Dialect`: one SQLite file's connection."""
+
+    column_types = ColumnTypes(
+        bigint="INTEGER", real="REAL", json="TEXT", serial_key="INTEGER PRIMARY KEY AUTOINCREMENT"
+    )
+    json_param = "?"
+    # BEGIN IMMEDIATE already holds the database's write lock: no advance can interleave.
+    fence_lock = ""
 
     def __init__(
         self,
@@ -89,9 +47,12 @@ class SqliteStore(SqlStore):
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open SQLite store {path}: {exc}") from exc
 
-    def migrate(self) -> None:
+    def json_out(self, column: str) -> str:
+        return column
+
+    def migrate(self, ddl: str) -> None:
         try:
-            self._conn.executescript(_SCHEMA)
+            self._conn.executescript(ddl)
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot create schema in {self.path}: {exc}") from exc
 
@@ -99,7 +60,7 @@ class SqliteStore(SqlStore):
         self._conn.close()
 
     @contextmanager
-    def _transaction(self) -> Iterator[Cursor]:
+    def transaction(self) -> Iterator[Cursor]:
         cur = self._conn.cursor()
         try:
             cur.execute("BEGIN IMMEDIATE")
@@ -124,7 +85,7 @@ class SqliteStore(SqlStore):
             cur.close()
 
     @contextmanager
-    def _cursor(self) -> Iterator[Cursor]:
+    def cursor(self) -> Iterator[Cursor]:
         cur = self._conn.cursor()
         try:
             yield cur
@@ -132,9 +93,3 @@ class SqliteStore(SqlStore):
             raise StoreUnavailable(f"SQLite read failed: {exc}") from exc
         finally:
             cur.close()
-
-    def _lock_fence(self, cur: Cursor, shard: int) -> int:
-        # BEGIN IMMEDIATE already holds the database's write lock: no advance can interleave.
-        cur.execute("SELECT token FROM shard_fences WHERE shard = ?", (shard,))
-        row = cur.fetchone()
-        return int(row[0]) if row else 0

@@ -1,0 +1,66 @@
+"""What the SQL store asks of a database, and what its SQL modules share.
+
+SQLite and PostgreSQL differ in these places only: how the connection opens (the
+dialect's constructor), how a write transaction begins and ends, how the shard's fence
+row is locked, how JSON goes in and out, the placeholder style (the dialect's cursor
+takes ``?``), and the DDL's type names. Everything else is written once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from keylane.workers.stores.schema import ColumnTypes
+
+
+class Cursor(Protocol):
+    """The part of a DB-API cursor the store uses; SQL text takes ``?`` placeholders."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def execute(self, sql: str, params: Sequence[Any] = ...) -> Any: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+
+
+class Dialect(Protocol):
+    """One database's connection and its way of doing what the store's SQL leaves open."""
+
+    #: The DDL's column type names.
+    column_types: ColumnTypes
+    #: SQL text of a JSON parameter.
+    json_param: str
+    #: Appended to the fence row's ``SELECT`` in a write transaction to lock the row
+    #: against a concurrent advance ("" where the transaction already holds that lock).
+    fence_lock: str
+
+    def json_out(self, column: str) -> str:
+        """SQL that reads a JSON column as text."""
+        ...
+
+    def transaction(self) -> AbstractContextManager[Cursor]:
+        """A write transaction; commits on success, rolls back on any exception."""
+        ...
+
+    def cursor(self) -> AbstractContextManager[Cursor]:
+        """A cursor for reads outside a transaction."""
+        ...
+
+    def migrate(self, ddl: str) -> None:
+        """Run the schema's DDL."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection."""
+        ...
+
+
+def dump_json(value: Any) -> str:
+    """Compact, key-sorted JSON, so equal values store equal text."""
+    return json.dumps(
+        value, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False
+    )

@@ -1,0 +1,76 @@
+"""The store's tables, written once; each dialect names its own column types.
+
+``migrate()`` runs this text as it is: every statement is ``CREATE ... IF NOT EXISTS``,
+so it creates a new database and leaves an existing one as it finds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ColumnTypes:
+    """A dialect's names for the column types the schema uses."""
+
+    bigint: str  # revisions, fencing tokens, row ids
+    real: str  # times, in seconds since the epoch
+    json: str  # fields and review payloads, stored as the text written
+    serial_key: str  # a primary key the database numbers itself
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    key TEXT PRIMARY KEY,
+    fields {json} NOT NULL,
+    revision {bigint} NOT NULL,
+    updated_at {real} NOT NULL
+);
+CREATE TABLE IF NOT EXISTS journal (
+    source TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    record_key TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    revision {bigint},
+    attempts INTEGER NOT NULL,
+    recorded_at {real} NOT NULL,
+    fence {bigint},
+    PRIMARY KEY (source, event_id)
+);
+CREATE INDEX IF NOT EXISTS journal_record ON journal (record_key);
+CREATE TABLE IF NOT EXISTS shard_fences (
+    shard INTEGER PRIMARY KEY,
+    token {bigint} NOT NULL,
+    updated_at {real} NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id {serial_key},
+    created_at {real} NOT NULL,
+    source TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    record_key TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    event {json} NOT NULL,
+    attempted_change {json} NOT NULL,
+    revision_read {bigint},
+    revision_found {bigint},
+    attempts INTEGER NOT NULL,
+    error TEXT NOT NULL,
+    status TEXT NOT NULL,
+    status_by TEXT,
+    status_at {real},
+    note TEXT,
+    retry_of {bigint}
+);
+CREATE INDEX IF NOT EXISTS dead_letters_status ON dead_letters (status, created_at);
+CREATE INDEX IF NOT EXISTS dead_letters_key ON dead_letters (record_key);
+"""
+
+
+def schema_ddl(types: ColumnTypes) -> str:
+    """The schema's DDL in a dialect's type names."""
+    return _SCHEMA.format(
+        bigint=types.bigint, real=types.real, json=types.json, serial_key=types.serial_key
+    )
