@@ -13,6 +13,9 @@ one lane per record key means no two keylane writes to a record ever overlap. Fi
 the source does not own are never sent, so only an outside edit of an owned field can
 be lost. A stamp coarser than the edits (Notion's ``last_edited_time`` is rounded to the
 minute) misses more; leave ``stamp_at`` out to compare the values instead.
+
+A record is created with ``PUT`` to its URL, after a read that finds it absent; an API that
+creates records only with ``POST`` to a collection refuses that, and the event is reviewed.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ class StampedResource:
         return Snapshot(fields, self._version(key, answer.document, fields), answer.document)
 
     def create(self, key: str, fields: Mapping[str, Any]) -> Version | None:
-        """Send the fields if the record is still absent when read again."""
+        """``PUT`` the fields to the record's URL if it is still absent when read again."""
         if self.read(key).exists:
             raise WriteConflict(f"{key}: created by someone else since it was read")
         return self._send(key, fields, creating=True)
@@ -68,7 +71,7 @@ class StampedResource:
         self.http.close()
 
     def _send(self, key: str, fields: Mapping[str, Any], creating: bool) -> Version | None:
-        method = self.config.write.upper()
+        method = "PUT" if creating else self.config.write.upper()
         answer = self.http.send(method, key, self.http.wrapped(fields), {}, creating)
         if not isinstance(answer.document, dict):
             return None
