@@ -11,10 +11,12 @@ import random
 import re
 import threading
 import time
+import tomllib
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -626,3 +628,14 @@ def test_without_versions_the_check_narrows_the_window_to_one_round_trip(
     assert runs[2]["missed"] == 0
     assert runs[2]["caught"] > 0
     assert runs[1]["caught"] + runs[1]["missed"] > 0
+
+
+def test_the_readme_examples_are_valid_destinations() -> None:
+    # Given the sources-file examples of README's "Version-checked destinations"
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Version-checked destinations", 1)[1]
+    example = section.split("```toml", 1)[1].split("```", 1)[0]
+    tables = tomllib.loads(example)["destinations"]
+    # Then each one parses as the kind it says
+    kinds = {name: parse_resource(name, table).kind for name, table in tables.items()}
+    assert kinds == {"crm": "etag", "warehouse": "pg_table", "airtable": "stamped"}
