@@ -69,12 +69,15 @@ def run_lanes(
             results[key].append(apply_versioned(writer, key, change, OWNS, "crm", max_attempts))
         writer.close()
 
-    threads = [threading.Thread(target=lane, args=(key,)) for key in keys]
+    run_threads([threading.Thread(target=lane, args=(key,)) for key in keys])
+    return results
+
+
+def run_threads(threads: list[threading.Thread], timeout_s: float = 60) -> None:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(60)
-    return results
+        thread.join(timeout_s)
 
 
 class Person(threading.Thread):
@@ -198,11 +201,7 @@ def race(resource: Callable[[], VersionedResource], key: str, n: int) -> list[Re
         results.append(apply_versioned(writer, key, change, OWNS, "crm", max_attempts=n))
         writer.close()
 
-    threads = [threading.Thread(target=creator, args=(t,)) for t in range(n)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    run_threads([threading.Thread(target=creator, args=(t,)) for t in range(n)])
     return results
 
 
@@ -389,14 +388,11 @@ def test_two_deployments_and_an_outside_writer_on_one_table_lose_no_update(
         writer.close()
 
     # When both deployments apply their events while the outside writer runs
-    threads = [threading.Thread(target=outside_writer)]
-    threads += [threading.Thread(target=deployment, args=(d,)) for d in (1, 2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads[1:]:
-        thread.join(60)
+    other = threading.Thread(target=outside_writer)
+    other.start()
+    run_threads([threading.Thread(target=deployment, args=(d,)) for d in (1, 2)])
     stop.set()
-    threads[0].join(10)
+    other.join(10)
     # Then every row holds each applied increment once and every outside update
     with psycopg.connect(url) as conn:
         rows = {

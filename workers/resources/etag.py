@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from keylane.routing.contract.resources import EtagResourceConfig
-from keylane.workers.resources.http import HttpRecords
+from keylane.workers.resources.http import Answer, HttpRecords
 from keylane.workers.versioned import ResourceRefused, Snapshot, Version
 
 
@@ -28,16 +28,8 @@ class EtagResource:
         self.http = HttpRecords(config, environ)
 
     def read(self, key: str) -> Snapshot:
-        """``GET`` the record (absent on 404)."""
-        answer = self.http.get(key)
-        if answer is None:
-            return Snapshot({}, None)
-        if not answer.etag or answer.etag.startswith("W/"):
-            raise ResourceRefused(
-                f"GET {key} answered without a strong ETag ({answer.etag!r}): "
-                'this resource cannot be written with kind = "etag"'
-            )
-        return Snapshot(self.http.fields_of(answer.document), answer.etag, answer.document)
+        """``GET`` the record (absent on 404); its version is its ETag."""
+        return self.http.read(key, lambda answer, _: _strong_etag(key, answer))
 
     def create(self, key: str, fields: Mapping[str, Any]) -> Version | None:
         """``PUT`` with ``If-None-Match: *``."""
@@ -57,3 +49,12 @@ class EtagResource:
     def close(self) -> None:
         """Close the connection pool."""
         self.http.close()
+
+
+def _strong_etag(key: str, answer: Answer) -> str:
+    if not answer.etag or answer.etag.startswith("W/"):
+        raise ResourceRefused(
+            f"GET {key} answered without a strong ETag ({answer.etag!r}): "
+            'this resource cannot be written with kind = "etag"'
+        )
+    return answer.etag

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,8 @@ from keylane.routing.contract.resources import HttpResourceConfig
 from keylane.workers.versioned import (
     ResourceRefused,
     ResourceUnavailable,
+    Snapshot,
+    Version,
     WriteConflict,
     WriteOutcomeUnknown,
 )
@@ -94,6 +96,15 @@ class HttpRecords:
         if status >= 400:
             raise ResourceRefused(_describe(method, key, response), status)
         return _answer(response)
+
+    def read(self, key: str, version_of: Callable[[Answer, dict[str, Any]], Version]) -> Snapshot:
+        """The record as a snapshot (absent on 404), its version taken from the answer and
+        the fields by ``version_of``."""
+        answer = self.get(key)
+        if answer is None:
+            return Snapshot({}, None)
+        fields = self.fields_of(answer.document)
+        return Snapshot(fields, version_of(answer, fields), answer.document)
 
     def fields_of(self, document: Any) -> dict[str, Any]:
         """The fields inside a record's document (at ``fields_at``)."""

@@ -79,6 +79,7 @@ class PgTableResource:
             raise
         self._key = sql.Identifier(config.key_column)
         self._version = sql.Identifier(config.version_column)
+        self._names = {"table": self._table, "key": self._key, "version": self._version}
         self._read = sql.SQL("SELECT {version}, {columns} FROM {table} WHERE {key} = %s").format(
             version=self._version,
             columns=sql.SQL(", ").join(sql.Identifier(c) for c in config.columns.values()),
@@ -112,9 +113,7 @@ class PgTableResource:
             "INSERT INTO {table} ({key}, {version}, {columns}) VALUES (%s, {first}, {values}) "
             "ON CONFLICT DO NOTHING RETURNING {version}"
         ).format(
-            table=self._table,
-            key=self._key,
-            version=self._version,
+            **self._names,
             columns=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
             first=sql.SQL("1" if self.config.version_kind == "integer" else "clock_timestamp()"),
             values=sql.SQL(", ").join(sql.Placeholder() for _ in columns),
@@ -129,11 +128,9 @@ class PgTableResource:
             "UPDATE {table} SET {sets}, {version} = {next} "
             "WHERE {key} = %s AND {version} = %s RETURNING {version}"
         ).format(
-            table=self._table,
+            **self._names,
             sets=sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in columns),
-            version=self._version,
             next=self._next_version(),
-            key=self._key,
         )
         params = [
             *self._values(columns, fields.values()),

@@ -47,11 +47,9 @@ class StampedResource:
 
     def read(self, key: str) -> Snapshot:
         """``GET`` the record; its version is its stamp or its compared fields' digest."""
-        answer = self.http.get(key)
-        if answer is None:
-            return Snapshot({}, None)
-        fields = self.http.fields_of(answer.document)
-        return Snapshot(fields, self._version(key, answer.document, fields), answer.document)
+        return self.http.read(
+            key, lambda answer, fields: self._version(key, answer.document, fields)
+        )
 
     def create(self, key: str, fields: Mapping[str, Any]) -> Version | None:
         """``PUT`` the fields to the record's URL if it is still absent when read again."""
