@@ -262,6 +262,22 @@ def test_a_write_whose_answer_is_lost_is_settled_by_a_fresh_read() -> None:
     assert (lost_after.version_read, lost_after.version_found) == ('"v2"', '"v3"')
 
 
+def test_a_handler_computes_its_change_from_each_fresh_read() -> None:
+    # Given a handler that sets status from the count it reads
+    def tier(read: Any) -> dict[str, Change]:
+        total = read.fields.get("count", 0) + 1
+        return changes(count={"set": total}, status={"set": "gold" if total > 2 else "basic"})
+
+    with EtagServer() as server, closing(http_resource(server)) as crm:
+        apply_versioned(crm, "contact:1", tier, OWNS)
+        # When a person raises the count in between, Then the next event computes from it
+        server.edit("contact:1", lambda f: {"count": 5})
+        result = apply_versioned(crm, "contact:1", tier, OWNS)
+        assert server.fields("contact:1") == {"count": 6, "status": "gold"}
+    assert isinstance(result, Written)
+    assert result.attempts == 1
+
+
 def test_a_review_fills_a_dead_letter_row() -> None:
     # Given a review result and the event it is about
     review = Review("conflict", "moved", {"count": {"increment": 1}}, 3, 5, {}, {}, 3, 3)
