@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 
 from keylane.routing import ShardMap
 from keylane.routing.contract import redis_scripts as scripts
+from keylane.routing.contract.events import Event
 from keylane.routing.contract.redis_calls import broker_errors, reply_text
 from keylane.routing.keys import RedisKeys
 
@@ -55,6 +56,22 @@ class MetricSnapshot:
     latency: dict[str, float]
     members: int
     held: int
+
+
+def accepted_answer(event: Event, queue: str) -> dict[str, Any]:
+    """The answer to an accepted event, kept with its dedupe mark and replayed to
+    duplicates."""
+    answer: dict[str, Any] = {
+        "status": "accepted",
+        "source": event.source,
+        "event_id": event.event_id,
+        "record_key": event.record_key,
+        "shard": event.shard,
+        "queue": queue,
+    }
+    if event.key_missing:
+        answer["key_missing"] = True
+    return answer
 
 
 class ReceiverGateway:

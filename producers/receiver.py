@@ -26,7 +26,6 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
 
 import sentry_sdk
 from starlette.applications import Starlette
@@ -36,7 +35,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from keylane.producers.body import check_media_type, parse_json, read_body
-from keylane.producers.gateway import EnqueueResult, ReceiverGateway
+from keylane.producers.gateway import EnqueueResult, ReceiverGateway, accepted_answer
 from keylane.producers.intake import Ignored, Intake, take_in
 from keylane.producers.signatures import verifiers_of
 from keylane.producers.telemetry import QueueWatch, ReceiverMetrics
@@ -165,6 +164,8 @@ class Receiver:
             accepted_at=time.time(),
             shard=self.settings.shards.shard_for_key(intake.record_key),
             key_missing=intake.key_missing,
+            destination=source.destination_name,
+            payload=intake.payload,
         )
 
     async def _accept(self, source: SourceConfig, event: Event) -> Response:
@@ -177,16 +178,7 @@ class Receiver:
                 retry_after=self.watch.retry_after_global(s.global_high_water),
             )
         queue = s.shards.queue_name(event.shard)
-        answer: dict[str, Any] = {
-            "status": "accepted",
-            "source": event.source,
-            "event_id": event.event_id,
-            "record_key": event.record_key,
-            "shard": event.shard,
-            "queue": queue,
-        }
-        if event.key_missing:
-            answer["key_missing"] = True
+        answer = accepted_answer(event, queue)
         retention_ms = source.retention(s) * 1000
         self.faults.hit("receiver.before_enqueue", event.record_key)
         try:
