@@ -122,6 +122,7 @@ class Sender:
             self._run(self._gateway.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._loop.close()
 
 
 def _event(

@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +28,24 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 256
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.open_connections: set[socket.socket] = set()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.open_connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        self.open_connections.discard(request)
+        super().shutdown_request(request)
+
+    def drop_connections(self) -> None:
+        """Cut every open connection (kept-alive ones too), as a server that dies does."""
+        for conn in list(self.open_connections):
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
 
 
 class _Base:
@@ -85,6 +105,7 @@ class _Base:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+            self._server.drop_connections()
             self._server = None
 
     @property
@@ -150,12 +171,14 @@ class HookServer(_Base):
 
     secret: str | None = None
     honour_keys: bool = True
-    storm_until: float = 0.0  # answer 429 + Retry-After to every call before this time
+    storm_s: float = 0.0  # answer 429 + Retry-After to every call this long after the first
+    storm_until: float = 0.0
     storm_every: int = 0  # and to every n-th call after it (0: never)
     retry_after_s: int = 1
     refuse: set[str] = field(default_factory=set)  # event ids answered 422
     hold: dict[str, threading.Event] = field(default_factory=dict)  # key -> released
     calls: list[Call] = field(default_factory=list)
+    status_counts: dict[int, int] = field(default_factory=dict)
     effects: dict[str, list[Any]] = field(default_factory=dict)  # record key -> effects
     answers: dict[str, dict[str, Any]] = field(default_factory=dict)  # idempotency key -> body
 
@@ -176,6 +199,7 @@ class HookServer(_Base):
         with self.lock:
             status = self._status(doc)
             self._record(key, doc, status)
+            self.status_counts[status] = self.status_counts.get(status, 0) + 1
             if status != 200:
                 headers_out = {"retry-after": str(self.retry_after_s)} if status == 429 else {}
                 return status, {"error": "not now" if status == 429 else "refused"}, headers_out
@@ -189,6 +213,8 @@ class HookServer(_Base):
     def _status(self, doc: dict[str, Any]) -> int:
         if doc.get("id") in self.refuse:
             return 422
+        if not self.calls and self.storm_s:
+            self.storm_until = time.time() + self.storm_s
         if time.time() < self.storm_until:
             return 429
         n = sum(1 for c in self.calls if c.status)

@@ -45,3 +45,18 @@ def sync_contact(event: keylane.Event, ctx: keylane.Context) -> keylane.Done:
         raise keylane.RetryLater(f"CRM unreachable: {exc}") from exc
     ctx.log.info("contact %s: page %s (attempt %s)", event.payload["email"], what, ctx.attempt)
     return keylane.Done(what)
+
+
+@keylane.task(key="item:{item}")
+def post_to_hook(event: keylane.Event, ctx: keylane.Context) -> keylane.Done:
+    """Hand the event to a webhook (``TEST_HOOK_URL``) with its idempotency key."""
+    headers = {"idempotency-key": ctx.idempotency_key, "keylane-record-key": event.record_key}
+    try:
+        answer = _client().post(os.environ["TEST_HOOK_URL"], json=event.payload, headers=headers)
+    except httpx.TransportError as exc:
+        raise keylane.RetryLater(f"hook unreachable: {exc}") from exc
+    if answer.status_code >= 500:
+        raise keylane.RetryLater(f"hook answered {answer.status_code}")
+    if answer.status_code >= 400:
+        raise keylane.GiveUp(f"hook refused: {answer.status_code} {answer.text}")
+    return keylane.Done(f"HTTP {answer.status_code}")
