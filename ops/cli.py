@@ -178,6 +178,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
             [[w["worker"], w["shards"], w["heartbeat_age_s"]] for w in report["workers"]],
         )
     )
+    if report["destinations"]:
+        click.echo("")
+        columns = ["destination", "in_flight", "max_in_flight", "rate_per_s", "next_token_s"]
+        columns += ["calls", "done", "retried", "waits"]
+        rows = [[d.get(c, 0) for c in columns] for d in report["destinations"]]
+        click.echo(render_table(columns, rows))
     if report["unowned"]:
         click.echo(f"\nunowned shards: {report['unowned']}")
 

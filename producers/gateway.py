@@ -14,7 +14,7 @@ event that survives a Redis crash.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 
 from keylane.routing import ShardMap
 from keylane.routing.contract import redis_scripts as scripts
+from keylane.routing.contract.destinations import FlowState, flow_states, queue_flow_reads
 from keylane.routing.contract.events import Event
 from keylane.routing.contract.redis_calls import broker_errors, reply_text
 from keylane.routing.keys import RedisKeys
@@ -56,6 +57,7 @@ class MetricSnapshot:
     latency: dict[str, float]
     members: int
     held: int
+    destinations: list[FlowState] = field(default_factory=list)
 
 
 def accepted_answer(event: Event, queue: str) -> dict[str, Any]:
@@ -175,13 +177,19 @@ class ReceiverGateway:
         pipe.hgetall(self.keys.latency)
         pipe.zcard(self.keys.members)
         pipe.hlen(self.keys.held)
+        pipe.smembers(self.keys.destinations)
         with broker_errors():
-            counters, latency, members, held = await pipe.execute()
+            counters, latency, members, held, names = await pipe.execute()
+            names = sorted(reply_text(n) for n in names)
+            flow = self.client.pipeline(transaction=False)
+            queue_flow_reads(flow, self.keys, names)
+            destinations = flow_states(await flow.execute(), names)
         return MetricSnapshot(
             counters={reply_text(k): float(v) for k, v in counters.items()},
             latency={reply_text(k): float(v) for k, v in latency.items()},
             members=int(members),
             held=int(held),
+            destinations=destinations,
         )
 
     async def close(self) -> None:

@@ -7,6 +7,7 @@ update present, in send order, nothing lost."""
 from __future__ import annotations
 
 import base64
+import json
 import random
 import subprocess
 import sys
@@ -248,6 +249,18 @@ def test_a_429_storm_loses_nothing_reorders_nothing_and_the_rate_holds_across_wo
     # And the server never saw more than the rate (plus the bucket's one token of burst)
     assert busiest <= rate + 1
     assert not stack.open_store().dead_letters(DeadLetterFilter())
+    # And keylane status and /metrics show the destination's flow control
+    status = json.loads(keylane_cli(stack, "status", "--json").stdout)
+    (hook_status,) = status["destinations"]
+    assert hook_status["destination"] == "hook"
+    assert hook_status["rate_per_s"] == rate
+    assert hook_status["max_in_flight"] == 3
+    assert hook_status["in_flight"] == 0
+    assert hook_status["done"] == 50
+    assert hook_status["calls"] == sum(hook.status_counts.values())
+    metrics = httpx.get(f"{stack.url}/metrics").text
+    assert f'keylane_destination_rate_limit{{destination="hook"}} {float(rate)}' in metrics
+    assert 'keylane_destination_calls_total{destination="hook",outcome="done"} 50.0' in metrics
 
 
 def _keys_on_other_shards(settings: Settings, prefix: str, taken: set[int], n: int) -> list[str]:
@@ -353,3 +366,27 @@ def keylane_cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
     )
+
+
+@SQLITE
+@pytest.mark.parametrize(
+    ("app", "sources", "error"),
+    [
+        ("no_such_module", "", "cannot import the app module 'no_such_module'"),
+        (APP, '[sources.a]\ntask = "nope"\nrecord_key = "k:{body:id}"\n', "no task named 'nope'"),
+        (APP, _forward_sources("ftp://example.com"), "url must be http:// or https://"),
+        (APP, _forward_sources("http://127.0.0.1:9"), "TEST_HOOK_SECRET not set"),
+    ],
+)
+def test_a_worker_refuses_to_start_with_a_task_or_destination_that_cannot_work(
+    stack: Stack, tmp_path: Path, app: str, sources: str, error: str
+) -> None:
+    # Given an app module or a sources file that cannot work
+    path = tmp_path / "sources.toml"
+    path.write_text(sources or "[sources.demo]\n")
+    stack.settings = stack.settings.model_copy(update={"sources_file": path})
+    # When a worker starts with it
+    result = keylane_cli(stack, "worker", "-A", app)
+    # Then it stops at once with exit code 2, saying what is wrong
+    assert result.returncode == 2, result.stderr
+    assert error in result.stderr

@@ -27,12 +27,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from keylane.routing.contract.errors import ConfigError
+from keylane.routing.keys import RedisKeys
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -197,3 +198,35 @@ class FlowState:
             paused_for_s=paused_ms / 1000,
             counters=counters,
         )
+
+
+def queue_flow_reads(pipe: Any, keys: RedisKeys, names: list[str]) -> None:
+    """Queue on a Redis pipeline (sync or asyncio) the reads :func:`flow_states` needs."""
+    pipe.time()
+    for name in names:
+        pipe.hgetall(keys.flow_bucket(name))
+        pipe.zcard(keys.flow_calls(name))
+        pipe.hgetall(keys.flow_counters(name))
+
+
+def flow_states(replies: list[Any], names: list[str]) -> list[FlowState]:
+    """The destinations' flow states from the replies of :func:`queue_flow_reads`."""
+    seconds, micros = replies[0]
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    out = []
+    for i, name in enumerate(names):
+        bucket, in_flight, counters = replies[1 + 3 * i : 4 + 3 * i]
+        out.append(
+            FlowState.of(
+                name,
+                {_text(k): _text(v) for k, v in bucket.items()},
+                int(in_flight),
+                {_text(k): int(v) for k, v in counters.items()},
+                now_ms,
+            )
+        )
+    return out
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
