@@ -24,6 +24,7 @@ from keylane.routing import ShardMap
 from keylane.routing.contract import redis_scripts as scripts
 from keylane.routing.contract.destinations import FlowState, flow_states, queue_flow_reads
 from keylane.routing.contract.events import Event
+from keylane.routing.contract.message import build_apply_message
 from keylane.routing.contract.redis_calls import broker_errors, reply_text
 from keylane.routing.keys import RedisKeys
 
@@ -126,6 +127,23 @@ class ReceiverGateway:
         )
         verdict, detail = (reply_text(x) for x in result)
         return EnqueueResult(verdict, detail)  # type: ignore[arg-type]
+
+    async def accept_event(
+        self, event: Event, queue: str, answer: str, retention_ms: int, high_water: int
+    ) -> EnqueueResult:
+        """:meth:`accept` for ``event``, as the apply message of ``queue``."""
+        return await self.accept(
+            source=event.source,
+            event_id=event.event_id,
+            body_sha256=event.body_sha256,
+            queue=queue,
+            shard=event.shard,
+            message=build_apply_message(event, queue),
+            answer=answer,
+            retention_ms=retention_ms,
+            high_water=high_water,
+            key_missing=event.key_missing,
+        )
 
     async def record_reuse(
         self,

@@ -182,17 +182,8 @@ class Receiver:
         retention_ms = source.retention(s) * 1000
         self.faults.hit("receiver.before_enqueue", event.record_key)
         try:
-            result = await self.gateway.accept(
-                source=event.source,
-                event_id=event.event_id,
-                body_sha256=event.body_sha256,
-                queue=queue,
-                shard=event.shard,
-                message=build_apply_message(event, queue),
-                answer=json.dumps(answer),
-                retention_ms=retention_ms,
-                high_water=s.shard_high_water,
-                key_missing=event.key_missing,
+            result = await self.gateway.accept_event(
+                event, queue, json.dumps(answer), retention_ms, s.shard_high_water
             )
             if result.verdict == "reused":
                 review = event.model_copy(update={"review": "id_reused"})

@@ -15,18 +15,15 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from keylane.producers.gateway import ReceiverGateway, accepted_answer
 from keylane.producers.intake import KEYLESS_PREFIX
 from keylane.routing.contract.errors import BrokerUnavailable, InvalidEvent
 from keylane.routing.contract.events import MAX_ID_CHARS, MAX_KEY_CHARS, Event, check_json_value
-from keylane.routing.contract.message import build_apply_message
 from keylane.routing.contract.settings import Settings
 
-T = TypeVar("T")
 SEND_TIMEOUT_S = 30.0
 
 
@@ -54,56 +51,30 @@ class Sender:
         self._thread.start()
         self._gateway: ReceiverGateway | None = None
 
-    def send(
-        self,
-        *,
-        source: str,
-        destination: str,
-        payload: Any,
-        record_key: str,
-        event_id: str | None = None,
-        event_type: str = "event",
-    ) -> Sent:
-        """Queue ``payload`` for ``destination``, deduplicated on ``(source, event_id)``
-        (no id: a unique one, never a duplicate). Raises :class:`InvalidEvent` for an id
-        reused with another payload, :class:`BrokerUnavailable` when Redis or the shard
-        cannot take it now."""
-        coroutine = self._send(source, destination, payload, record_key, event_id, event_type)
-        return self._run(coroutine)
+    def send(self, **fields: Any) -> Sent:
+        """Queue an event built from ``fields`` (the keyword arguments of
+        :func:`new_event`: source, destination, payload, record_key, event_id,
+        event_type), deduplicated on ``(source, event_id)`` (no id: a unique one, never a
+        duplicate). Raises :class:`InvalidEvent` for an id reused with another payload,
+        :class:`BrokerUnavailable` when Redis or the shard cannot take it now."""
+        event = new_event(self.settings, **fields)
+        future = asyncio.run_coroutine_threadsafe(self._accept(event), self._loop)
+        return future.result(SEND_TIMEOUT_S)
 
-    async def send_async(self, **kwargs: Any) -> Sent:
-        """:meth:`send` for async code."""
-        future = asyncio.run_coroutine_threadsafe(self._send(**kwargs), self._loop)
+    async def send_async(self, **fields: Any) -> Sent:
+        """:meth:`send` for async code (the same keyword arguments)."""
+        event = new_event(self.settings, **fields)
+        future = asyncio.run_coroutine_threadsafe(self._accept(event), self._loop)
         return await asyncio.wrap_future(future)
 
-    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(SEND_TIMEOUT_S)
-
-    async def _send(
-        self,
-        source: str,
-        destination: str,
-        payload: Any,
-        record_key: str,
-        event_id: str | None,
-        event_type: str,
-    ) -> Sent:
+    async def _accept(self, event: Event) -> Sent:
         s = self.settings
-        event = _event(s, source, destination, payload, record_key, event_id, event_type)
         if self._gateway is None:
             self._gateway = ReceiverGateway.from_url(s.redis_dsn(), s.keys, s.shards)
         queue = s.shards.queue_name(event.shard)
-        result = await self._gateway.accept(
-            source=event.source,
-            event_id=event.event_id,
-            body_sha256=event.body_sha256,
-            queue=queue,
-            shard=event.shard,
-            message=build_apply_message(event, queue),
-            answer=json.dumps(accepted_answer(event, queue)),
-            retention_ms=s.dedupe_retention_s * 1000,
-            high_water=s.shard_high_water,
-            key_missing=event.key_missing,
+        answer = json.dumps(accepted_answer(event, queue))
+        result = await self._gateway.accept_event(
+            event, queue, answer, s.dedupe_retention_s * 1000, s.shard_high_water
         )
         if result.verdict == "reused":
             raise InvalidEvent(
@@ -119,21 +90,22 @@ class Sender:
     def close(self) -> None:
         """Close the connection and stop the loop thread."""
         if self._gateway is not None:
-            self._run(self._gateway.close())
+            asyncio.run_coroutine_threadsafe(self._gateway.close(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
         self._loop.close()
 
 
-def _event(
+def new_event(
     settings: Settings,
     source: str,
     destination: str,
     payload: Any,
     record_key: str,
-    event_id: str | None,
-    event_type: str,
+    event_id: str | None = None,
+    event_type: str = "event",
 ) -> Event:
+    """An event for ``destination`` carrying ``payload`` (``InvalidEvent`` if it cannot be)."""
     try:
         check_json_value(payload, "the payload")
         body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()

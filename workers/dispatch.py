@@ -28,7 +28,7 @@ from keylane.routing.contract.errors import AlreadyApplied
 from keylane.routing.contract.events import Event
 from keylane.routing.contract.settings import Settings
 from keylane.routing.keys import message_digest
-from keylane.workers.apply import ApplyResult, dead_letter
+from keylane.workers.apply import ApplyResult, dead_letter, event_write
 from keylane.workers.destinations import (
     Conflict,
     Context,
@@ -39,7 +39,7 @@ from keylane.workers.destinations import (
     RetryLater,
 )
 from keylane.workers.gateway import LaneGateway, Taken
-from keylane.workers.stores.base import EventWrite, Fence, Store
+from keylane.workers.stores.base import Fence, Store
 
 log = logging.getLogger("keylane.dispatch")
 
@@ -153,18 +153,8 @@ class Dispatcher:
 
 
 def _journal(store: Store, fence: Fence, event: Event, ctx: Context, done: Done) -> ApplyResult:
-    write = EventWrite(
-        source=event.source,
-        event_id=event.event_id,
-        record_key=event.record_key,
-        shard=event.shard,
-        fields=None,
-        expected_revision=0,
-        attempts=ctx.attempt,
-        retry_of=event.retry_of,
-    )
     try:
-        store.commit_event(write, fence)
+        store.commit_event(event_write(event, None, 0, ctx.attempt), fence)
     except AlreadyApplied:
         return ApplyResult("duplicate", attempts=ctx.attempt)
     ctx.log.info("delivered to %s%s", ctx.destination, f": {done.detail}" if done.detail else "")

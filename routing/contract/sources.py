@@ -30,7 +30,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -308,24 +308,26 @@ def parse_sources(text: str, origin: str = "sources file") -> Sources:
     unknown = set(data) - {"sources", "destinations"}
     if unknown:
         raise ConfigError(f"{origin}: unknown top-level key(s) {', '.join(sorted(unknown))}")
-    sources = []
-    for name, table in tables.items():
-        try:
-            sources.append(SourceConfig(name=name, **table))
-        except (ValidationError, TypeError) as exc:
-            raise ConfigError(f"{origin}: source {name!r}: {exc}") from exc
-    return Sources(sources, _destinations(data.get("destinations", {}), origin))
-
-
-def _destinations(tables: object, origin: str) -> list[DestinationConfig]:
-    if not isinstance(tables, dict):
+    destinations = data.get("destinations", {})
+    if not isinstance(destinations, dict):
         raise ConfigError(f"{origin}: destinations are [destinations.<name>] tables")
+    return Sources(
+        _tables(tables, SourceConfig, f"{origin}: source"),
+        _tables(destinations, DestinationConfig, f"{origin}: destination"),
+    )
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _tables(tables: dict[str, Any], model: type[M], where: str) -> list[M]:
+    """One ``model`` per ``[<kind>.<name>]`` table; ``ConfigError`` names a bad one."""
     found = []
     for name, table in tables.items():
         try:
-            found.append(DestinationConfig(name=name, **table))
+            found.append(model(name=name, **table))
         except (ValidationError, TypeError) as exc:
-            raise ConfigError(f"{origin}: destination {name!r}: {exc}") from exc
+            raise ConfigError(f"{where} {name!r}: {exc}") from exc
     return found
 
 
