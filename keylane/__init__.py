@@ -1,14 +1,32 @@
 """keylane: webhook lanes with one owner per record, versioned writes, exactly-once effects.
 
-This module is the public import for user code. The packages below it are keylane's own:
+This module is the public import for user code::
+
+    import keylane
+
+    @keylane.task(key="contact:{email}")
+    def sync_contact(event: keylane.Event, ctx: keylane.Context) -> None:
+        ...  # runs once per event, in order per contact, never two at once for one contact
+
+    sync_contact.send({"email": "ada@example.com", "plan": "pro"}, event_id="order-17")
+
+and ``keylane worker -A myapp.tasks`` runs the tasks. The packages below it are keylane's own:
 
 * ``keylane.routing`` — pure key -> shard -> queue functions, and ``keylane.routing.contract``,
   what the receiver and the lanes share (events, wire messages, settings, errors, sources);
-* ``keylane.producers`` — the webhook receiver;
-* ``keylane.workers`` — the lanes, ownership and stores;
+* ``keylane.producers`` — the webhook receiver and the Python producer;
+* ``keylane.workers`` — the lanes, ownership, destinations and stores;
 * ``keylane.ops`` — the ``keylane`` command.
 """
 
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from keylane.producers.sender import Sender, Sent
+from keylane.routing.contract.destinations import TASK_PREFIX
 from keylane.routing.contract.errors import (
     ChangeNotApplicable,
     ConfigError,
@@ -18,17 +36,122 @@ from keylane.routing.contract.errors import (
     VersionConflict,
 )
 from keylane.routing.contract.events import Change, Event
+from keylane.routing.contract.settings import Settings, load_settings
+from keylane.workers.destinations import Conflict, Context, Done, GiveUp, Outcome, RetryLater
+from keylane.workers.tasks import KeyRule, TaskSpec, register
 
 __version__ = "0.1.0"
+
+#: What a task function looks like: it gets the event and its context, and returns
+#: (or raises) an outcome; returning None means done.
+TaskFunction = Callable[[Event, Context], Any]
+
+_lock = threading.Lock()
+_sender: Sender | None = None
+_settings: Settings | None = None
+
+
+def configure(**settings: Any) -> None:
+    """Point ``send`` at a deployment (``redis_url=...``, ``namespace=...``, any setting);
+    without it, the ``KEYLANE_*`` environment decides, as for the ``keylane`` command."""
+    global _sender, _settings
+    with _lock:
+        if _sender is not None:
+            _sender.close()
+        _sender, _settings = None, load_settings(**settings)
+
+
+def _get_sender() -> Sender:
+    global _sender
+    with _lock:
+        if _sender is None:
+            _sender = Sender(_settings or load_settings())
+        return _sender
+
+
+class Task:
+    """A registered task: call it like the function, or ``send`` it an event."""
+
+    def __init__(self, spec: TaskSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.__doc__ = spec.fn.__doc__
+        self.__wrapped__ = spec.fn
+
+    def __call__(self, event: Event, context: Context) -> Any:
+        return self.spec.fn(event, context)
+
+    def __repr__(self) -> str:
+        return f"<keylane task {self.name}>"
+
+    @property
+    def destination(self) -> str:
+        """The destination its events go to: its own, or ``task:<name>``."""
+        return self.spec.destination or f"{TASK_PREFIX}{self.name}"
+
+    def send(self, payload: Any, *, event_id: str | None = None, event_type: str = "event") -> Sent:
+        """Queue ``payload`` for this task, on the lane of its record key. With an
+        ``event_id``, a second send of the same id is a duplicate and runs nothing (the
+        receiver's dedupe); ``InvalidEvent`` if that id came with another payload."""
+        return _get_sender().send(**self._event(payload, event_id, event_type))
+
+    async def send_async(
+        self, payload: Any, *, event_id: str | None = None, event_type: str = "event"
+    ) -> Sent:
+        """:meth:`send` for async code."""
+        return await _get_sender().send_async(**self._event(payload, event_id, event_type))
+
+    def _event(self, payload: Any, event_id: str | None, event_type: str) -> dict[str, Any]:
+        try:
+            record_key = self.spec.record_key(payload)
+        except ValueError as exc:
+            raise InvalidEvent(str(exc)) from None
+        return {
+            "source": self.name,
+            "destination": self.destination,
+            "payload": payload,
+            "record_key": record_key,
+            "event_id": event_id,
+            "event_type": event_type,
+        }
+
+
+def task(
+    key: KeyRule, *, name: str | None = None, destination: str | None = None
+) -> Callable[[TaskFunction], Task]:
+    """Register a function as a keylane task.
+
+    ``key`` derives the record key from a payload: a template over its top-level fields
+    (``"contact:{email}"``) or a function. ``name`` defaults to the function's name; a
+    source's ``task = "..."`` refers to it. ``destination`` names a ``[destinations.X]``
+    table of ``kind = "task"`` whose limits (calls in flight, calls per second) apply.
+    """
+
+    def decorate(fn: TaskFunction) -> Task:
+        return Task(register(fn, key, name, destination))
+
+    return decorate
+
 
 __all__ = [
     "Change",
     "ChangeNotApplicable",
     "ConfigError",
+    "Conflict",
+    "Context",
+    "Done",
     "Event",
     "FieldNotOwned",
+    "GiveUp",
     "InvalidEvent",
     "KeylaneError",
+    "Outcome",
+    "RetryLater",
+    "Sent",
+    "Task",
+    "TaskFunction",
     "VersionConflict",
     "__version__",
+    "configure",
+    "task",
 ]

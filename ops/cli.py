@@ -38,6 +38,9 @@ def cli() -> None:
 cli.params.extend(deployment_params())
 
 
+APP_HELP = "Modules with your tasks, imported first (comma-separated), as celery -A."
+
+
 def main() -> None:
     """Entry point: turns keylane errors into a message and exit code 2."""
     try:
@@ -61,6 +64,7 @@ def main() -> None:
 )
 @setting_option("--lanes", "lanes", "Lanes (concurrent shards) per worker process.", type=int)
 @setting_option("--flower-port", "flower_port", "Flower's HTTP port.", type=int)
+@setting_option("-A --app", "app", APP_HELP)
 @click.option("--no-flower", is_flag=True, help="Do not start Flower.")
 @click.option(
     "--check",
@@ -111,12 +115,15 @@ def serve(ctx: click.Context) -> None:
 
 @cli.command()
 @setting_option("--lanes", "lanes", "Lanes (concurrent shards) in this process.", type=int)
+@setting_option("-A --app", "app", APP_HELP)
 @click.pass_context
 def worker(ctx: click.Context) -> None:
     """Run one worker process: it joins the others and takes its share of the shards."""
+    from keylane.workers.service import check_worker_config
     from keylane.workers.worker import run_worker
 
     settings = settings_of(ctx)
+    check_worker_config(settings)  # a task or destination that cannot work stops it here
     init_sentry(settings, "worker")
     run_worker(settings, loglevel=settings.log_level)
 
@@ -171,6 +178,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
             [[w["worker"], w["shards"], w["heartbeat_age_s"]] for w in report["workers"]],
         )
     )
+    if report["destinations"]:
+        click.echo("")
+        columns = ["destination", "in_flight", "max_in_flight", "rate_per_s", "next_token_s"]
+        columns += ["calls", "done", "retried", "waits"]
+        rows = [[d.get(c, 0) for c in columns] for d in report["destinations"]]
+        click.echo(render_table(columns, rows))
     if report["unowned"]:
         click.echo(f"\nunowned shards: {report['unowned']}")
 

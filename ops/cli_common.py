@@ -37,12 +37,13 @@ def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
 
 
 def setting_param(flag: str, field: str, help_text: str, **kwargs: Any) -> click.Option:
-    """A command-line option that overrides the setting ``field``; its help shows the
-    default and the environment variable, both from :class:`Settings`."""
+    """A command-line option that overrides the setting ``field`` (``flag`` may name
+    several spellings: ``"-A --app"``); its help shows the default and the environment
+    variable, both from :class:`Settings`."""
     default = Settings.model_fields[field].default
     shown = "none" if default is None else str(default)
     return click.Option(
-        [flag, field],
+        [*flag.split(), field],
         default=None,
         expose_value=False,
         callback=_remember,

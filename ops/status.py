@@ -35,6 +35,18 @@ def collect_status(settings: Settings, view: DeploymentView) -> dict[str, Any]:
         "workers": members,
         "counters": view.counters(),
         "unowned": [s["shard"] for s in shards if s["owner"] is None],
+        "destinations": [
+            {
+                "destination": d.name,
+                "in_flight": d.in_flight,
+                "max_in_flight": d.max_in_flight,
+                "rate_per_s": d.rate_per_s,
+                "next_token_s": d.next_token_s,
+                "paused_s": d.paused_for_s,
+                **d.counters,
+            }
+            for d in view.destinations()
+        ],
     }
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import redis
 
 from keylane.routing import ShardMap
+from keylane.routing.contract.destinations import FlowState, flow_states, queue_flow_reads
 from keylane.routing.contract.redis_calls import broker_errors, reply_text
 from keylane.routing.keys import RedisKeys
 
@@ -109,6 +110,14 @@ class DeploymentView:
         with broker_errors():
             raw: Any = self.client.hgetall(self.keys.counters)
         return {reply_text(k): int(v) for k, v in raw.items()}
+
+    def destinations(self) -> list[FlowState]:
+        """Every destination's flow control: calls in flight, limits, next token, counters."""
+        with broker_errors():
+            names = sorted(reply_text(n) for n in self.client.smembers(self.keys.destinations))
+            pipe = self.client.pipeline(transaction=False)
+            queue_flow_reads(pipe, self.keys, names)
+            return flow_states(pipe.execute(), names)
 
     def close(self) -> None:
         """Release the connection pool."""

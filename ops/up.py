@@ -25,6 +25,7 @@ from keylane.producers.signatures import verifiers_of
 from keylane.routing.contract.errors import ConfigError
 from keylane.routing.contract.settings import Settings, settings_environ
 from keylane.routing.contract.sources import load_sources
+from keylane.workers.service import check_worker_config
 from keylane.workers.stores import open_store
 
 log = logging.getLogger("keylane.up")
@@ -87,6 +88,7 @@ class Supervisor:
         # Fail here, once and clearly, rather than in a receiver restarted forever.
         sources = load_sources(s)
         verifiers_of(sources, os.environ)
+        check_worker_config(s)  # the app's tasks and every destination, before any child
         for source in sources.all():
             source.load_hook()
             if source.unsigned and source.name != "demo":

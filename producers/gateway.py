@@ -14,7 +14,7 @@ event that survives a Redis crash.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
@@ -22,6 +22,9 @@ from redis.exceptions import RedisError
 
 from keylane.routing import ShardMap
 from keylane.routing.contract import redis_scripts as scripts
+from keylane.routing.contract.destinations import FlowState, flow_states, queue_flow_reads
+from keylane.routing.contract.events import Event
+from keylane.routing.contract.message import build_apply_message
 from keylane.routing.contract.redis_calls import broker_errors, reply_text
 from keylane.routing.keys import RedisKeys
 
@@ -55,6 +58,23 @@ class MetricSnapshot:
     latency: dict[str, float]
     members: int
     held: int
+    destinations: list[FlowState] = field(default_factory=list)
+
+
+def accepted_answer(event: Event, queue: str) -> dict[str, Any]:
+    """The answer to an accepted event, kept with its dedupe mark and replayed to
+    duplicates."""
+    answer: dict[str, Any] = {
+        "status": "accepted",
+        "source": event.source,
+        "event_id": event.event_id,
+        "record_key": event.record_key,
+        "shard": event.shard,
+        "queue": queue,
+    }
+    if event.key_missing:
+        answer["key_missing"] = True
+    return answer
 
 
 class ReceiverGateway:
@@ -108,6 +128,23 @@ class ReceiverGateway:
         verdict, detail = (reply_text(x) for x in result)
         return EnqueueResult(verdict, detail)  # type: ignore[arg-type]
 
+    async def accept_event(
+        self, event: Event, queue: str, answer: str, retention_ms: int, high_water: int
+    ) -> EnqueueResult:
+        """:meth:`accept` for ``event``, as the apply message of ``queue``."""
+        return await self.accept(
+            source=event.source,
+            event_id=event.event_id,
+            body_sha256=event.body_sha256,
+            queue=queue,
+            shard=event.shard,
+            message=build_apply_message(event, queue),
+            answer=answer,
+            retention_ms=retention_ms,
+            high_water=high_water,
+            key_missing=event.key_missing,
+        )
+
     async def record_reuse(
         self,
         *,
@@ -158,13 +195,19 @@ class ReceiverGateway:
         pipe.hgetall(self.keys.latency)
         pipe.zcard(self.keys.members)
         pipe.hlen(self.keys.held)
+        pipe.smembers(self.keys.destinations)
         with broker_errors():
-            counters, latency, members, held = await pipe.execute()
+            counters, latency, members, held, names = await pipe.execute()
+            names = sorted(reply_text(n) for n in names)
+            flow = self.client.pipeline(transaction=False)
+            queue_flow_reads(flow, self.keys, names)
+            destinations = flow_states(await flow.execute(), names)
         return MetricSnapshot(
             counters={reply_text(k): float(v) for k, v in counters.items()},
             latency={reply_text(k): float(v) for k, v in latency.items()},
             members=int(members),
             held=int(held),
+            destinations=destinations,
         )
 
     async def close(self) -> None:

@@ -42,6 +42,7 @@ class Intake:
     event_type: str
     record_key: str
     changes: dict[str, Change]
+    payload: Any = None  # for a source with a task or destination: the body, as it came
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ def take_in(
     """Read the event out of a delivery; :class:`InvalidEvent` (400) when it cannot be."""
     delivery = Delivery(payload, headers)
     event_id, key_missing = _event_id(source, verified, body, delivery)
+    if source.forwards:
+        return _forwarded(source, delivery, event_id, key_missing, hook)
     if source.format == "keylane":
         return _keylane(payload, event_id, key_missing)
     event_type = (render(source.event_type, delivery) if source.event_type else None) or "event"
@@ -130,17 +133,39 @@ def _hooked(
     key_missing: bool,
     event_type: str,
 ) -> Intake | Ignored:
+    result = _call_hook(hook, payload, headers)
+    if result is None:
+        return Ignored(event_type, "the source's hook maps nothing for this delivery")
+    record_key = _record_key(result.get("record_key"), "the hook's record_key")
+    event_type = str(result.get("event_type") or event_type)
+    return Intake(event_id, key_missing, event_type, record_key, _changes(result.get("changes")))
+
+
+def _forwarded(
+    source: SourceConfig, delivery: Delivery, event_id: str, key_missing: bool, hook: Hook | None
+) -> Intake | Ignored:
+    """A delivery for a task or destination: the body is the payload, keylane only needs
+    its record key (from the source's template, or from its hook)."""
+    event_type = (render(source.event_type, delivery) if source.event_type else None) or "event"
+    if hook is None:
+        assert source.record_key is not None
+        record_key = _record_key(render(source.record_key, delivery), source.record_key)
+    else:
+        mapped = _call_hook(hook, delivery.body, delivery.headers)
+        if mapped is None:
+            return Ignored(event_type, "the source's hook maps nothing for this delivery")
+        record_key = _record_key(mapped.get("record_key"), "the hook's record_key")
+    return Intake(event_id, key_missing, event_type, record_key, {}, delivery.body)
+
+
+def _call_hook(hook: Hook, payload: Any, headers: Mapping[str, str]) -> Mapping[str, Any] | None:
     try:
         result = hook(payload, headers)
     except (ValueError, KeyError, TypeError, LookupError) as exc:
         raise InvalidEvent(f"the source's hook could not map this delivery: {exc}") from None
-    if result is None:
-        return Ignored(event_type, "the source's hook maps nothing for this delivery")
-    if not isinstance(result, Mapping):
+    if result is not None and not isinstance(result, Mapping):
         raise InvalidEvent("the source's hook returned neither a mapping nor None")
-    record_key = _record_key(result.get("record_key"), "the hook's record_key")
-    event_type = str(result.get("event_type") or event_type)
-    return Intake(event_id, key_missing, event_type, record_key, _changes(result.get("changes")))
+    return result
 
 
 def _record_key(value: object, where: str) -> str:

@@ -26,7 +26,6 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
 
 import sentry_sdk
 from starlette.applications import Starlette
@@ -36,7 +35,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from keylane.producers.body import check_media_type, parse_json, read_body
-from keylane.producers.gateway import EnqueueResult, ReceiverGateway
+from keylane.producers.gateway import EnqueueResult, ReceiverGateway, accepted_answer
 from keylane.producers.intake import Ignored, Intake, take_in
 from keylane.producers.signatures import verifiers_of
 from keylane.producers.telemetry import QueueWatch, ReceiverMetrics
@@ -165,6 +164,8 @@ class Receiver:
             accepted_at=time.time(),
             shard=self.settings.shards.shard_for_key(intake.record_key),
             key_missing=intake.key_missing,
+            destination=source.destination_name,
+            payload=intake.payload,
         )
 
     async def _accept(self, source: SourceConfig, event: Event) -> Response:
@@ -177,30 +178,12 @@ class Receiver:
                 retry_after=self.watch.retry_after_global(s.global_high_water),
             )
         queue = s.shards.queue_name(event.shard)
-        answer: dict[str, Any] = {
-            "status": "accepted",
-            "source": event.source,
-            "event_id": event.event_id,
-            "record_key": event.record_key,
-            "shard": event.shard,
-            "queue": queue,
-        }
-        if event.key_missing:
-            answer["key_missing"] = True
+        answer = accepted_answer(event, queue)
         retention_ms = source.retention(s) * 1000
         self.faults.hit("receiver.before_enqueue", event.record_key)
         try:
-            result = await self.gateway.accept(
-                source=event.source,
-                event_id=event.event_id,
-                body_sha256=event.body_sha256,
-                queue=queue,
-                shard=event.shard,
-                message=build_apply_message(event, queue),
-                answer=json.dumps(answer),
-                retention_ms=retention_ms,
-                high_water=s.shard_high_water,
-                key_missing=event.key_missing,
+            result = await self.gateway.accept_event(
+                event, queue, json.dumps(answer), retention_ms, s.shard_high_water
             )
             if result.verdict == "reused":
                 review = event.model_copy(update={"review": "id_reused"})

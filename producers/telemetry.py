@@ -192,6 +192,33 @@ class _Snapshot(Collector):
         held = GaugeMetricFamily("keylane_held_keys", "Record keys held behind a dead letter.")
         held.add_metric([], self.snapshot.held)
         yield held
+        yield from self._destinations()
+
+    def _destinations(self) -> Iterable[Any]:
+        label = ["destination"]
+        in_flight = GaugeMetricFamily(
+            "keylane_destination_in_flight", "Calls in flight, over every worker.", labels=label
+        )
+        limit = GaugeMetricFamily(
+            "keylane_destination_rate_limit", "Calls per second allowed (0: none).", labels=label
+        )
+        next_token = GaugeMetricFamily(
+            "keylane_destination_next_token_seconds",
+            "Seconds until the next call may start (rate or Retry-After).",
+            labels=label,
+        )
+        calls = CounterMetricFamily(
+            "keylane_destination_calls",
+            "Calls by outcome (done, retried, gave_up, conflicts, failed) and waits.",
+            labels=["destination", "outcome"],
+        )
+        for state in self.snapshot.destinations:
+            in_flight.add_metric([state.name], state.in_flight)
+            limit.add_metric([state.name], state.rate_per_s or 0)
+            next_token.add_metric([state.name], state.next_token_s)
+            for outcome, count in sorted(state.counters.items()):
+                calls.add_metric([state.name, outcome], count)
+        return [in_flight, limit, next_token, calls]
 
     def _latency(self) -> HistogramMetricFamily:
         cumulative, buckets = 0.0, []

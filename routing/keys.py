@@ -118,6 +118,24 @@ class RedisKeys:
         """List of events waiting behind an open dead letter on a held key."""
         return f"{self.prefix}parked:{record_key}"
 
+    @property
+    def destinations(self) -> str:
+        """Set of destination names that have flow state (for status and metrics)."""
+        return f"{self.prefix}destinations"
+
+    def flow_calls(self, destination: str) -> str:
+        """Sorted set of a destination's calls in flight: slot -> expiry (ms since epoch)."""
+        return f"{self.prefix}flow:{destination}:calls"
+
+    def flow_bucket(self, destination: str) -> str:
+        """Hash of a destination's limits and token bucket (``max``, ``rate``, ``tokens``,
+        ``ts``) and the time it is paused until after a ``Retry-After`` (``paused``)."""
+        return f"{self.prefix}flow:{destination}:bucket"
+
+    def flow_counters(self, destination: str) -> str:
+        """Hash of a destination's counters (calls, done, waits, retries, ...)."""
+        return f"{self.prefix}flow:{destination}:counters"
+
     def once(self, marker: str) -> str:
         """Marker that an operator's message (e.g. the retry of one dead letter) was queued."""
         return f"{self.prefix}once:{marker}"

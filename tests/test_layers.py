@@ -118,3 +118,15 @@ def test_redis_is_reached_through_one_gateway_per_side() -> None:
     }
     # Then only the gateways import the Redis client
     assert importers == REDIS_IMPORTERS
+
+
+def test_httpx_is_imported_by_the_http_forward_alone() -> None:
+    # Given every shipped module (the health check and benchmarks call receivers too)
+    importers = {
+        module
+        for module, path in MODULES.items()
+        if not module.startswith("keylane.ops")
+        and any(name.split(".")[0] == "httpx" for name in imports(path))
+    }
+    # Then below ops only the HTTP forward destination imports the HTTP client
+    assert importers == {"keylane.workers.destinations.http_forward"}

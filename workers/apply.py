@@ -111,16 +111,7 @@ def apply_event(
                 store, event, fence, "handler_error", attempt, str(exc), record.revision
             )
         faults.hit("worker.before_write", event.record_key, bump=lambda: _bump(store, event))
-        write = EventWrite(
-            source=event.source,
-            event_id=event.event_id,
-            record_key=event.record_key,
-            shard=event.shard,
-            fields=fields,
-            expected_revision=record.revision,
-            attempts=attempt,
-            retry_of=event.retry_of,
-        )
+        write = event_write(event, fields, record.revision, attempt)
         try:
             revision = store.commit_event(write, fence)
         except VersionConflict as exc:
@@ -139,6 +130,22 @@ def apply_event(
         revision_read,
         found,
         conflicts=max_attempts,
+    )
+
+
+def event_write(
+    event: Event, fields: dict[str, Any] | None, expected_revision: int, attempts: int
+) -> EventWrite:
+    """The store write of ``event``'s effect (``fields`` None: journal it, no record change)."""
+    return EventWrite(
+        source=event.source,
+        event_id=event.event_id,
+        record_key=event.record_key,
+        shard=event.shard,
+        fields=fields,
+        expected_revision=expected_revision,
+        attempts=attempts,
+        retry_of=event.retry_of,
     )
 
 

@@ -81,6 +81,9 @@ class LaneGateway:
         self._unhold_key = client.register_script(scripts.UNHOLD_KEY)
         self._push_once = client.register_script(scripts.PUSH_ONCE)
         self._give_back = client.register_script(scripts.GIVE_BACK)
+        self._flow_acquire = client.register_script(scripts.FLOW_ACQUIRE)
+        self._flow_release = client.register_script(scripts.FLOW_RELEASE)
+        self._note_retry = client.register_script(scripts.NOTE_RETRY)
 
     @classmethod
     def from_url(cls, url: str, keys: RedisKeys, shards: ShardMap) -> LaneGateway:
@@ -289,6 +292,55 @@ class LaneGateway:
         """The error of the last failed delivery, if any."""
         field = f"{message_digest(raw)}:error"
         return reply_text(_do(lambda: self.client.hget(self.keys.deliveries(shard), field)))
+
+    def retries(self, shard: int, raw: bytes) -> int:
+        """Failed calls of the shard's in-flight message so far (see :meth:`note_retry`)."""
+        field = f"{message_digest(raw)}:retries"
+        return int(_do(lambda: self.client.hget(self.keys.deliveries(shard), field)) or 0)
+
+    def note_retry(self, shard: int, raw: bytes) -> tuple[int, float]:
+        """Count one more failed call of the shard's in-flight message (apart from its
+        delivery count): how many so far, and seconds since the first."""
+        retries, since_ms = _call(
+            self._note_retry, [self.keys.deliveries(shard)], [message_digest(raw)]
+        )
+        return int(retries), int(since_ms) / 1000
+
+    # -- destinations: flow control --------------------------------------------------------
+
+    def flow_acquire(
+        self,
+        destination: str,
+        slot: str,
+        max_in_flight: int | None,
+        rate_per_s: float | None,
+        slot_ttl_ms: int,
+    ) -> tuple[float, str]:
+        """Ask to start a call to ``destination`` (every worker shares its limits):
+        ``(0, "ok")`` holds ``slot`` until :meth:`flow_release`, else the seconds to wait
+        and why (``paused``, ``in_flight``, ``rate``)."""
+        k = self.keys
+        ok, wait_ms, why = _call(
+            self._flow_acquire,
+            [
+                k.flow_calls(destination),
+                k.flow_bucket(destination),
+                k.flow_counters(destination),
+                k.destinations,
+            ],
+            [slot, max_in_flight or 0, rate_per_s or 0, slot_ttl_ms, destination],
+        )
+        return (0.0 if ok else int(wait_ms) / 1000), reply_text(why)
+
+    def flow_release(self, destination: str, slot: str, outcome: str, pause_s: float = 0) -> None:
+        """The call in ``slot`` ended with ``outcome`` (counted); ``pause_s`` pauses the
+        destination for every worker (a ``Retry-After``)."""
+        k = self.keys
+        _call(
+            self._flow_release,
+            [k.flow_calls(destination), k.flow_bucket(destination), k.flow_counters(destination)],
+            [slot, outcome, int(pause_s * 1000)],
+        )
 
     # -- membership and counters ---------------------------------------------------------
 

@@ -12,7 +12,10 @@ What a lane does with a message it cannot finish:
 * handler raised: count the delivery, back off, try again; after ``max_deliveries``
   starts (crashes included) the event becomes a ``poison`` dead letter and the shard
   moves on;
-* bytes that are not a keylane task: a ``malformed`` dead letter, and move on.
+* bytes that are not a keylane task: a ``malformed`` dead letter, and move on;
+* an event for a destination that must wait (throttled, paused, backing off after a
+  failed call): leave it in flight, take back its delivery count, back off that shard
+  only (:mod:`keylane.workers.dispatch`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from keylane.routing.contract.sources import SourceConfig, Sources
 from keylane.routing.router import APPLY_TASK, UNHOLD_TASK
 from keylane.workers.alerts import alert_dead_letter
 from keylane.workers.apply import ApplyResult, Handler, apply_event, dead_letter
+from keylane.workers.dispatch import Dispatcher, Wait
 from keylane.workers.doorbell import Doorbell
 from keylane.workers.gateway import LaneGateway, Lease, Taken
 from keylane.workers.ownership import Ownership
@@ -63,8 +67,10 @@ class Lanes:
         store_factory: Callable[[], Store],
         faults: Faults,
         on_result: ResultCallback | None = None,
+        dispatcher: Dispatcher | None = None,
     ) -> None:
         self.settings = settings
+        self.dispatcher = dispatcher or Dispatcher(settings, gateway, {})
         self.gateway = gateway
         self.ownership = ownership
         self.sources = sources
@@ -226,6 +232,10 @@ class Lanes:
             return
         if result is None:
             return  # the lease ran out before the write: the next owner takes it from here
+        if isinstance(result, Wait):
+            self.gateway.uncount_delivery(lease.shard, taken.raw)  # waiting is not a failure
+            self.ownership.back_off(lease.shard, result.seconds)
+            return
         self._after(store, event, result)
         self.faults.hit("worker.before_ack", event.record_key)
         applied = result.outcome == "applied"
@@ -238,7 +248,7 @@ class Lanes:
 
     def _outcome(
         self, store: Store, lease: Lease, taken: Taken, event: Event
-    ) -> ApplyResult | None:
+    ) -> ApplyResult | Wait | None:
         fence = Fence(lease.shard, lease.token)
         deliveries = taken.deliveries
         if deliveries > self.settings.max_deliveries:
@@ -257,6 +267,8 @@ class Lanes:
             )
         if not self.ownership.valid(lease):
             return None
+        if event.destination is not None:
+            return self.dispatcher.deliver(store, fence, taken, event)
         source = self.sources.get(event.source)
         return apply_event(
             store,

@@ -12,11 +12,14 @@ import uuid
 from keylane.routing.contract.faults import Faults
 from keylane.routing.contract.settings import Settings
 from keylane.routing.contract.sources import Sources, load_sources
+from keylane.workers.destinations import Destination, open_destinations
+from keylane.workers.dispatch import Dispatcher
 from keylane.workers.gateway import LaneGateway
 from keylane.workers.lanes import Lanes, ResultCallback
 from keylane.workers.ownership import Ownership
 from keylane.workers.stores import open_store
 from keylane.workers.stores.base import Store
+from keylane.workers.tasks import import_app
 
 log = logging.getLogger("keylane.worker")
 
@@ -38,8 +41,9 @@ class LaneService:
     ) -> None:
         self.settings = settings
         self.worker_id = worker_id or new_worker_id()
-        self.gateway = LaneGateway.from_url(settings.redis_dsn(), settings.keys, settings.shards)
         self.sources = sources or load_sources(settings)
+        self.destinations = prepare_destinations(settings, self.sources)
+        self.gateway = LaneGateway.from_url(settings.redis_dsn(), settings.keys, settings.shards)
         info: dict[str, object] = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -55,6 +59,7 @@ class LaneService:
             self.open_store,
             Faults(settings.faults),
             on_result,
+            Dispatcher(settings, self.gateway, self.destinations),
         )
 
     def open_store(self) -> Store:
@@ -82,4 +87,25 @@ class LaneService:
         """Finish in-flight messages, acknowledge them, release every lease, leave."""
         self.ownership.stop(timeout_s)
         self.lanes.stop(timeout_s)
+        for destination in self.destinations.values():
+            destination.close()
         log.info("worker %s stopped", self.worker_id)
+
+
+def prepare_destinations(settings: Settings, sources: Sources) -> dict[str, Destination]:
+    """Import the user's app modules, then open every destination, checking what can be
+    checked before any event arrives (``ConfigError`` says what is wrong)."""
+    import_app(settings.app_modules)
+    destinations = open_destinations(sources.destinations)
+    for destination in destinations.values():
+        settings.check_destination_timeout(destination.config.name, destination.config.timeout_s)
+    return destinations
+
+
+def check_worker_config(settings: Settings) -> list[str]:
+    """What a worker checks before it starts (the app imports, every destination can be
+    opened); the destination names. Raises ``ConfigError``."""
+    destinations = prepare_destinations(settings, load_sources(settings))
+    for destination in destinations.values():
+        destination.close()
+    return sorted(destinations)

@@ -11,7 +11,6 @@ exactly: text has its ``whsec_`` prefix removed and is base64-decoded leniently
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping, Sequence
 
 from keylane.producers.signatures.base import (
@@ -25,12 +24,12 @@ from keylane.producers.signatures.base import (
 )
 from keylane.producers.signatures.keys import SecretInput, SigningKeys, decode_signature, reveal
 from keylane.routing.contract.errors import ConfigError
+from keylane.routing.contract.signing import whsec_key
 
 ID_HEADER = "webhook-id"
 TIMESTAMP_HEADER = "webhook-timestamp"
 SIGNATURE_HEADER = "webhook-signature"
 DEFAULT_TOLERANCE_S = 300
-_WHSEC_PREFIX = "whsec_"
 
 
 class StandardWebhooksVerifier:
@@ -68,11 +67,9 @@ def signing_key(secret: SecretInput, position: int) -> bytes:
     value = reveal(secret)
     if isinstance(value, bytes):
         return value
-    if value.startswith(_WHSEC_PREFIX):
-        value = value[len(_WHSEC_PREFIX) :]
     try:
         # Lenient like the package, so a secret it accepts is accepted here too.
-        return base64.b64decode(value + "==")
+        return whsec_key(value)
     except ValueError:
         # The secret's text stays out of the message (and `from None` drops the cause).
         raise ConfigError(

@@ -149,6 +149,14 @@ class Event(BaseModel):
     key_missing: bool = False  # the sender gave no id: event_id is synthetic
     retry_of: int | None = None  # dead-letter id when an operator retries the event
     review: str | None = None  # set on a review-only message: record, never apply
+    destination: str | None = None  # a task or destination runs it, not keylane's records
+    payload: Any = None  # what a task or destination gets: the delivery's JSON body
+
+    @property
+    def idempotency_key(self) -> str:
+        """The key a destination sees on every call for this event, retries and
+        redeliveries included: ``<source>/<event id>``."""
+        return f"{self.source}/{self.event_id}"
 
     @field_validator("source", "event_id", "event_type", "record_key")
     @classmethod

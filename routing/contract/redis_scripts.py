@@ -172,7 +172,8 @@ ACK_MESSAGE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('LREM', KEYS[2], 1, ARGV[2])
 local digest = redis.sha1hex(ARGV[2])
-redis.call('HDEL', KEYS[3], digest, digest .. ':error')
+redis.call('HDEL', KEYS[3], digest, digest .. ':error', digest .. ':retries',
+  digest .. ':since')
 redis.call('HINCRBY', KEYS[6], ARGV[8], 1)
 if ARGV[3] == '' then return 1 end
 redis.call('HINCRBY', KEYS[4], ARGV[3], 1)
@@ -197,4 +198,78 @@ GIVE_BACK = """
 redis.call('RPUSH', KEYS[1], ARGV[1])
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
+"""
+
+# -- destinations: flow control shared by every worker --------------------------------
+
+# May a call to a destination start now? Limits: calls in flight (a sorted set of slots
+# whose scores are expiry times, so a slot of a worker killed mid-call frees itself), calls
+# per second (a token bucket holding at most one token) and a pause after Retry-After.
+# A slot already held (the same message, resumed after a crash) is kept. Time is Redis's
+# own clock, so every worker measures against the same one.
+# KEYS = (calls, bucket, counters, destinations set); ARGV = (slot, max in flight (0: none),
+# rate per s (0: none), slot ttl ms, destination name).
+# Returns {1, 0, 'ok'} or {0, wait ms, why}.
+FLOW_ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local max, rate = tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('SADD', KEYS[4], ARGV[5])
+redis.call('HSET', KEYS[2], 'max', ARGV[2], 'rate', ARGV[3])
+local paused = tonumber(redis.call('HGET', KEYS[2], 'paused') or '0')
+if paused > now then
+  redis.call('HINCRBY', KEYS[3], 'waits', 1)
+  return {0, paused - now, 'paused'}
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[1])
+  redis.call('HINCRBY', KEYS[3], 'calls', 1)
+  return {1, 0, 'ok'}
+end
+if max > 0 and redis.call('ZCARD', KEYS[1]) >= max then
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  redis.call('HINCRBY', KEYS[3], 'waits', 1)
+  return {0, math.max(1, math.min(1000, tonumber(first[2]) - now)), 'in_flight'}
+end
+if rate > 0 then
+  local tokens = tonumber(redis.call('HGET', KEYS[2], 'tokens') or '1')
+  local ts = tonumber(redis.call('HGET', KEYS[2], 'ts') or tostring(now))
+  tokens = math.min(1, tokens + math.max(0, now - ts) * rate / 1000)
+  if tokens < 1 then
+    redis.call('HSET', KEYS[2], 'tokens', tostring(tokens), 'ts', now)
+    redis.call('HINCRBY', KEYS[3], 'waits', 1)
+    return {0, math.max(1, math.ceil((1 - tokens) * 1000 / rate)), 'rate'}
+  end
+  redis.call('HSET', KEYS[2], 'tokens', tostring(tokens - 1), 'ts', now)
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[1])
+redis.call('HINCRBY', KEYS[3], 'calls', 1)
+return {1, 0, 'ok'}
+"""
+
+# A call ended: free its slot, count its outcome, and (after a Retry-After) pause the
+# destination for every worker. KEYS = (calls, bucket, counters);
+# ARGV = (slot, outcome counter, pause ms (0: none)).
+FLOW_RELEASE = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
+local pause = tonumber(ARGV[3])
+if pause > 0 then
+  local t = redis.call('TIME')
+  local until_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + pause
+  local paused = tonumber(redis.call('HGET', KEYS[2], 'paused') or '0')
+  if until_ms > paused then redis.call('HSET', KEYS[2], 'paused', until_ms) end
+end
+return 1
+"""
+
+# One more failed call of a shard's in-flight message: count it and keep the time of the
+# first failure (both dropped when the message is acknowledged). Returns {retries, since ms}.
+NOTE_RETRY = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local retries = redis.call('HINCRBY', KEYS[1], ARGV[1] .. ':retries', 1)
+redis.call('HSETNX', KEYS[1], ARGV[1] .. ':since', now)
+return {retries, now - tonumber(redis.call('HGET', KEYS[1], ARGV[1] .. ':since'))}
 """

@@ -52,6 +52,8 @@ class Settings(BaseSettings):
     store_timeout_ms: int = Field(5_000, ge=10)
     inflight_deadline_ms: int = Field(120_000, ge=100)
     idle_poll_ms: int = Field(200, ge=1)
+    # User tasks: modules imported before the lanes start (comma-separated), as `celery -A`
+    app: str | None = None
 
     # Receiver
     host: str = "127.0.0.1"
@@ -95,6 +97,21 @@ class Settings(BaseSettings):
     def worst_case_ms(self) -> int:
         """The longest one message may legitimately keep a lane busy."""
         return self.max_attempts * (self.handler_time_limit_ms + 2 * self.store_timeout_ms)
+
+    @property
+    def app_modules(self) -> list[str]:
+        """The modules of ``app`` (``KEYLANE_APP`` or ``-A``), in order."""
+        return [m.strip() for m in (self.app or "").split(",") if m.strip()]
+
+    def check_destination_timeout(self, name: str, timeout_s: float) -> None:
+        """A destination's calls must end well inside the in-flight deadline: its
+        ``max_attempts`` calls (conflicts are re-run) at most half of it."""
+        worst_ms = self.max_attempts * timeout_s * 1000
+        if worst_ms * 2 > self.inflight_deadline_ms:
+            raise ConfigError(
+                f"destination {name}: max_attempts x timeout_s = {worst_ms:.0f} ms must stay "
+                f"under half of inflight_deadline_ms ({self.inflight_deadline_ms})"
+            )
 
     @property
     def shards(self) -> ShardMap:

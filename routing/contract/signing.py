@@ -18,6 +18,9 @@ Listing several variables is how a secret is rotated: a delivery verifies if any
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import re
 from collections.abc import Mapping
 from typing import Annotated, Literal, TypeAlias
@@ -199,3 +202,19 @@ def check_signed_payload(
         raise ValueError("signed_payload uses {timestamp} if and only if timestamp_header is set")
     if "event_id" in names and event_id_header is None:
         raise ValueError("signed_payload uses {event_id} but event_id_header is not set")
+
+
+WHSEC_PREFIX = "whsec_"
+
+
+def whsec_key(secret: str) -> bytes:
+    """The HMAC key of a Standard Webhooks ``whsec_<base64>`` secret, derived as the
+    ``standardwebhooks`` package does (prefix dropped, base64 decoded leniently);
+    ``ValueError`` when it is not base64."""
+    return base64.b64decode(secret.removeprefix(WHSEC_PREFIX) + "==")
+
+
+def standard_webhooks_signature(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` header value (``v1,<base64 HMAC-SHA256>``) of a message."""
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()

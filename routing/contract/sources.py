@@ -13,6 +13,10 @@ README "Sources" for a complete example. Per source:
   another; ``content-hash``; ``reject``);
 * ``handler``: an optional ``module:function`` the lane calls on every attempt with the
   event and the record as freshly read, returning the change to apply;
+* ``task`` / ``destination``: instead of a change to keylane's records, each event goes
+  to a registered user task or to a ``[destinations.<name>]`` (see
+  :mod:`keylane.routing.contract.destinations`), with the body as its payload and the
+  record key from ``record_key`` (or a hook);
 * ``owns``: the fields it may write; ``retention_s``: how long ids are remembered
   (default: the provider's longest retry window); ``on_dead_letter``: ``continue`` or
   ``hold`` (later events of the key wait until the review row is closed).
@@ -26,10 +30,15 @@ import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from keylane.routing.contract.destinations import (
+    DestinationConfig,
+    check_task_name,
+    task_destination,
+)
 from keylane.routing.contract.errors import ConfigError
 from keylane.routing.contract.events import OPS, check_field_name
 from keylane.routing.contract.mapping import check_reference, check_template, is_reference
@@ -129,6 +138,8 @@ class SourceConfig(BaseModel):
     on: dict[str, dict[str, FieldRule]] = Field(default_factory=dict)
     hook: str | None = None
     handler: str | None = None
+    task: str | None = None
+    destination: str | None = None
     owns: tuple[str, ...] = ("*",)
     retention_s: int | None = Field(None, ge=1)
     on_dead_letter: Literal["continue", "hold"] = "continue"
@@ -170,8 +181,15 @@ class SourceConfig(BaseModel):
             raise ValueError(f"hooks are 'package.module:function', got {hook!r}")
         return hook
 
+    @field_validator("task")
+    @classmethod
+    def _check_task(cls, task: str | None) -> str | None:
+        return task if task is None else check_task_name(task)
+
     @model_validator(mode="after")
     def _check_format(self) -> SourceConfig:
+        if self.forwards:
+            return self._check_forward()
         unmapped = self.record_key is None or not self.on
         if self.format == "mapped" and self.hook is None and unmapped:
             raise ValueError("a mapped source needs record_key and an `on` table, or a hook")
@@ -185,6 +203,27 @@ class SourceConfig(BaseModel):
         ):
             raise ValueError(f'event_id = "signature": scheme {_scheme(self)!r} has no id header')
         return self
+
+    def _check_forward(self) -> SourceConfig:
+        if self.task is not None and self.destination is not None:
+            raise ValueError("a source names a task or a destination, not both")
+        if self.on or self.handler:
+            raise ValueError("on and handler apply to sources that change keylane's records")
+        if self.record_key is None and self.hook is None:
+            raise ValueError("a source with a task or destination needs record_key (or a hook)")
+        return self
+
+    @property
+    def forwards(self) -> bool:
+        """Whether its events go to a task or destination (not to keylane's records)."""
+        return self.task is not None or self.destination is not None
+
+    @property
+    def destination_name(self) -> str | None:
+        """The destination its events go to, if any."""
+        if self.task is not None:
+            return task_destination(self.task).name
+        return self.destination
 
     @property
     def ownership(self) -> FieldOwnership:
@@ -230,10 +269,19 @@ DEMO = SourceConfig(name="demo")
 
 
 class Sources:
-    """The configured sources, by name."""
+    """The configured sources (and destinations), by name."""
 
-    def __init__(self, sources: list[SourceConfig]) -> None:
+    def __init__(
+        self, sources: list[SourceConfig], destinations: list[DestinationConfig] | None = None
+    ) -> None:
         self._by_name = {s.name: s for s in sources}
+        implied = [task_destination(s.task) for s in sources if s.task is not None]
+        self.destinations = {d.name: d for d in [*implied, *(destinations or [])]}
+        for source in sources:
+            if source.destination is not None and source.destination not in self.destinations:
+                raise ConfigError(
+                    f"source {source.name}: no [destinations.{source.destination}] table"
+                )
 
     def get(self, name: str) -> SourceConfig | None:
         """The source called ``name``, if configured."""
@@ -257,16 +305,30 @@ def parse_sources(text: str, origin: str = "sources file") -> Sources:
     tables = data.get("sources")
     if not isinstance(tables, dict) or not tables:
         raise ConfigError(f"{origin}: no [sources.<name>] table")
-    unknown = set(data) - {"sources"}
+    unknown = set(data) - {"sources", "destinations"}
     if unknown:
         raise ConfigError(f"{origin}: unknown top-level key(s) {', '.join(sorted(unknown))}")
-    sources = []
+    destinations = data.get("destinations", {})
+    if not isinstance(destinations, dict):
+        raise ConfigError(f"{origin}: destinations are [destinations.<name>] tables")
+    return Sources(
+        _tables(tables, SourceConfig, f"{origin}: source"),
+        _tables(destinations, DestinationConfig, f"{origin}: destination"),
+    )
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _tables(tables: dict[str, Any], model: type[M], where: str) -> list[M]:
+    """One ``model`` per ``[<kind>.<name>]`` table; ``ConfigError`` names a bad one."""
+    found = []
     for name, table in tables.items():
         try:
-            sources.append(SourceConfig(name=name, **table))
+            found.append(model(name=name, **table))
         except (ValidationError, TypeError) as exc:
-            raise ConfigError(f"{origin}: source {name!r}: {exc}") from exc
-    return Sources(sources)
+            raise ConfigError(f"{where} {name!r}: {exc}") from exc
+    return found
 
 
 def load_sources(settings: Settings) -> Sources:

@@ -1,0 +1,232 @@
+"""Destinations: where an event goes when keylane does not write it to its own records.
+
+A sources file declares them next to the sources, one ``[destinations.<name>]`` table
+each, and a source names one (``destination = "crm"``) or names a user task
+(``task = "sync_contact"``, a destination of kind ``task`` without limits)::
+
+    [destinations.crm]
+    kind = "http"                           # POST each event to url
+    url = "https://hooks.example.com/abc"
+    headers = { Authorization = "env:CRM_TOKEN" }   # "env:NAME" reads the environment
+    secret_env = "CRM_SIGNING_SECRET"       # sign with Standard Webhooks (optional)
+    timeout_s = 10
+    max_in_flight = 4                       # calls at once, over every worker
+    rate_per_s = 3                          # calls per second, over every worker
+    retry_for_s = 3600                      # keep retrying a failing event this long
+
+    [destinations.notion]
+    kind = "task"                           # run a registered Python task ...
+    task = "sync_contact"                   # ... under this destination's limits
+
+Flow control is shared by every worker through Redis (the flow script in
+:mod:`keylane.routing.contract.redis_scripts`); :class:`FlowState` reads what it keeps.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from keylane.routing.contract.errors import ConfigError
+from keylane.routing.keys import RedisKeys
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+#: Prefix of the destinations keylane makes for a source's ``task = "..."``.
+TASK_PREFIX = "task:"
+#: Headers keylane sets on every forward: a destination's own headers may not replace them.
+RESERVED_HEADERS = frozenset(
+    {"content-type", "idempotency-key", "webhook-id", "webhook-timestamp", "webhook-signature"}
+)
+#: How much of a destination's answer is kept (journal, dead letters).
+EXCERPT_CHARS = 2000
+
+
+def check_task_name(name: str) -> str:
+    """A task name: what sources and destinations refer to (``ValueError`` if invalid)."""
+    if not _NAME.match(name):
+        raise ValueError(f"task names are lowercase [a-z0-9_.-], 1..64 chars: {name!r}")
+    return name
+
+
+class DestinationConfig(BaseModel):
+    """One destination, as declared (or, for a source's ``task``, implied)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    kind: Literal["http", "task"]
+    url: str | None = None
+    task: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    secret_env: str | None = None
+    timeout_s: float = Field(10.0, gt=0, le=300)
+    max_in_flight: int | None = Field(None, ge=1, le=10_000)
+    rate_per_s: float | None = Field(None, gt=0, le=100_000)
+    retry_for_s: float = Field(3600.0, ge=0)
+    max_backoff_s: float = Field(60.0, gt=0, le=3600)
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        if name.startswith(TASK_PREFIX):
+            check_task_name(name.removeprefix(TASK_PREFIX))
+            return name
+        if not _NAME.match(name):
+            raise ValueError(f"destination names are lowercase [a-z0-9_.-], 1..64 chars: {name!r}")
+        return name
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return url
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url must be http:// or https:// with a host, got {url!r}")
+        return url
+
+    @field_validator("task")
+    @classmethod
+    def _check_task(cls, task: str | None) -> str | None:
+        return task if task is None else check_task_name(task)
+
+    @field_validator("secret_env")
+    @classmethod
+    def _check_env(cls, name: str | None) -> str | None:
+        if name is not None and not _ENV_NAME.match(name):
+            raise ValueError(f"secret_env names an environment variable, got {name!r}")
+        return name
+
+    @field_validator("headers")
+    @classmethod
+    def _check_headers(cls, headers: dict[str, str]) -> dict[str, str]:
+        for name, value in headers.items():
+            if not _HEADER_NAME.match(name):
+                raise ValueError(f"not a header name: {name!r}")
+            if name.lower() in RESERVED_HEADERS:
+                raise ValueError(f"header {name} is set by keylane on every call")
+            if value.startswith("env:") and not _ENV_NAME.match(value[4:]):
+                raise ValueError(f"header {name}: env: names an environment variable")
+        return headers
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> DestinationConfig:
+        if self.kind == "http" and (self.url is None or self.task is not None):
+            raise ValueError('kind = "http" needs url (and no task)')
+        if self.kind == "task" and (self.task is None or self.url is not None):
+            raise ValueError('kind = "task" needs task (and no url)')
+        if self.kind == "task" and (self.headers or self.secret_env):
+            raise ValueError("headers and secret_env apply to http destinations only")
+        return self
+
+    def env_names(self) -> list[str]:
+        """Every environment variable this destination reads (secret and headers)."""
+        names = [self.secret_env] if self.secret_env else []
+        return names + [v[4:] for v in self.headers.values() if v.startswith("env:")]
+
+    def check_environment(self, environ: dict[str, str]) -> None:
+        """Refuse to start when a variable it reads is missing (named, never its value)."""
+        missing = [n for n in self.env_names() if not environ.get(n)]
+        if missing:
+            raise ConfigError(
+                f"destination {self.name}: environment variable(s) {', '.join(missing)} not set"
+            )
+
+
+def task_destination(task: str) -> DestinationConfig:
+    """The destination of a source that names ``task = "..."``: the task, no limits."""
+    return DestinationConfig(name=f"{TASK_PREFIX}{task}", kind="task", task=task)
+
+
+def retry_delay_s(retries: int, max_backoff_s: float, jitter: float) -> float:
+    """Exponential back-off with jitter: about 0.5 s, 1 s, 2 s, ... up to ``max_backoff_s``;
+    ``jitter`` in [0, 1) spreads the second half of each delay."""
+    delay: float = min(max_backoff_s, 0.5 * 2.0 ** max(0, retries - 1))
+    return delay / 2 + delay / 2 * jitter
+
+
+@dataclass(frozen=True)
+class FlowState:
+    """One destination's flow control as the flow script keeps it, at ``now_ms``."""
+
+    name: str
+    in_flight: int
+    max_in_flight: int | None
+    rate_per_s: float | None
+    tokens: float
+    paused_for_s: float
+    counters: dict[str, int]
+
+    @property
+    def next_token_s(self) -> float:
+        """Seconds until a call may start as far as the rate allows (0: now)."""
+        wait = self.paused_for_s
+        if self.rate_per_s and self.tokens < 1:
+            wait = max(wait, (1 - self.tokens) / self.rate_per_s)
+        return round(wait, 3)
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        bucket: dict[str, str],
+        in_flight: int,
+        counters: dict[str, int],
+        now_ms: int,
+    ) -> FlowState:
+        """Read the bucket hash (``max``, ``rate``, ``tokens``, ``ts``, ``paused``)."""
+        rate = float(bucket.get("rate") or 0)
+        max_in_flight = int(float(bucket.get("max") or 0))
+        tokens = float(bucket.get("tokens") or 1)
+        if rate > 0:
+            elapsed_s = max(0, now_ms - int(float(bucket.get("ts") or now_ms))) / 1000
+            tokens = min(1.0, tokens + elapsed_s * rate)
+        paused_ms = max(0, int(float(bucket.get("paused") or 0)) - now_ms)
+        return cls(
+            name=name,
+            in_flight=in_flight,
+            max_in_flight=max_in_flight or None,
+            rate_per_s=rate or None,
+            tokens=round(tokens, 3) if not math.isnan(tokens) else 0.0,
+            paused_for_s=paused_ms / 1000,
+            counters=counters,
+        )
+
+
+def queue_flow_reads(pipe: Any, keys: RedisKeys, names: list[str]) -> None:
+    """Queue on a Redis pipeline (sync or asyncio) the reads :func:`flow_states` needs."""
+    pipe.time()
+    for name in names:
+        pipe.hgetall(keys.flow_bucket(name))
+        pipe.zcard(keys.flow_calls(name))
+        pipe.hgetall(keys.flow_counters(name))
+
+
+def flow_states(replies: list[Any], names: list[str]) -> list[FlowState]:
+    """The destinations' flow states from the replies of :func:`queue_flow_reads`."""
+    seconds, micros = replies[0]
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    out = []
+    for i, name in enumerate(names):
+        bucket, in_flight, counters = replies[1 + 3 * i : 4 + 3 * i]
+        out.append(
+            FlowState.of(
+                name,
+                {_text(k): _text(v) for k, v in bucket.items()},
+                int(in_flight),
+                {_text(k): int(v) for k, v in counters.items()},
+                now_ms,
+            )
+        )
+    return out
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

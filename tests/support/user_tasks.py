@@ -1,0 +1,62 @@
+"""User tasks, as a keylane user writes them (``keylane worker -A tests.support.user_tasks``).
+
+``sync_contact`` is the classic race: search the CRM for the contact, then create the
+page or append to it. Run straight from a thread pool it creates duplicates; run by
+keylane, one event of a contact at a time, it cannot.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import httpx
+
+import keylane
+
+
+def search_then_create(client: httpx.Client, api: str, payload: dict[str, Any]) -> str:
+    """Find the contact's page by email; append the update to it, or create it."""
+    found = client.post(f"{api}/v1/query", json={"email": payload["email"]}).json()["results"]
+    if found:
+        client.patch(f"{api}/v1/pages/{found[0]['id']}", json={"append": payload["seq"]})
+        return "updated"
+    client.post(f"{api}/v1/pages", json={"email": payload["email"], "updates": [payload["seq"]]})
+    return "created"
+
+
+_local = threading.local()
+
+
+def _client() -> httpx.Client:
+    """One HTTP client per lane thread."""
+    if not hasattr(_local, "client"):
+        _local.client = httpx.Client(timeout=10)
+    return _local.client  # type: ignore[no-any-return]
+
+
+@keylane.task(key="contact:{email}")
+def sync_contact(event: keylane.Event, ctx: keylane.Context) -> keylane.Done:
+    """Keep the CRM's page for this contact up to date (``TEST_CRM_URL``)."""
+    try:
+        what = search_then_create(_client(), os.environ["TEST_CRM_URL"], event.payload)
+    except httpx.TransportError as exc:
+        raise keylane.RetryLater(f"CRM unreachable: {exc}") from exc
+    ctx.log.info("contact %s: page %s (attempt %s)", event.payload["email"], what, ctx.attempt)
+    return keylane.Done(what)
+
+
+@keylane.task(key="item:{item}")
+def post_to_hook(event: keylane.Event, ctx: keylane.Context) -> keylane.Done:
+    """Hand the event to a webhook (``TEST_HOOK_URL``) with its idempotency key."""
+    headers = {"idempotency-key": ctx.idempotency_key, "keylane-record-key": event.record_key}
+    try:
+        answer = _client().post(os.environ["TEST_HOOK_URL"], json=event.payload, headers=headers)
+    except httpx.TransportError as exc:
+        raise keylane.RetryLater(f"hook unreachable: {exc}") from exc
+    if answer.status_code >= 500:
+        raise keylane.RetryLater(f"hook answered {answer.status_code}")
+    if answer.status_code >= 400:
+        raise keylane.GiveUp(f"hook refused: {answer.status_code} {answer.text}")
+    return keylane.Done(f"HTTP {answer.status_code}")

@@ -1,0 +1,132 @@
+"""A destination that POSTs each event to a URL: an n8n or Zapier webhook, any service.
+
+The body is the event's payload as JSON. Every call carries ``Idempotency-Key`` (the same
+on every retry and redelivery of the event), the Standard Webhooks headers
+(``webhook-id`` = the idempotency key, ``webhook-timestamp``, and ``webhook-signature``
+when the destination has a ``secret_env``), ``Keylane-*`` headers naming the event, and
+the destination's own headers. The answer decides the outcome:
+
+* 2xx: done (the status and an excerpt of the body are kept);
+* 429 or 503 with ``Retry-After``: wait that long, every worker (the destination pauses);
+* other 5xx, 408, 429, time-outs, refused connections: retry with back-off and jitter;
+* any other 4xx: the destination refuses the event: a dead letter with its answer.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from keylane.routing.contract.destinations import EXCERPT_CHARS, DestinationConfig
+from keylane.routing.contract.events import Event
+from keylane.routing.contract.signing import standard_webhooks_signature, whsec_key
+from keylane.workers.destinations import Context, Destination, Done, GiveUp, Outcome, RetryLater
+
+#: The longest Retry-After keylane honours as asked; longer ones are cut to this.
+MAX_RETRY_AFTER_S = 3600.0
+RETRYABLE_4XX = (408, 425, 429)
+
+
+class HttpForward(Destination):
+    """POST to ``config.url`` (see the module docstring)."""
+
+    give_up_reason = "rejected"
+
+    def __init__(self, config: DestinationConfig, environ: Mapping[str, str]) -> None:
+        super().__init__(config)
+        assert config.url is not None
+        self.url = config.url
+        self._key = whsec_key(environ[config.secret_env]) if config.secret_env else None
+        self._headers = {
+            name: environ[value[4:]] if value.startswith("env:") else value
+            for name, value in config.headers.items()
+        }
+        self._client = httpx.Client(timeout=config.timeout_s, follow_redirects=False)
+
+    def deliver(self, event: Event, context: Context) -> Outcome:
+        """One POST; never raises for what the destination or the network does."""
+        body = json.dumps(event.payload, separators=(",", ":")).encode()
+        try:
+            answer = self._client.post(
+                self.url,
+                content=body,
+                headers=self._request_headers(event, context, body),
+                timeout=max(0.1, min(self.config.timeout_s, context.remaining_s)),
+            )
+        except httpx.TimeoutException:
+            return RetryLater(f"no answer within {self.config.timeout_s:g}s")
+        except httpx.HTTPError as exc:
+            return RetryLater(f"{type(exc).__name__}: {exc}")
+        return outcome_of(answer)
+
+    def _request_headers(self, event: Event, context: Context, body: bytes) -> dict[str, str]:
+        timestamp = int(time.time())
+        headers = {
+            **self._headers,
+            "content-type": "application/json",
+            "idempotency-key": context.idempotency_key,
+            "webhook-id": context.idempotency_key,
+            "webhook-timestamp": str(timestamp),
+            "keylane-source": event.source,
+            "keylane-event-id": event.event_id,
+            "keylane-event-type": event.event_type,
+            "keylane-record-key": event.record_key,
+            "keylane-attempt": str(context.attempt),
+        }
+        if self._key is not None:
+            headers["webhook-signature"] = standard_webhooks_signature(
+                self._key, context.idempotency_key, timestamp, body
+            )
+        return headers
+
+    def describe(self, event: Event, context: Context) -> dict[str, Any]:
+        """Method, URL, header names (values may be secrets) and the body."""
+        return {
+            "method": "POST",
+            "url": self.url,
+            "headers": sorted({*self._headers, "idempotency-key", "webhook-id"}),
+            "signed": self._key is not None,
+            "idempotency_key": context.idempotency_key,
+            "body": event.payload,
+        }
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()
+
+
+def outcome_of(answer: httpx.Response) -> Outcome:
+    """The outcome an HTTP answer means (see the module docstring)."""
+    status = answer.status_code
+    excerpt = answer.text[:EXCERPT_CHARS]
+    detail = f"HTTP {status}"
+    if 200 <= status < 300:
+        return Done(detail, status, excerpt)
+    retry_after = retry_after_s(answer.headers.get("retry-after"))
+    if status in (429, 503) and retry_after is not None:
+        return RetryLater(
+            f"{detail}, Retry-After {retry_after:g}s", retry_after, True, status, excerpt
+        )
+    if status >= 500 or status in RETRYABLE_4XX:
+        return RetryLater(detail, None, False, status, excerpt)
+    return GiveUp(detail, status, excerpt)
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds (delta-seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - time.time()
+    return max(0.0, min(MAX_RETRY_AFTER_S, seconds))

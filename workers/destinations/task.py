@@ -1,0 +1,75 @@
+"""A destination that runs a registered user task (see :mod:`keylane.workers.tasks`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from keylane.routing.contract.destinations import (
+    EXCERPT_CHARS,
+    DestinationConfig,
+    task_destination,
+)
+from keylane.routing.contract.errors import ConfigError
+from keylane.routing.contract.events import Event
+from keylane.workers.destinations import Context, Destination, Done, Outcome
+from keylane.workers.tasks import TaskSpec, all_tasks, registered
+
+
+class TaskDestination(Destination):
+    """Calls ``task(event, context)``; what it returns or raises is the outcome."""
+
+    def __init__(self, config: DestinationConfig) -> None:
+        super().__init__(config)
+        assert config.task is not None
+        self.spec: TaskSpec = _task(config.name, config.task)
+
+    def deliver(self, event: Event, context: Context) -> Outcome:
+        """Run the task once. An :class:`Outcome` it raises or returns is the outcome;
+        ``None`` or any other value is :class:`Done` (the value kept as the response)."""
+        try:
+            result = self.spec.fn(event, context)
+        except Outcome as outcome:
+            return outcome
+        if isinstance(result, Outcome):
+            return result
+        return Done(response="" if result is None else repr(result)[:EXCERPT_CHARS])
+
+    def describe(self, event: Event, context: Context) -> dict[str, Any]:
+        """The task and what it was given."""
+        fn = self.spec.fn
+        return {
+            "task": self.spec.name,
+            "function": f"{fn.__module__}.{fn.__qualname__}",
+            "payload": event.payload,
+            "idempotency_key": context.idempotency_key,
+        }
+
+
+def _task(destination: str, name: str) -> TaskSpec:
+    spec = registered(name)
+    if spec is None:
+        known = ", ".join(t.name for t in all_tasks()) or "none"
+        raise ConfigError(
+            f"destination {destination}: no task named {name!r} is registered (registered: "
+            f"{known}); is the module that defines it given with -A / KEYLANE_APP?"
+        )
+    return spec
+
+
+def task_destinations(configs: Mapping[str, DestinationConfig]) -> list[DestinationConfig]:
+    """One destination per registered task that has none in ``configs`` (what
+    ``task.send(...)`` targets), after checking each task's own ``destination``."""
+    out = []
+    for spec in all_tasks():
+        if spec.destination is not None:
+            config = configs.get(spec.destination)
+            if config is None or config.task != spec.name:
+                raise ConfigError(
+                    f"task {spec.name}: destination {spec.destination!r} must be a "
+                    f'[destinations.{spec.destination}] with kind = "task", task = "{spec.name}"'
+                )
+        implied = task_destination(spec.name)
+        if implied.name not in configs:
+            out.append(implied)
+    return out

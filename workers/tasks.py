@@ -1,0 +1,96 @@
+"""The registry of user tasks: ordinary Python functions a lane runs for each event of a
+record, in order, one at a time.
+
+User code registers a task with ``@keylane.task(key=...)`` in a module the worker imports
+(``keylane worker -A myapp.tasks``, or ``KEYLANE_APP``); the lanes find it here by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import string
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from keylane.routing.contract.destinations import check_task_name
+from keylane.routing.contract.errors import ConfigError
+
+#: How a record key is derived from a payload: a function, or a template such as
+#: ``"contact:{email}"`` whose fields are top-level keys of the payload.
+KeyRule = Callable[[Any], str] | str
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A registered task."""
+
+    name: str
+    fn: Callable[..., Any]
+    key: KeyRule
+    destination: str | None = None  # a [destinations.<name>] of kind task, for its limits
+
+    def record_key(self, payload: Any) -> str:
+        """The record key of ``payload`` (``ValueError`` when it has none)."""
+        if callable(self.key):
+            key = self.key(payload)
+        else:
+            if not isinstance(payload, Mapping):
+                raise ValueError(f"task {self.name}: key {self.key!r} needs a JSON object")
+            try:
+                key = self.key.format_map(payload)
+            except KeyError as exc:
+                raise ValueError(f"task {self.name}: no {exc} in the payload") from None
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"task {self.name}: the key is not a non-empty string: {key!r}")
+        return key
+
+
+_TASKS: dict[str, TaskSpec] = {}
+
+
+def register(
+    fn: Callable[..., Any], key: KeyRule, name: str | None = None, destination: str | None = None
+) -> TaskSpec:
+    """Register ``fn`` as the task ``name`` (default: the function's name)."""
+    task_name = name or fn.__name__
+    try:
+        check_task_name(task_name)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (give the task a name=...)") from None
+    if isinstance(key, str):
+        fields = [f for _, f, _, _ in string.Formatter().parse(key) if f is not None]
+        if not fields:
+            raise ConfigError(f"task {task_name}: key {key!r} names no payload field")
+    existing = _TASKS.get(task_name)
+    if existing is not None and existing.fn is not fn and _origin(existing.fn) != _origin(fn):
+        raise ConfigError(f"two tasks are named {task_name}: {_origin(existing.fn)}, {_origin(fn)}")
+    spec = TaskSpec(task_name, fn, key, destination)
+    _TASKS[task_name] = spec
+    return spec
+
+
+def _origin(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+
+
+def registered(name: str) -> TaskSpec | None:
+    """The task called ``name``, if one is registered in this process."""
+    return _TASKS.get(name)
+
+
+def all_tasks() -> list[TaskSpec]:
+    """Every registered task."""
+    return [_TASKS[n] for n in sorted(_TASKS)]
+
+
+def import_app(modules: list[str]) -> None:
+    """Import the user's modules (``-A`` / ``KEYLANE_APP``), which register their tasks;
+    ``ConfigError`` names a module that cannot be imported and why."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise ConfigError(
+                f"cannot import the app module {module!r}: {type(exc).__name__}: {exc}"
+            ) from exc
