@@ -120,13 +120,24 @@ def test_redis_is_reached_through_one_gateway_per_side() -> None:
     assert importers == REDIS_IMPORTERS
 
 
-def test_httpx_is_imported_by_the_http_forward_alone() -> None:
-    # Given every shipped module (the health check and benchmarks call receivers too)
+#: Each outside client library and the only modules that import it (one per part that
+#: talks to that outside: the HTTP forward and HTTP records, keylane's PostgreSQL store and
+#: the user's own table).
+CLIENT_IMPORTERS = {
+    "httpx": {"keylane.workers.destinations.http_forward", "keylane.workers.resources.http"},
+    "psycopg": {"keylane.workers.stores.postgres", "keylane.workers.resources.pg_table"},
+    "sqlite3": {"keylane.workers.stores.sqlite"},
+}
+
+
+@pytest.mark.parametrize("library", sorted(CLIENT_IMPORTERS))
+def test_each_client_library_has_its_own_modules(library: str) -> None:
+    # Given every shipped module below ops (the health check and benchmarks call out too)
     importers = {
         module
         for module, path in MODULES.items()
         if not module.startswith("keylane.ops")
-        and any(name.split(".")[0] == "httpx" for name in imports(path))
+        and any(name.split(".")[0] == library for name in imports(path))
     }
-    # Then below ops only the HTTP forward destination imports the HTTP client
-    assert importers == {"keylane.workers.destinations.http_forward"}
+    # Then only the modules of the parts that talk to that outside import the library
+    assert importers == CLIENT_IMPORTERS[library]

@@ -530,22 +530,6 @@ def test_without_a_stamp_only_the_owned_fields_values_are_compared() -> None:
         assert server.fields("contact:1") == {"count": 5, "notes": "called"}
 
 
-def test_each_client_library_is_imported_by_one_resource_module() -> None:
-    # Given the discipline and the resources, Then httpx and psycopg each have one importer
-    from tests.test_layers import MODULES, imports
-
-    mine = {m: p for m, p in MODULES.items() if m.startswith("keylane.workers.resources")}
-    mine["keylane.workers.versioned"] = MODULES["keylane.workers.versioned"]
-    importers = {
-        lib: sorted(m for m, p in mine.items() if any(n.split(".")[0] == lib for n in imports(p)))
-        for lib in ("httpx", "psycopg")
-    }
-    assert importers == {
-        "httpx": ["keylane.workers.resources.http"],
-        "psycopg": ["keylane.workers.resources.pg_table"],
-    }
-
-
 # -- APIs without versions: the window, measured ------------------------------------------
 
 

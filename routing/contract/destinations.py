@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from keylane.routing.contract.errors import ConfigError
+from keylane.routing.contract.redis_calls import reply_text
 from keylane.routing.keys import RedisKeys
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
@@ -219,14 +220,10 @@ def flow_states(replies: list[Any], names: list[str]) -> list[FlowState]:
         out.append(
             FlowState.of(
                 name,
-                {_text(k): _text(v) for k, v in bucket.items()},
+                {reply_text(k): reply_text(v) for k, v in bucket.items()},
                 int(in_flight),
-                {_text(k): int(v) for k, v in counters.items()},
+                {reply_text(k): int(v) for k, v in counters.items()},
                 now_ms,
             )
         )
     return out
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
