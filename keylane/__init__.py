@@ -37,8 +37,17 @@ from keylane.routing.contract.errors import (
 )
 from keylane.routing.contract.events import Change, Event
 from keylane.routing.contract.settings import Settings, load_settings
+from keylane.routing.contract.sources import FieldOwnership, load_sources
 from keylane.workers.destinations import Conflict, Context, Done, GiveUp, Outcome, RetryLater
+from keylane.workers.resources import open_resource
 from keylane.workers.tasks import KeyRule, TaskSpec, register
+from keylane.workers.versioned import (
+    Review,
+    Snapshot,
+    VersionedResource,
+    Written,
+    apply_versioned,
+)
 
 __version__ = "0.1.0"
 
@@ -116,6 +125,26 @@ class Task:
         }
 
 
+_resources = threading.local()
+
+
+def resource(name: str) -> VersionedResource:
+    """The version-checked destination ``name`` (an ``etag``, ``pg_table`` or ``stamped``
+    ``[destinations.X]`` of the sources file), opened for this thread, for a task to write
+    through :func:`apply_versioned`::
+
+        crm = keylane.resource("crm")
+        keylane.apply_versioned(crm, event.record_key, {"plan": keylane.Change(op="set", value=p)})
+    """
+    opened: dict[str, VersionedResource] = _resources.__dict__.setdefault("by_name", {})
+    if name not in opened:
+        config = load_sources(_settings or load_settings()).destinations.get(name)
+        if config is None or config.resource is None:
+            raise ConfigError(f"no version-checked [destinations.{name}] in the sources file")
+        opened[name] = open_resource(config.resource)
+    return opened[name]
+
+
 def task(
     key: KeyRule, *, name: str | None = None, destination: str | None = None
 ) -> Callable[[TaskFunction], Task]:
@@ -142,16 +171,23 @@ __all__ = [
     "Done",
     "Event",
     "FieldNotOwned",
+    "FieldOwnership",
     "GiveUp",
     "InvalidEvent",
     "KeylaneError",
     "Outcome",
     "RetryLater",
+    "Review",
     "Sent",
+    "Snapshot",
     "Task",
     "TaskFunction",
     "VersionConflict",
+    "VersionedResource",
+    "Written",
     "__version__",
+    "apply_versioned",
     "configure",
+    "resource",
     "task",
 ]

@@ -19,8 +19,9 @@ import click
 
 from keylane.ops.cli_common import age, cli_store, emit_json, settings_of, when
 from keylane.ops.tables import render_table
-from keylane.ops.triage import Done, Triage, field_diffs, parse_age, stats_summary
+from keylane.ops.triage import Done, Triage, field_diffs, parse_age, record_now, stats_summary
 from keylane.routing.contract.errors import KeylaneError
+from keylane.routing.contract.sources import load_sources
 from keylane.workers.gateway import LaneGateway
 from keylane.workers.stores.base import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter, Store
 
@@ -159,12 +160,13 @@ def dlq_list(ctx: click.Context, /, all_statuses: bool, as_json: bool, **selecti
 def dlq_show(ctx: click.Context, /, row_id: int, as_json: bool) -> None:
     """One row: why, when, and the attempted change beside the record as it is now
     (``*`` marks the fields where applying the change now would change the record)."""
-    store = cli_store(settings_of(ctx))
+    settings = settings_of(ctx)
+    store = cli_store(settings)
     try:
         row = store.dead_letter(row_id)
         if row is None:
             raise KeylaneError(f"no dead letter with id {row_id}")
-        record = store.read(row.record_key)
+        record = record_now(row, store, load_sources(settings))
     finally:
         store.close()
     diffs = field_diffs(row, record.fields)
@@ -172,7 +174,11 @@ def dlq_show(ctx: click.Context, /, row_id: int, as_json: bool) -> None:
         emit_json(
             {
                 **dead_letter_json(row),
-                "record_now": {"revision": record.revision, "fields": record.fields},
+                "record_now": {
+                    "where": record.where,
+                    "revision": record.version,
+                    "fields": record.fields,
+                },
                 "fields": [
                     {
                         "field": d.field,
@@ -190,7 +196,8 @@ def dlq_show(ctx: click.Context, /, row_id: int, as_json: bool) -> None:
     click.echo(f"  event       {row.source}/{row.event_id}  ({row.event.get('event_type', '?')})")
     click.echo(f"  record      {row.record_key}  (shard {row.shard})")
     click.echo(
-        f"  revisions   read {row.revision_read}, found {row.revision_found}, now {record.revision}"
+        f"  revisions   read {row.revision_read}, found {row.revision_found}, "
+        f"now {record.version} (in {record.where})"
     )
     click.echo(f"  attempts    {row.attempts}   created {when(row.created_at)} UTC")
     click.echo(f"  error       {row.error}")

@@ -20,8 +20,10 @@ from typing import Any, Literal
 from keylane.routing.contract.errors import KeylaneError
 from keylane.routing.contract.events import Event, parse_changes
 from keylane.routing.contract.message import build_apply_message, build_unhold_message
+from keylane.routing.contract.sources import Sources
 from keylane.workers.changes import apply_changes
 from keylane.workers.gateway import LaneGateway
+from keylane.workers.resources import open_resource
 from keylane.workers.stores.base import DeadLetter, DeadLetterStatus, Store
 
 #: Reasons whose event cannot be applied by retrying it as it is.
@@ -100,6 +102,31 @@ class FieldDiff:
 
 
 ABSENT = "(absent)"
+
+
+@dataclass(frozen=True)
+class RecordNow:
+    """The row's record as it is now, where it lives: keylane's own store (``where`` is
+    ``keylane``) or the version-checked destination the event was written to."""
+
+    where: str
+    version: int | str | None
+    fields: dict[str, Any]
+
+
+def record_now(row: DeadLetter, store: Store, sources: Sources) -> RecordNow:
+    """A fresh read of the row's record, from wherever its event was written."""
+    name = row.event.get("destination")
+    config = sources.destinations.get(name) if isinstance(name, str) else None
+    if config is None or config.resource is None:
+        record = store.read(row.record_key)
+        return RecordNow("keylane", record.revision, record.fields)
+    resource = open_resource(config.resource)
+    try:
+        snapshot = resource.read(row.record_key)
+    finally:
+        resource.close()
+    return RecordNow(config.name, snapshot.version, snapshot.fields)
 
 
 def field_diffs(row: DeadLetter, fields_now: Mapping[str, Any]) -> list[FieldDiff]:

@@ -381,7 +381,11 @@ def test_cli_output_as_shown_in_the_readme(stack: Stack, tmp_path: Path) -> None
     assert '"many"' in field_line
     assert "cannot apply" in field_line
     shown_json = json.loads(keylane(stack, "dlq", "show", str(type_row.id), "--json").stdout)
-    assert shown_json["record_now"] == {"revision": 1, "fields": {"visits": "many"}}
+    assert shown_json["record_now"] == {
+        "where": "keylane",
+        "revision": 1,
+        "fields": {"visits": "many"},
+    }
     assert shown_json["fields"][0]["field"] == "visits"
     # stats
     stats = json.loads(keylane(stack, "dlq", "stats", "--json").stdout)

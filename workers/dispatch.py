@@ -22,10 +22,12 @@ import logging
 import random
 import time
 from dataclasses import dataclass
+from typing import Any
 
-from keylane.routing.contract.destinations import retry_delay_s
+from keylane.routing.contract.destinations import DestinationConfig, retry_delay_s
 from keylane.routing.contract.errors import AlreadyApplied
 from keylane.routing.contract.events import Event
+from keylane.routing.contract.faults import NO_FAULTS, Faults
 from keylane.routing.contract.settings import Settings
 from keylane.routing.keys import message_digest
 from keylane.workers.apply import ApplyResult, dead_letter, event_write
@@ -59,11 +61,16 @@ class Dispatcher:
     """Runs events through their destinations (see the module docstring)."""
 
     def __init__(
-        self, settings: Settings, gateway: LaneGateway, destinations: dict[str, Destination]
+        self,
+        settings: Settings,
+        gateway: LaneGateway,
+        destinations: dict[str, Destination],
+        faults: Faults = NO_FAULTS,
     ) -> None:
         self.settings = settings
         self.gateway = gateway
         self.destinations = destinations
+        self.faults = faults
 
     def deliver(self, store: Store, fence: Fence, taken: Taken, event: Event) -> ApplyResult | Wait:
         """Send ``event`` once to its destination, or say how long to wait."""
@@ -93,8 +100,11 @@ class Dispatcher:
                 deadline=time.time() + config.timeout_s,
                 log=logging.getLogger(f"keylane.destination.{config.name}"),
                 destination=config.name,
+                **self._write_notes(config, taken),
             )
             outcome = self._call(destination, slot, event, context)
+            # A crash here: the call had its effect, the journal does not know it yet.
+            self.faults.hit("destination.after_call", event.record_key)
             if not isinstance(outcome, Conflict):
                 return self._settle(store, fence, taken, event, destination, context, outcome)
             log.info("conflict at %s (%s): running again", config.name, outcome.detail)
@@ -107,6 +117,17 @@ class Dispatcher:
             f"{config.name} reported a conflict on each of {self.settings.max_attempts} runs",
             conflicts=self.settings.max_attempts,
         )
+
+    def _write_notes(self, config: DestinationConfig, taken: Taken) -> dict[str, Any]:
+        """For a version-checked destination: the write an earlier delivery left in doubt,
+        and how to note the next one (kept with the message's delivery count)."""
+        if not config.versioned:
+            return {}
+        shard, raw = taken.shard, taken.raw
+        return {
+            "write_in_doubt": self.gateway.noted_write(shard, raw),
+            "note_write": lambda condition: self.gateway.note_write(shard, raw, condition),
+        }
 
     def _call(self, destination: Destination, slot: str, event: Event, ctx: Context) -> Outcome:
         name = destination.config.name
@@ -134,9 +155,18 @@ class Dispatcher:
         if isinstance(outcome, Done):
             return _journal(store, fence, event, ctx, outcome)
         if isinstance(outcome, GiveUp):
-            reason = destination.give_up_reason
+            reason = outcome.reason or destination.give_up_reason
             error = describe_failure(destination, event, ctx, outcome, f"{reason} after")
-            return dead_letter(store, event, fence, reason, ctx.attempt, error)
+            return dead_letter(
+                store,
+                event,
+                fence,
+                reason,
+                ctx.attempt,
+                error,
+                outcome.revision_read,
+                outcome.revision_found,
+            )
         assert isinstance(outcome, RetryLater)
         config = destination.config
         retries, failing_s = self.gateway.note_retry(taken.shard, taken.raw)
@@ -172,7 +202,9 @@ def describe_failure(
 ) -> str:
     """The text of a destination's dead letter: what was sent, what came back."""
     request = destination.describe(event, ctx)
-    target = request.get("url") or f"task {request.get('task')}"
+    target = request.get("url") or (
+        f"task {request['task']}" if "task" in request else f"the record in {request['resource']}"
+    )
     lines = [f"{destination.config.name}: {outcome.detail or type(outcome).__name__}"]
     lines.append(f"{what} {ctx.attempt} call(s) to {target}")
     if outcome.response:

@@ -293,6 +293,24 @@ class LaneGateway:
         field = f"{message_digest(raw)}:error"
         return reply_text(_do(lambda: self.client.hget(self.keys.deliveries(shard), field)))
 
+    def note_write(self, shard: int, raw: bytes, condition: str | None) -> None:
+        """Remember that a write of the shard's in-flight message is about to be sent,
+        conditional on ``condition`` (None: no write is in doubt any more). Acknowledging
+        the message forgets it."""
+        field = f"{message_digest(raw)}:write"
+        key = self.keys.deliveries(shard)
+        if condition is None:
+            _do(lambda: self.client.hdel(key, field))
+        else:
+            _do(lambda: self.client.hset(key, field, condition))
+
+    def noted_write(self, shard: int, raw: bytes) -> str | None:
+        """The condition of a write an earlier delivery sent without seeing its answer."""
+        value = _do(
+            lambda: self.client.hget(self.keys.deliveries(shard), f"{message_digest(raw)}:write")
+        )
+        return None if value is None else reply_text(value)
+
     def retries(self, shard: int, raw: bytes) -> int:
         """Failed calls of the shard's in-flight message so far (see :meth:`note_retry`)."""
         field = f"{message_digest(raw)}:retries"

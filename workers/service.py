@@ -51,15 +51,16 @@ class LaneService:
             "started": time.time(),
         }
         self.ownership = Ownership(settings, self.gateway, self.open_store, self.worker_id, info)
+        faults = Faults(settings.faults)
         self.lanes = Lanes(
             settings,
             self.gateway,
             self.ownership,
             self.sources,
             self.open_store,
-            Faults(settings.faults),
+            faults,
             on_result,
-            Dispatcher(settings, self.gateway, self.destinations),
+            Dispatcher(settings, self.gateway, self.destinations, faults),
         )
 
     def open_store(self) -> Store:
@@ -96,7 +97,7 @@ def prepare_destinations(settings: Settings, sources: Sources) -> dict[str, Dest
     """Import the user's app modules, then open every destination, checking what can be
     checked before any event arrives (``ConfigError`` says what is wrong)."""
     import_app(settings.app_modules)
-    destinations = open_destinations(sources.destinations)
+    destinations = open_destinations(sources, settings.max_attempts)
     for destination in destinations.values():
         settings.check_destination_timeout(destination.config.name, destination.config.timeout_s)
     return destinations

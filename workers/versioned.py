@@ -140,8 +140,8 @@ class Review:
         return {
             "reason": self.reason,
             "attempted_change": self.attempted_change,
-            "revision_read": _revision(self.version_read),
-            "revision_found": _revision(self.version_found),
+            "revision_read": revision_of(self.version_read),
+            "revision_found": revision_of(self.version_found),
             "attempts": self.attempts,
             "error": self.error,
         }
@@ -156,12 +156,18 @@ class Review:
         }
 
 
-def _revision(version: Version | None) -> int | None:
+def revision_of(version: Version | None) -> int | None:
+    """An integer version as a revision (what a dead-letter row keeps), else None."""
     return version if isinstance(version, int) and not isinstance(version, bool) else None
 
 
 #: A change computed from the record as freshly read (a source's handler), or None.
 ChangeFor = Callable[[Snapshot], "Mapping[str, Change] | None"]
+
+
+#: Told the read a write is conditional on, right before it is sent, and None once a write
+#: was answered: what a lane keeps so that a run after a crash knows a write was in doubt.
+WriteNote = Callable[[Snapshot | None], None]
 
 
 def apply_versioned(
@@ -171,13 +177,23 @@ def apply_versioned(
     ownership: FieldOwnership = ALL_FIELDS,
     source: str = "",
     max_attempts: int = 3,
+    in_doubt: Snapshot | None = None,
+    note_write: WriteNote | None = None,
 ) -> Written | Review:
     """Apply ``changes`` to the record ``key`` of ``resource`` (see the module docstring).
+
+    ``in_doubt``: the read an earlier run's write was conditional on when that run ended
+    without an answer (its process was killed): only an unmoved version proves that write
+    did not happen; else the event is a review (``outcome_unknown``), never a second effect.
+    ``note_write`` is told each read a write is about to be conditional on (see
+    :data:`WriteNote`).
 
     Raises :class:`ResourceUnavailable` only when nothing was written: the event may be
     tried again later, from a fresh read.
     """
-    return _Apply(resource, key, changes, ownership, source).run(max_attempts)
+    run = _Apply(resource, key, changes, ownership, source, note_write)
+    run.sent = in_doubt
+    return run.run(max_attempts)
 
 
 class _Apply:
@@ -190,8 +206,10 @@ class _Apply:
         changes: Mapping[str, Change] | ChangeFor,
         ownership: FieldOwnership,
         source: str,
+        note_write: WriteNote | None = None,
     ) -> None:
         self.resource = resource
+        self.note_write = note_write or (lambda _: None)
         self.key = key
         self.changes = changes
         self.ownership = ownership
@@ -234,11 +252,13 @@ class _Apply:
         changed = {} if changes is None else changed_fields(read.fields, after, changes)
         if not changed:
             return Written(read.version, attempt, self.conflicts, changed=False)
+        self.note_write(read)
         try:
             version = self.write(read, changed)
         except WriteConflict:
             if self.sent is not None:
                 return self.unknown(self.sent, attempt, self.found())
+            self.note_write(None)
             self.conflicts += 1
             return None
         except WriteOutcomeUnknown:
@@ -249,6 +269,7 @@ class _Apply:
         except ResourceUnavailable:
             if self.sent is not None:  # retried later from scratch, the doubt would be lost
                 return self.unknown(self.sent, attempt, self.found())
+            self.note_write(None)
             raise
         return Written(version, attempt, self.conflicts, created=not read.exists)
 

@@ -18,6 +18,16 @@ each, and a source names one (``destination = "crm"``) or names a user task
     kind = "task"                           # run a registered Python task ...
     task = "sync_contact"                   # ... under this destination's limits
 
+    [destinations.contacts]
+    kind = "etag"                           # or "pg_table", "stamped": a place that holds
+    url = "https://crm.example.com/contacts/{key.1}"  # the records, written version-checked
+    rate_per_s = 3                          # (see keylane.routing.contract.resources)
+
+A source names a forwarding destination (``http``, ``task``) with ``destination = "..."``:
+its events carry the delivery's body as their payload. It names a version-checked one with
+``records_in = "..."``: its events are changes, as for keylane's own records, applied to
+the record where it lives.
+
 Flow control is shared by every worker through Redis (the flow script in
 :mod:`keylane.routing.contract.redis_scripts`); :class:`FlowState` reads what it keeps.
 """
@@ -34,6 +44,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from keylane.routing.contract.errors import ConfigError
 from keylane.routing.contract.redis_calls import reply_text
+from keylane.routing.contract.resources import (
+    RESOURCE_KINDS,
+    PgTableResourceConfig,
+    ResourceConfig,
+    parse_resource,
+)
 from keylane.routing.keys import RedisKeys
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
@@ -47,6 +63,9 @@ RESERVED_HEADERS = frozenset(
 )
 #: How much of a destination's answer is kept (journal, dead letters).
 EXCERPT_CHARS = 2000
+#: The keys every kind of destination takes; a version-checked kind's other keys describe
+#: where its records live (its ``resource``).
+FLOW_KEYS = ("name", "kind", "max_in_flight", "rate_per_s", "retry_for_s", "max_backoff_s")
 
 
 def check_task_name(name: str) -> str:
@@ -62,7 +81,8 @@ class DestinationConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    kind: Literal["http", "task"]
+    kind: Literal["http", "task", "etag", "pg_table", "stamped"]
+    resource: ResourceConfig | None = None  # a version-checked kind's records
     url: str | None = None
     task: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
@@ -72,6 +92,22 @@ class DestinationConfig(BaseModel):
     rate_per_s: float | None = Field(None, gt=0, le=100_000)
     retry_for_s: float = Field(3600.0, ge=0)
     max_backoff_s: float = Field(60.0, gt=0, le=3600)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_resource(cls, raw: Any) -> Any:
+        """A version-checked kind's table: flow control here, the rest is its resource."""
+        if not isinstance(raw, dict) or raw.get("kind") not in RESOURCE_KINDS:
+            return raw
+        if "resource" in raw:
+            return raw
+        own = {k: v for k, v in raw.items() if k in FLOW_KEYS}
+        resource = parse_resource(
+            str(raw.get("name", "?")),
+            {k: v for k, v in raw.items() if k not in FLOW_KEYS or k == "kind"},
+        )
+        timeout_s = getattr(resource, "timeout_s", None)
+        return {**own, "resource": resource, **({"timeout_s": timeout_s} if timeout_s else {})}
 
     @field_validator("name")
     @classmethod
@@ -125,12 +161,24 @@ class DestinationConfig(BaseModel):
             raise ValueError('kind = "task" needs task (and no url)')
         if self.kind == "task" and (self.headers or self.secret_env):
             raise ValueError("headers and secret_env apply to http destinations only")
+        if (self.kind in RESOURCE_KINDS) != (self.resource is not None):
+            raise ValueError(f"kind = {self.kind!r} and its resource do not match")
         return self
 
+    @property
+    def versioned(self) -> bool:
+        """Whether it holds records, written version-checked (a source's ``records_in``)."""
+        return self.resource is not None
+
     def env_names(self) -> list[str]:
-        """Every environment variable this destination reads (secret and headers)."""
+        """Every environment variable this destination reads (secrets, headers, URLs)."""
         names = [self.secret_env] if self.secret_env else []
-        return names + [v[4:] for v in self.headers.values() if v.startswith("env:")]
+        headers = dict(self.headers)
+        if self.resource is not None:
+            headers.update(getattr(self.resource, "headers", {}))
+        if isinstance(self.resource, PgTableResourceConfig):
+            names.append(self.resource.url_env)
+        return names + [v[4:] for v in headers.values() if v.startswith("env:")]
 
     def check_environment(self, environ: dict[str, str]) -> None:
         """Refuse to start when a variable it reads is missing (named, never its value)."""

@@ -173,7 +173,7 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('LREM', KEYS[2], 1, ARGV[2])
 local digest = redis.sha1hex(ARGV[2])
 redis.call('HDEL', KEYS[3], digest, digest .. ':error', digest .. ':retries',
-  digest .. ':since')
+  digest .. ':since', digest .. ':write')
 redis.call('HINCRBY', KEYS[6], ARGV[8], 1)
 if ARGV[3] == '' then return 1 end
 redis.call('HINCRBY', KEYS[4], ARGV[3], 1)

@@ -17,6 +17,9 @@ README "Sources" for a complete example. Per source:
   to a registered user task or to a ``[destinations.<name>]`` (see
   :mod:`keylane.routing.contract.destinations`), with the body as its payload and the
   record key from ``record_key`` (or a hook);
+* ``records_in``: the records live elsewhere — a version-checked ``[destinations.<name>]``
+  (``etag``, ``pg_table``, ``stamped``): its events are changes as above, written where
+  the record lives with a fresh read and a version check;
 * ``owns``: the fields it may write; ``retention_s``: how long ids are remembered
   (default: the provider's longest retry window); ``on_dead_letter``: ``continue`` or
   ``hold`` (later events of the key wait until the review row is closed).
@@ -140,6 +143,7 @@ class SourceConfig(BaseModel):
     handler: str | None = None
     task: str | None = None
     destination: str | None = None
+    records_in: str | None = None
     owns: tuple[str, ...] = ("*",)
     retention_s: int | None = Field(None, ge=1)
     on_dead_letter: Literal["continue", "hold"] = "continue"
@@ -190,6 +194,8 @@ class SourceConfig(BaseModel):
     def _check_format(self) -> SourceConfig:
         if self.forwards:
             return self._check_forward()
+        if self.records_in is not None and self.handler is not None:
+            raise ValueError("handler applies to keylane's own records, not to records_in")
         unmapped = self.record_key is None or not self.on
         if self.format == "mapped" and self.hook is None and unmapped:
             raise ValueError("a mapped source needs record_key and an `on` table, or a hook")
@@ -207,6 +213,8 @@ class SourceConfig(BaseModel):
     def _check_forward(self) -> SourceConfig:
         if self.task is not None and self.destination is not None:
             raise ValueError("a source names a task or a destination, not both")
+        if self.records_in is not None:
+            raise ValueError("a source forwards (task, destination) or has records_in, not both")
         if self.on or self.handler:
             raise ValueError("on and handler apply to sources that change keylane's records")
         if self.record_key is None and self.hook is None:
@@ -220,10 +228,10 @@ class SourceConfig(BaseModel):
 
     @property
     def destination_name(self) -> str | None:
-        """The destination its events go to, if any."""
+        """The destination its events go to, if any (None: keylane's own records)."""
         if self.task is not None:
             return task_destination(self.task).name
-        return self.destination
+        return self.destination or self.records_in
 
     @property
     def ownership(self) -> FieldOwnership:
@@ -278,10 +286,25 @@ class Sources:
         implied = [task_destination(s.task) for s in sources if s.task is not None]
         self.destinations = {d.name: d for d in [*implied, *(destinations or [])]}
         for source in sources:
-            if source.destination is not None and source.destination not in self.destinations:
-                raise ConfigError(
-                    f"source {source.name}: no [destinations.{source.destination}] table"
-                )
+            self._check_destination(source)
+
+    def _check_destination(self, source: SourceConfig) -> None:
+        name = source.destination or source.records_in
+        if name is None:
+            return
+        found = self.destinations.get(name)
+        if found is None:
+            raise ConfigError(f"source {source.name}: no [destinations.{name}] table")
+        if source.records_in is not None and not found.versioned:
+            raise ConfigError(
+                f"source {source.name}: records_in names {name}, which holds no records "
+                f"(kind {found.kind}); use destination = {name!r} to forward to it"
+            )
+        if source.destination is not None and found.versioned:
+            raise ConfigError(
+                f"source {source.name}: {name} holds records (kind {found.kind}); "
+                f"name it with records_in = {name!r}"
+            )
 
     def get(self, name: str) -> SourceConfig | None:
         """The source called ``name``, if configured."""

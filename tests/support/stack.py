@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -113,6 +114,7 @@ class Stack:
     stores: list[Store] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)  # e.g. signing secrets
     http: httpx.Client | None = None
+    _http_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _spawn(self, name: str, args: list[str], **env: Any) -> Proc:
         n = sum(1 for p in self.procs if p.name.startswith(name))
@@ -209,9 +211,10 @@ class Stack:
         raise AssertionError("unreachable")
 
     def _client(self) -> httpx.Client:
-        if self.http is None:
-            self.http = httpx.Client(timeout=30)
-        return self.http
+        with self._http_lock:  # threads may post at once: one client for all of them
+            if self.http is None:
+                self.http = httpx.Client(timeout=30)
+            return self.http
 
     def logs(self) -> str:
         """The tail of every process's log, for failure messages."""

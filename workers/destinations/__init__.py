@@ -4,7 +4,9 @@ One interface, one file per implementation, each the only file that imports its 
 library:
 
 * :mod:`keylane.workers.destinations.task` runs a registered user task;
-* :mod:`keylane.workers.destinations.http_forward` POSTs the event to a URL (httpx).
+* :mod:`keylane.workers.destinations.http_forward` POSTs the event to a URL (httpx);
+* :mod:`keylane.workers.destinations.versioned` writes the event's change where the record
+  lives, version-checked (:mod:`keylane.workers.resources`: ETag, PostgreSQL table, stamped).
 
 A destination is given, per event, the event and a :class:`Context` (the idempotency key,
 stable across every retry and redelivery of the event; the attempt number; the deadline;
@@ -26,12 +28,13 @@ import logging
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from keylane.routing.contract.destinations import DestinationConfig
 from keylane.routing.contract.events import Event
+from keylane.routing.contract.sources import Sources
 
 
 class Outcome(Exception):
@@ -72,7 +75,23 @@ class Conflict(Outcome):
 
 
 class GiveUp(Outcome):
-    """This event cannot succeed: make it a dead letter with ``detail`` as the reason."""
+    """This event cannot succeed: make it a dead letter with ``detail`` as the reason.
+    ``reason`` overrides the destination's dead-letter reason; ``revision_read`` and
+    ``revision_found`` are the versions a version-checked destination saw."""
+
+    def __init__(
+        self,
+        detail: str = "",
+        status: int | None = None,
+        response: str = "",
+        reason: str | None = None,
+        revision_read: int | None = None,
+        revision_found: int | None = None,
+    ) -> None:
+        super().__init__(detail, status, response)
+        self.reason = reason
+        self.revision_read = revision_read
+        self.revision_found = revision_found
 
 
 @dataclass(frozen=True)
@@ -84,6 +103,11 @@ class Context:
     deadline: float  # time.time() by which the call should have ended
     log: logging.Logger | logging.LoggerAdapter[logging.Logger]
     destination: str
+    #: The condition (JSON) of a write an earlier delivery of this event sent without
+    #: seeing the answer (its worker died), and how to note the next one; keylane keeps
+    #: them for version-checked destinations.
+    write_in_doubt: str | None = None
+    note_write: Callable[[str | None], None] | None = None
 
     @property
     def remaining_s(self) -> float:
@@ -113,19 +137,25 @@ class Destination(ABC):
 
 
 def open_destinations(
-    configs: Mapping[str, DestinationConfig], environ: Mapping[str, str] | None = None
+    sources: Sources, max_attempts: int = 3, environ: Mapping[str, str] | None = None
 ) -> dict[str, Destination]:
-    """Every destination of ``configs`` plus one per registered task, ready to call;
-    ``ConfigError`` says clearly what cannot work (an unknown task, a missing secret)."""
+    """Every destination of ``sources`` plus one per registered task, ready to call;
+    ``ConfigError`` says clearly what cannot work (an unknown task, a missing secret, a
+    table without the columns it names)."""
     from keylane.workers.destinations.http_forward import HttpForward
     from keylane.workers.destinations.task import TaskDestination, task_destinations
+    from keylane.workers.destinations.versioned import VersionedDestination
 
     env = dict(os.environ if environ is None else environ)
+    configs = sources.destinations
     out: dict[str, Destination] = {}
     for config in [*task_destinations(configs), *configs.values()]:
         if config.kind == "task":
             out[config.name] = TaskDestination(config)
+            continue
+        config.check_environment(env)
+        if config.versioned:
+            out[config.name] = VersionedDestination(config, sources, max_attempts, env)
         else:
-            config.check_environment(env)
             out[config.name] = HttpForward(config, env)
     return out
