@@ -22,10 +22,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from keylane.routing.contract.destinations import DestinationConfig
 from keylane.routing.contract.errors import ConfigError
 from keylane.routing.contract.events import Change, Event, parse_changes
 from keylane.routing.contract.resources import parse_resource
-from keylane.routing.contract.sources import FieldOwnership
+from keylane.routing.contract.sources import FieldOwnership, parse_sources
 from keylane.workers.resources import open_resource
 from keylane.workers.stores.base import DeadLetterDraft
 from keylane.workers.versioned import (
@@ -629,9 +630,19 @@ def test_without_versions_the_check_narrows_the_window_to_one_round_trip(
 def test_the_readme_examples_are_valid_destinations() -> None:
     # Given the sources-file examples of README's "Version-checked destinations"
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Version-checked destinations", 1)[1]
-    example = section.split("```toml", 1)[1].split("```", 1)[0]
-    tables = tomllib.loads(example)["destinations"]
-    # Then each one parses as the kind it says
-    kinds = {name: parse_resource(name, table).kind for name, table in tables.items()}
-    assert kinds == {"crm": "etag", "warehouse": "pg_table", "airtable": "stamped"}
+    section = readme.split("## Version-checked destinations", 1)[1].split("\n## ", 1)[0]
+    examples = [block.split("```", 1)[0] for block in section.split("```toml")[1:]]
+    kinds = {}
+    for example in examples:
+        data = tomllib.loads(example)
+        if "sources" in data:  # a whole sources file: sources and what they name
+            parse_sources(example, "README")
+        for name, table in data["destinations"].items():
+            kinds[name] = DestinationConfig(name=name, **table).kind
+    # Then each destination parses as the kind it says
+    assert kinds == {
+        "contacts": "etag",
+        "crm": "etag",
+        "warehouse": "pg_table",
+        "airtable": "stamped",
+    }

@@ -48,13 +48,14 @@ from keylane.routing.contract.resources import (
     RESOURCE_KINDS,
     PgTableResourceConfig,
     ResourceConfig,
+    check_env_name,
+    check_headers,
+    env_names_of,
     parse_resource,
 )
 from keylane.routing.keys import RedisKeys
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
 #: Prefix of the destinations keylane makes for a source's ``task = "..."``.
 TASK_PREFIX = "task:"
 #: Headers keylane sets on every forward: a destination's own headers may not replace them.
@@ -137,21 +138,12 @@ class DestinationConfig(BaseModel):
     @field_validator("secret_env")
     @classmethod
     def _check_env(cls, name: str | None) -> str | None:
-        if name is not None and not _ENV_NAME.match(name):
-            raise ValueError(f"secret_env names an environment variable, got {name!r}")
-        return name
+        return check_env_name(name, "secret_env")
 
     @field_validator("headers")
     @classmethod
     def _check_headers(cls, headers: dict[str, str]) -> dict[str, str]:
-        for name, value in headers.items():
-            if not _HEADER_NAME.match(name):
-                raise ValueError(f"not a header name: {name!r}")
-            if name.lower() in RESERVED_HEADERS:
-                raise ValueError(f"header {name} is set by keylane on every call")
-            if value.startswith("env:") and not _ENV_NAME.match(value[4:]):
-                raise ValueError(f"header {name}: env: names an environment variable")
-        return headers
+        return check_headers(headers, RESERVED_HEADERS)
 
     @model_validator(mode="after")
     def _check_kind(self) -> DestinationConfig:
@@ -178,7 +170,7 @@ class DestinationConfig(BaseModel):
             headers.update(getattr(self.resource, "headers", {}))
         if isinstance(self.resource, PgTableResourceConfig):
             names.append(self.resource.url_env)
-        return names + [v[4:] for v in headers.values() if v.startswith("env:")]
+        return names + env_names_of(headers)
 
     def check_environment(self, environ: dict[str, str]) -> None:
         """Refuse to start when a variable it reads is missing (named, never its value)."""

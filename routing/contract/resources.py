@@ -36,7 +36,7 @@ environment variable ``NAME`` at start-up. Everything here is pure: no I/O.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Annotated, Literal
 from urllib.parse import quote, urlsplit
 
@@ -114,14 +114,7 @@ class HttpResourceConfig(_Strict):
     @field_validator("headers")
     @classmethod
     def _check_headers(cls, headers: dict[str, str]) -> dict[str, str]:
-        for name, value in headers.items():
-            if not _HEADER_NAME.match(name):
-                raise ValueError(f"not a header name: {name!r}")
-            if name.lower() in ("if-match", "if-none-match", "content-type"):
-                raise ValueError(f"header {name} is set by keylane on every call")
-            if value.startswith(ENV_PREFIX) and not _ENV_NAME.match(value[len(ENV_PREFIX) :]):
-                raise ValueError(f"header {name}: env: names an environment variable")
-        return headers
+        return check_headers(headers, ("if-match", "if-none-match", "content-type"))
 
     def url_for(self, key: str) -> str:
         """The URL of the record ``key`` (``ValueError`` if the key does not fit)."""
@@ -135,6 +128,31 @@ class HttpResourceConfig(_Strict):
         if missing:
             raise ConfigError(f"environment variable(s) {', '.join(missing)} not set")
         return {n: environ[env_names[n]] if n in env_names else v for n, v in self.headers.items()}
+
+
+def check_headers(headers: dict[str, str], reserved: Collection[str]) -> dict[str, str]:
+    """``headers`` of a destination table, if every name is a header name that keylane does
+    not set itself (``reserved``, lowercase) and every ``env:`` value names a variable."""
+    for name, value in headers.items():
+        if not _HEADER_NAME.match(name):
+            raise ValueError(f"not a header name: {name!r}")
+        if name.lower() in reserved:
+            raise ValueError(f"header {name} is set by keylane on every call")
+        if _is_env(value) and not _ENV_NAME.match(value[len(ENV_PREFIX) :]):
+            raise ValueError(f"header {name}: env: names an environment variable")
+    return headers
+
+
+def env_names_of(headers: Mapping[str, str]) -> list[str]:
+    """The environment variables ``env:NAME`` header values read."""
+    return [v[len(ENV_PREFIX) :] for v in headers.values() if _is_env(v)]
+
+
+def check_env_name(name: str | None, what: str) -> str | None:
+    """``name`` if it can be an environment variable's name (``ValueError`` if not)."""
+    if name is not None and not _ENV_NAME.match(name):
+        raise ValueError(f"{what} names an environment variable, got {name!r}")
+    return name
 
 
 def _is_env(value: str) -> bool:
