@@ -26,7 +26,9 @@ import psycopg
 import redis
 from psycopg import sql
 
-REPO = Path(__file__).resolve().parents[1]
+#: The repository root (``ops/bench/`` is two levels down). Children start here, so
+#: ``python -m keylane...`` runs this checkout's code, not whichever one is installed.
+REPO = Path(__file__).resolve().parents[2]
 STOP_GRACE_S = 30.0
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
