@@ -21,6 +21,7 @@ HEADERS = (
     "elapsed s",
     "x cp bound",
     "x best bound",
+    "cpu ms/ev",
     "notes",
 )
 
@@ -83,6 +84,7 @@ def _row(run: SystemRun, cp: float, best: float) -> list[object]:
         None if elapsed is None else f"{elapsed:.2f}",
         None if elapsed is None else f"{elapsed / cp:.2f}",
         None if elapsed is None else f"{elapsed / best:.2f}",
+        f"{run.cpu_s / run.case.work.events * 1000:.1f}",
         "; ".join(notes),
     ]
 
@@ -110,6 +112,7 @@ def as_json(run: SystemRun, processes: int) -> dict[str, Any]:
         "elapsed_s": None if elapsed is None else round(elapsed, 3),
         "critical_path_s": round(cp, 3),
         "best_bound_s": round(best, 3),
+        "cpu_ms_per_event": round(run.cpu_s / run.case.work.events * 1000, 2),
         "sender_retries": run.sent.retries,
         "sender_failures": len(run.sent.failures),
         **{k.replace(" ", "_"): v for k, v in run.extra.items()},

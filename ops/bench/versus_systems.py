@@ -103,6 +103,8 @@ class SystemRun:
     #: Per event (by ``seq``): when it was first applied (``time.time()``), if it was.
     applied_at: list[float | None]
     effects: Effects
+    #: CPU seconds the system's processes used during the run (not the senders').
+    cpu_s: float
     extra: dict[str, int] = field(default_factory=dict)  # lock retries, dead letters
 
     @property
@@ -136,6 +138,10 @@ class SystemRun:
         ]
 
 
+def _cpu_s(children: list[Child]) -> float:
+    return sum(c.tree_cpu_s() for c in children)
+
+
 def _wait_until(done: Callable[[], bool], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -156,6 +162,7 @@ class KeylaneSystem:
         self.lanes = lanes
         self.workers = -(-processes // lanes)
         self.url = ""
+        self.children: list[Child] = []
         self.store = open_store(bench.store_url)
         bench.es.callback(self.store.close)
 
@@ -177,6 +184,7 @@ class KeylaneSystem:
             bench.start(f"versus-worker-{n}", keylane_argv("worker", "--lanes", str(self.lanes)))
             for n in range(self.workers)
         ]
+        self.children = [receiver, *workers]
         bench.wait_http(receiver, f"{self.url}/readyz")
         view = DeploymentView(bench.redis, RedisKeys(bench.namespace), ShardMap(SHARD_COUNT))
         wait_for(
@@ -193,6 +201,7 @@ class KeylaneSystem:
         work = case.work
         journal0 = self.store.journal_size()
         dead0 = self._dead_letters()
+        cpu0 = _cpu_s(self.children)
 
         def body_of(delivery: Delivery) -> bytes:
             return _envelope(case, self.name, delivery)
@@ -203,6 +212,7 @@ class KeylaneSystem:
             lambda: self.store.journal_size() - journal0 >= work.events,
             case.timeout_s(self.workers * self.lanes),
         )
+        cpu_s = _cpu_s(self.children) - cpu0
         applied_at: list[float | None] = [None] * work.events
         found: dict[int, tuple[int, list[int]]] = {}
         for record in range(work.records):
@@ -214,7 +224,8 @@ class KeylaneSystem:
                 if entry.outcome == "applied":
                     applied_at[int(entry.event_id.rsplit("-", 1)[1])] = entry.recorded_at
         extra = {"dead letters": self._dead_letters() - dead0}
-        return SystemRun(self.name, case, sent, applied_at, check_effects(work, found), extra)
+        effects = check_effects(work, found)
+        return SystemRun(self.name, case, sent, applied_at, effects, cpu_s, extra)
 
     def _dead_letters(self) -> int:
         return len(self.store.dead_letters(DeadLetterFilter(sources=(SOURCE,))))
@@ -309,14 +320,16 @@ class CelerySystem:
             queue = queue_for(key, self.processes) if self.kind == "hashed" else self._queues()[0]
             self.app.send_task(task, args=[job], queue=queue)
 
+        cpu0 = _cpu_s(self.children)
         sent = send_all(work, SENDERS, lambda: publisher(publish))
         _wait_until(
             lambda: int(self.redis.hlen(done)) >= len(work.deliveries),
             case.timeout_s(self.processes),
         )
-        return self._collect(case, sent, done, retries)
+        cpu_s = _cpu_s(self.children) - cpu0
+        return self._collect(case, sent, done, retries, cpu_s)
 
-    def _collect(self, case: Case, sent: Sent, done: str, retries: str) -> SystemRun:
+    def _collect(self, case: Case, sent: Sent, done: str, retries: str, cpu_s: float) -> SystemRun:
         work = case.work
         applied_at: list[float | None] = [None] * work.events
         marks: dict[bytes, bytes] = self.redis.hgetall(done)  # type: ignore[assignment]
@@ -335,4 +348,4 @@ class CelerySystem:
         extra = {}
         if self.kind == "lock":
             extra["lock retries"] = int(self.redis.get(retries) or 0)
-        return SystemRun(self.name, case, sent, applied_at, effects, extra)
+        return SystemRun(self.name, case, sent, applied_at, effects, cpu_s, extra)
