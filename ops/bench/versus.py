@@ -54,7 +54,6 @@ from keylane.ops.bench.procs import (
     say,
 )
 from keylane.ops.bench.versus_celery import CeleryConfig
-from keylane.ops.bench.versus_dest import Table
 from keylane.ops.bench.versus_report import json_line, render_case
 from keylane.ops.bench.versus_systems import Case, CelerySystem, KeylaneSystem, SystemRun
 from keylane.ops.bench.versus_work import WORKLOADS, make_workload
@@ -63,7 +62,7 @@ DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 SYSTEMS = ("keylane", "celery-lock", "celery-hashed", "celery-plain")
 DEFAULT_SYSTEMS = "keylane,celery-lock,celery-hashed"
 #: --quick: every workload at 20 ms with this many events.
-QUICK_EVENTS = 300
+QUICK_EVENTS = 600
 
 
 def _choices(allowed: tuple[str, ...]) -> Any:
@@ -87,6 +86,21 @@ def _latencies(ctx: click.Context, param: click.Parameter, value: str) -> tuple[
     return values
 
 
+def _run(
+    system: KeylaneSystem | CelerySystem, case: Case, started: list[KeylaneSystem | CelerySystem]
+) -> SystemRun:
+    """``system.run(case)``, with what the other systems' idle processes used meanwhile."""
+    others = [s for s in started if s is not system]
+    before = sum(s.cpu_now() for s in others)
+    run = system.run(case)
+    run.others_cpu_s = sum(s.cpu_now() for s in others) - before
+    say(
+        f"  {run.applied} applied; {run.cpu_s:.1f} CPU s; "
+        f"the other systems, idle, used {run.others_cpu_s:.1f} CPU s"
+    )
+    return run
+
+
 def run_versus(
     opts: BenchOptions,
     workloads: tuple[str, ...],
@@ -101,9 +115,6 @@ def run_versus(
         bench = Bench(opts, es)
         celery_ns = es.enter_context(namespace_of(bench.redis, new_namespace() + "-celery"))
         dest_url = es.enter_context(fresh_store_url(opts.store, bench.tmp, opts.pg_url, "dest"))
-        table = Table(dest_url)
-        table.create()
-        table.close()
         config = CeleryConfig(opts.redis_url, f"{celery_ns}:", dest_url, lock[0], lock[1])
         started: list[KeylaneSystem | CelerySystem] = []
         try:
@@ -127,7 +138,7 @@ def run_versus(
             for case in cases:
                 for system in started:
                     say(f"{case.work.name} @ {case.latency_ms} ms: {system.label}")
-                    runs.append(system.run(case))
+                    runs.append(_run(system, case, started))
                 click.echo(render_case(case, runs[-len(started) :], processes) + "\n")
         finally:
             say("stopping every process started; removing namespaces, stores and files")
@@ -203,7 +214,7 @@ def run_versus(
 @click.option(
     "--quick",
     is_flag=True,
-    help="Smoke test: every workload, 20 ms, 300 events (overrides those options).",
+    help="Smoke test: every workload, 20 ms, 600 events (overrides those options).",
 )
 @click.option("--keep-temp", is_flag=True, help="Keep the temporary directory (logs, SQLite).")
 def main(

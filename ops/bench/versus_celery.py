@@ -117,15 +117,17 @@ class _ProcessState:
     def __init__(self, config: CeleryConfig) -> None:
         self.config = config
         self.pid = 0
-        self.table: Table | None = None
+        self.tables: dict[str, Table] = {}
         self.redis: redis.Redis | None = None
 
-    def connections(self) -> tuple[Table, redis.Redis]:
-        if self.pid != os.getpid() or self.table is None or self.redis is None:
+    def connections(self, table: str) -> tuple[Table, redis.Redis]:
+        if self.pid != os.getpid() or self.redis is None:
             self.pid = os.getpid()
-            self.table = Table(self.config.destination_url)
+            self.tables = {}
             self.redis = redis.Redis.from_url(self.config.broker_url, socket_timeout=10)
-        return self.table, self.redis
+        if table not in self.tables:
+            self.tables[table] = Table(self.config.destination_url, table)
+        return self.tables[table], self.redis
 
 
 def create_app(config: CeleryConfig) -> Celery:
@@ -144,7 +146,7 @@ def create_app(config: CeleryConfig) -> Celery:
     state = _ProcessState(config)
 
     def apply(job: dict[str, Any]) -> None:
-        table, client = state.connections()
+        table, client = state.connections(job["table"])
         read_sleep_write(table, job["key"], job["seq"], job["amount"], job["latency_ms"] / 1000)
         client.hset(job["done"], str(job["delivery"]), repr(time.time()))
 
@@ -152,7 +154,7 @@ def create_app(config: CeleryConfig) -> Celery:
         apply(job)
 
     def rmw_locked(task: Any, job: dict[str, Any]) -> None:
-        _table, client = state.connections()
+        _table, client = state.connections(job["table"])
         lock, token = f"{config.prefix}lock:{job['key']}", uuid.uuid4().hex
         if not client.set(lock, token, nx=True, px=config.lock_ttl_ms):
             client.incr(job["retries"])
@@ -163,8 +165,8 @@ def create_app(config: CeleryConfig) -> Celery:
         finally:
             client.eval(RELEASE_LUA, 1, lock, token)
 
-    def ping(key: str, queue: str) -> None:
-        _table, client = state.connections()
+    def ping(table: str, key: str, queue: str) -> None:
+        _table, client = state.connections(table)
         client.hset(key, queue, str(os.getpid()))
 
     app.task(name=RMW_TASK, shared=False)(rmw)

@@ -16,20 +16,30 @@ from typing import Any
 
 import psycopg
 
-TABLE = "versus_records"
-_CREATE = f"CREATE TABLE IF NOT EXISTS {TABLE} (key TEXT PRIMARY KEY, total BIGINT NOT NULL, seqs TEXT NOT NULL)"  # noqa: E501
-_READ = f"SELECT total, seqs FROM {TABLE} WHERE key = ?"  # noqa: S608
+#: The statements, for a table named ``{table}`` (one per Celery baseline, so they can
+#: use the same record keys); SQLite's placeholders, turned into psycopg's for PostgreSQL.
+_CREATE = (
+    "CREATE TABLE IF NOT EXISTS {table} "
+    "(key TEXT PRIMARY KEY, total BIGINT NOT NULL, seqs TEXT NOT NULL)"
+)
+_READ = "SELECT total, seqs FROM {table} WHERE key = ?"
 _WRITE = (
-    f"INSERT INTO {TABLE} (key, total, seqs) VALUES (?, ?, ?) "  # noqa: S608
+    "INSERT INTO {table} (key, total, seqs) VALUES (?, ?, ?) "
     "ON CONFLICT (key) DO UPDATE SET total = excluded.total, seqs = excluded.seqs"
 )
-_READ_PREFIX = f"SELECT key, total, seqs FROM {TABLE} WHERE key LIKE ?"  # noqa: S608
+_READ_PREFIX = "SELECT key, total, seqs FROM {table} WHERE key LIKE ?"
+
+
+def table_name(system: str) -> str:
+    """The table ``system`` writes (``celery-lock`` -> ``versus_celery_lock``)."""
+    return "versus_" + "".join(c if c.isalnum() else "_" for c in system)
 
 
 class Table:
-    """One connection to the destination table (a SQLite file or PostgreSQL), autocommit."""
+    """One connection to a destination table (a SQLite file or PostgreSQL), autocommit."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, name: str) -> None:
+        self._name = name
         self._pg = url.startswith("postgresql")
         self._conn: Any
         if self._pg:
@@ -40,12 +50,13 @@ class Table:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA busy_timeout=60000")
 
-    def _sql(self, text: str) -> str:
+    def _sql(self, template: str) -> str:
+        text = template.format(table=self._name)
         return text.replace("?", "%s") if self._pg else text
 
     def create(self) -> None:
         """Create the table if it is not there."""
-        self._conn.execute(_CREATE)
+        self._conn.execute(self._sql(_CREATE))
 
     def read(self, key: str) -> tuple[int, list[int]]:
         """The record's total and sequence numbers (0 and none when it is absent)."""

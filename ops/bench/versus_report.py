@@ -113,6 +113,7 @@ def as_json(run: SystemRun, processes: int) -> dict[str, Any]:
         "critical_path_s": round(cp, 3),
         "best_bound_s": round(best, 3),
         "cpu_ms_per_event": round(run.cpu_s / run.case.work.events * 1000, 2),
+        "idle_others_cpu_s": round(run.others_cpu_s, 2),
         "sender_retries": run.sent.retries,
         "sender_failures": len(run.sent.failures),
         **{k.replace(" ", "_"): v for k, v in run.extra.items()},

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +40,7 @@ from keylane.ops.bench.versus_celery import (
     queue_for,
     worker_argv,
 )
-from keylane.ops.bench.versus_dest import Table
+from keylane.ops.bench.versus_dest import Table, table_name
 from keylane.ops.bench.versus_handler import event_type
 from keylane.ops.bench.versus_send import Sent, http_sender, publisher, send_all
 from keylane.ops.bench.versus_work import Delivery, Effects, Workload, check_effects
@@ -84,13 +85,20 @@ class Case:
         )
         return 60 + 5 * bound
 
-    def key_prefix(self, system: str) -> str:
-        """What the record keys of ``system``'s run of this case start with."""
-        return f"versus:{self.tag}-{system}:"
+    @property
+    def key_prefix(self) -> str:
+        """What the record keys of this case start with."""
+        return f"versus:{self.tag}:"
 
-    def record_key(self, system: str, record: int) -> str:
-        """The key of ``record`` in ``system``'s run of this case."""
-        return f"{self.key_prefix(system)}{record}"
+    def record_key(self, record: int) -> str:
+        """The key of ``record`` (the same in every system: each has its own table)."""
+        return f"{self.key_prefix}{record}"
+
+    def busiest(self, place: Callable[[str], object]) -> int:
+        """Events of the busiest place (shard, queue) when each record's key is put in
+        ``place(key)``: one process applies them one at a time."""
+        counts = Counter(place(self.record_key(r)) for r in self.work.event_records)
+        return max(counts.values())
 
 
 @dataclass
@@ -106,6 +114,8 @@ class SystemRun:
     #: CPU seconds the system's processes used during the run (not the senders').
     cpu_s: float
     extra: dict[str, int] = field(default_factory=dict)  # lock retries, dead letters
+    #: CPU seconds the other systems' idle processes used meanwhile (their noise).
+    others_cpu_s: float = 0.0
 
     @property
     def applied(self) -> int:
@@ -171,6 +181,10 @@ class KeylaneSystem:
         """How it was run."""
         return f"keylane ({self.workers} workers x {self.lanes} lanes)"
 
+    def cpu_now(self) -> float:
+        """CPU seconds its processes have used so far."""
+        return _cpu_s(self.children)
+
     def start(self) -> None:
         """Start the receiver and the workers; wait until every shard is owned."""
         bench = self.bench
@@ -216,14 +230,17 @@ class KeylaneSystem:
         applied_at: list[float | None] = [None] * work.events
         found: dict[int, tuple[int, list[int]]] = {}
         for record in range(work.records):
-            key = case.record_key(self.name, record)
+            key = case.record_key(record)
             fields = self.store.read(key).fields
             if fields:
                 found[record] = (int(fields.get("total", 0)), list(fields.get("seqs", [])))
             for entry in self.store.journal_entries(key):
                 if entry.outcome == "applied":
                     applied_at[int(entry.event_id.rsplit("-", 1)[1])] = entry.recorded_at
-        extra = {"dead letters": self._dead_letters() - dead0}
+        extra = {
+            "dead letters": self._dead_letters() - dead0,
+            "busiest shard ev": case.busiest(ShardMap(SHARD_COUNT).shard_for_key),
+        }
         effects = check_effects(work, found)
         return SystemRun(self.name, case, sent, applied_at, effects, cpu_s, extra)
 
@@ -236,7 +253,7 @@ def _envelope(case: Case, system: str, delivery: Delivery) -> bytes:
         {
             "id": f"{case.tag}-{delivery.seq}",
             "type": event_type(case.latency_ms),
-            "record_key": case.record_key(system, delivery.record),
+            "record_key": case.record_key(delivery.record),
             "changes": {"total": {"increment": delivery.amount}, "seqs": {"append": delivery.seq}},
         }
     ).encode()
@@ -253,6 +270,7 @@ class CelerySystem:
         self.config = config
         self.processes = processes
         self.app = create_app(config)
+        self.table = table_name(self.name)
         self.redis: redis.Redis = bench.redis
         self.children: list[Child] = []
 
@@ -264,6 +282,10 @@ class CelerySystem:
         lock = ", per-record Redis lock" if self.kind == "lock" else ", no lock"
         return f"{self.name} (prefork x {self.processes}{lock})"
 
+    def cpu_now(self) -> float:
+        """CPU seconds its processes have used so far."""
+        return _cpu_s(self.children)
+
     def _queues(self) -> list[str]:
         if self.kind == "hashed":
             return [hashed_queue(n) for n in range(self.processes)]
@@ -271,6 +293,9 @@ class CelerySystem:
 
     def start(self) -> None:
         """Start the worker(s) and wait until each queue has answered a ping."""
+        table = Table(self.config.destination_url, self.table)
+        table.create()
+        table.close()
         env = {**self.bench.env, **self.config.env()}
         common = ["--prefetch-multiplier", "4"]
         if self.kind == "hashed":
@@ -290,7 +315,7 @@ class CelerySystem:
         ready = f"{self.config.prefix}ready:{self.name}"
         queues = self._queues()
         for queue in queues:
-            self.app.send_task(PING_TASK, args=[ready, queue], queue=queue)
+            self.app.send_task(PING_TASK, args=[self.table, ready, queue], queue=queue)
 
         def answered() -> bool:
             if not all(c.alive() for c in self.children):
@@ -307,7 +332,7 @@ class CelerySystem:
         task = LOCKED_TASK if self.kind == "lock" else RMW_TASK
 
         def publish(delivery: Delivery) -> None:
-            key = case.record_key(self.name, delivery.record)
+            key = case.record_key(delivery.record)
             job: dict[str, Any] = {
                 "key": key,
                 "seq": delivery.seq,
@@ -316,6 +341,7 @@ class CelerySystem:
                 "delivery": delivery.index,
                 "done": done,
                 "retries": retries,
+                "table": self.table,
             }
             queue = queue_for(key, self.processes) if self.kind == "hashed" else self._queues()[0]
             self.app.send_task(task, args=[job], queue=queue)
@@ -337,15 +363,17 @@ class CelerySystem:
             seq = work.deliveries[int(delivery_index)].seq
             first = applied_at[seq]
             applied_at[seq] = float(at) if first is None else min(first, float(at))
-        table = Table(self.config.destination_url)
+        table = Table(self.config.destination_url, self.table)
         try:
-            prefix = case.key_prefix(self.name)
+            prefix = case.key_prefix
             rows = table.read_prefix(prefix)
         finally:
             table.close()
         found = {int(key[len(prefix) :]): row for key, row in rows.items()}
         effects = check_effects(work, found)
         extra = {}
+        if self.kind == "hashed":
+            extra["busiest queue ev"] = case.busiest(lambda key: queue_for(key, self.processes))
         if self.kind == "lock":
             extra["lock retries"] = int(self.redis.get(retries) or 0)
         return SystemRun(self.name, case, sent, applied_at, effects, cpu_s, extra)
