@@ -59,6 +59,29 @@ from keylane.ops.bench.versus_systems import Case, CelerySystem, KeylaneSystem, 
 from keylane.ops.bench.versus_work import WORKLOADS, make_workload
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+HELP = """Benchmark keylane against two Celery setups, on the same workloads, the same
+destination latency, the same number of processes and the same 32 sender threads.
+
+\b
+keylane        keylane serve + keylane worker (processes / lanes workers); a source
+               handler waits the latency between the lane's read and its write
+celery-lock    a prefork pool on one queue; per-record Redis lock (SET NX PX token,
+               compare-and-delete release); a locked record: retry with a countdown
+celery-hashed  solo workers, one queue each, events routed by hash(key) % processes
+celery-plain   (only if asked for) the prefork pool without a lock
+
+Every event reads its record, waits the latency, and writes total + amount and
+seqs + [seq]. Afterwards the records show exactly the lost units, the events applied
+out of order and those applied twice. One table per workload and latency: applied
+events/s, accept->applied p50/p99, lost, reordered, double, and the elapsed time as
+a multiple of the critical-path bound (the hottest record's events x the latency)
+and of the larger of that and all events' waits spread over the processes.
+
+Exit code 1 if keylane lost, reordered or doubled an event, or did not finish.
+Private Redis namespaces, store and tables, all removed; every process it starts
+is stopped.
+"""
 SYSTEMS = ("keylane", "celery-lock", "celery-hashed", "celery-plain")
 DEFAULT_SYSTEMS = "keylane,celery-lock,celery-hashed"
 #: --quick: every workload at 20 ms with this many events.
@@ -167,7 +190,7 @@ def run_versus(
     return 1 if broken else 0
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]}, help=__doc__)
+@click.command(context_settings={"help_option_names": ["-h", "--help"]}, help=HELP)
 @click.option(
     "--workload",
     "workloads",
@@ -184,7 +207,13 @@ def run_versus(
     callback=_latencies,
     help="Destination latency between each event's read and its write.",
 )
-@click.option("--events", type=click.IntRange(10), default=3000, show_default=True)
+@click.option(
+    "--events",
+    type=click.IntRange(10),
+    default=3000,
+    show_default=True,
+    help="Events per workload (storm sends each 3 times).",
+)
 @click.option(
     "--processes",
     type=click.IntRange(1, 64),
@@ -192,7 +221,13 @@ def run_versus(
     show_default=True,
     help="Processes (keylane: lanes in all) of each system.",
 )
-@click.option("--lanes", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option(
+    "--lanes",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    help="Lanes per keylane worker process.",
+)
 @click.option(
     "--systems",
     default=DEFAULT_SYSTEMS,
@@ -200,7 +235,13 @@ def run_versus(
     callback=_choices(SYSTEMS),
     help=f"Any of {', '.join(SYSTEMS)}.",
 )
-@click.option("--store", type=click.Choice(["sqlite", "postgres"]), default="sqlite")
+@click.option(
+    "--store",
+    type=click.Choice(["sqlite", "postgres"]),
+    default="sqlite",
+    show_default=True,
+    help="keylane's store and the baselines' table: a SQLite file, or PostgreSQL schemas.",
+)
 @click.option("--redis-url", default="redis://127.0.0.1:6379/0", show_default=True)
 @click.option("--pg-url", default=DEFAULT_PG_URL, show_default=True, envvar="KEYLANE_TEST_PG_URL")
 @click.option("--lock-ttl-ms", type=click.IntRange(1), default=10_000, show_default=True)
