@@ -109,6 +109,10 @@ def _latencies(ctx: click.Context, param: click.Parameter, value: str) -> tuple[
     return values
 
 
+def _load(values: tuple[float, ...]) -> str:
+    return " / ".join(f"{v:.1f}" for v in values)
+
+
 def _run(
     system: KeylaneSystem | CelerySystem, case: Case, started: list[KeylaneSystem | CelerySystem]
 ) -> SystemRun:
@@ -136,6 +140,7 @@ def run_versus(
     runs: list[SystemRun] = []
     with INTERRUPTS.installed(), ExitStack() as es:
         bench = Bench(opts, es)
+        load_before = os.getloadavg()
         celery_ns = es.enter_context(namespace_of(bench.redis, new_namespace() + "-celery"))
         dest_url = es.enter_context(fresh_store_url(opts.store, bench.tmp, opts.pg_url, "dest"))
         config = CeleryConfig(opts.redis_url, f"{celery_ns}:", dest_url, lock[0], lock[1])
@@ -173,8 +178,13 @@ def run_versus(
             "lanes": opts.lanes,
             "lock_ttl_ms": lock[0],
             "lock_retry_ms": lock[1],
-            "load_avg": os.getloadavg(),
+            "load_before": load_before,
+            "load_after": os.getloadavg(),
         }
+        click.echo(
+            f"load average (1/5/15 min) before {_load(load_before)}, after {_load(os.getloadavg())}"
+            f" on {os.cpu_count()} CPUs; rerun on a quiet machine for absolute figures"
+        )
         click.echo(json_line(runs, processes, options))
     broken = [
         r
