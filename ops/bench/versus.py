@@ -284,6 +284,12 @@ def main(
     keep_temp: bool,
 ) -> None:
     """Entry point (see the module docstring)."""
+    if processes % lanes:
+        raise click.BadParameter(
+            f"{processes} is not a multiple of --lanes {lanes}: keylane would run "
+            f"{-(-processes // lanes) * lanes} lanes",
+            param_hint="--processes",
+        )
     if quick:
         workloads, latencies, events = WORKLOADS, (20,), QUICK_EVENTS
     opts = BenchOptions(
@@ -293,7 +299,7 @@ def main(
         events=events,
         concurrency=32,
         keys=(),
-        workers=-(-processes // lanes),
+        workers=processes // lanes,
         lanes=lanes,
         rounds=1,
         only=None,
