@@ -138,6 +138,7 @@ def run_versus(
 ) -> int:
     """Start every system, run every case on each, print the tables; the exit code."""
     runs: list[SystemRun] = []
+    audit_failure: str | None = None
     with INTERRUPTS.installed(), ExitStack() as es:
         bench = Bench(opts, es)
         load_before = os.getloadavg()
@@ -168,6 +169,10 @@ def run_versus(
                     say(f"{case.work.name} @ {case.latency_ms} ms: {system.label}")
                     runs.append(_run(system, case, started))
                 click.echo(render_case(case, runs[-len(started) :], processes) + "\n")
+            audit = [s.audit() for s in started if isinstance(s, KeylaneSystem)]
+            audit_failure = next((a for a in audit if a is not None), None)
+            if audit:
+                click.echo(f"keylane audit (one owner per shard): {audit_failure or 'OK'}")
         finally:
             say("stopping every process started; removing namespaces, stores and files")
             bench.terminate_all()
@@ -197,7 +202,7 @@ def run_versus(
             f"{run.effects} applied {run.applied}/{run.case.work.events}",
             err=True,
         )
-    return 1 if broken else 0
+    return 1 if broken or audit_failure else 0
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]}, help=HELP)

@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from keylane.ops.bench.phases import all_shards_owned
+from keylane.ops.bench.phases import all_shards_owned, run_audit
 from keylane.ops.bench.procs import (
     SHARD_COUNT,
     Bench,
@@ -218,7 +218,7 @@ class KeylaneSystem:
         cpu0 = _cpu_s(self.children)
 
         def body_of(delivery: Delivery) -> bytes:
-            return _envelope(case, self.name, delivery)
+            return _envelope(case, delivery)
 
         url = f"{self.url}/webhooks/{SOURCE}"
         sent = send_all(work, SENDERS, lambda: http_sender(url, body_of))
@@ -244,11 +244,20 @@ class KeylaneSystem:
         effects = check_effects(work, found)
         return SystemRun(self.name, case, sent, applied_at, effects, cpu_s, extra)
 
+    def audit(self) -> str | None:
+        """``keylane audit`` over everything it did: None when the lease log and the
+        journal show one owner per shard, else what it found."""
+        try:
+            run_audit(self.bench.env)
+        except BenchFailure as exc:
+            return str(exc)
+        return None
+
     def _dead_letters(self) -> int:
         return len(self.store.dead_letters(DeadLetterFilter(sources=(SOURCE,))))
 
 
-def _envelope(case: Case, system: str, delivery: Delivery) -> bytes:
+def _envelope(case: Case, delivery: Delivery) -> bytes:
     return json.dumps(
         {
             "id": f"{case.tag}-{delivery.seq}",
