@@ -26,7 +26,9 @@ import psycopg
 import redis
 from psycopg import sql
 
-REPO = Path(__file__).resolve().parents[1]
+#: The repository root (``ops/bench/`` is two levels down). Children start here, so
+#: ``python -m keylane...`` runs this checkout's code, not whichever one is installed.
+REPO = Path(__file__).resolve().parents[2]
 STOP_GRACE_S = 30.0
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -105,13 +107,11 @@ class Child:
 
     def cpu_s(self) -> float:
         """User plus system CPU seconds used so far (Linux ``/proc``; 0 elsewhere)."""
-        try:
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-        except OSError:
-            return 0.0
-        # Fields after the parenthesised command name; utime and stime are 14th and 15th.
-        fields = stat.rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+        return cpu_s_of(self.pid)
+
+    def tree_cpu_s(self) -> float:
+        """:meth:`cpu_s` plus that of its live descendants (a prefork pool's children)."""
+        return sum(cpu_s_of(pid) for pid in descendants(self.pid)) + self.cpu_s()
 
     def terminate(self) -> None:
         """Ask it to stop (SIGTERM, once): a worker then finishes its in-flight events."""
@@ -137,6 +137,33 @@ class Child:
             return self.log_path.read_text(errors="replace")[-chars:]
         except OSError:
             return ""
+
+
+def cpu_s_of(pid: int) -> float:
+    """User plus system CPU seconds process ``pid`` has used (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    # Fields after the parenthesised command name; utime and stime are 14th and 15th.
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def descendants(pid: int) -> list[int]:
+    """The live descendants of ``pid`` (Linux ``/proc``; none elsewhere)."""
+    out: list[int] = []
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*/children"):
+            try:
+                kids = [int(k) for k in task.read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            pending += kids
+    return out
 
 
 @contextlib.contextmanager

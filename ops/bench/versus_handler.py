@@ -1,0 +1,35 @@
+"""The versus benchmark's source handler, run by keylane's lanes on every attempt.
+
+The event carries its amount and sequence number as ``total: increment`` and ``seqs:
+append``, and its destination latency in its type (``versus.rmw.<ms>``). The handler is
+given the record as the lane just read it, waits the latency, and returns the record's
+new fields computed from that read, as ``set`` operations: the same read-modify-write
+the Celery baselines run (:func:`keylane.ops.bench.versus_dest.read_sleep_write`). The
+lane then writes it only if the record is still at the revision it read.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from keylane.routing.contract.events import Event
+from keylane.workers.stores.base import Record
+
+TYPE_PREFIX = "versus.rmw."
+
+
+def event_type(latency_ms: int) -> str:
+    """The event type that tells the handler its latency."""
+    return f"{TYPE_PREFIX}{latency_ms}"
+
+
+def read_sleep_write(event: Event, record: Record) -> dict[str, Any]:
+    """The record's new ``total`` and ``seqs``, computed from ``record`` after the wait."""
+    latency_ms = int(event.event_type.removeprefix(TYPE_PREFIX))
+    amount = int(event.changes["total"].value)
+    seq = int(event.changes["seqs"].value)
+    total = int(record.fields.get("total", 0))
+    seqs = list(record.fields.get("seqs", []))
+    time.sleep(latency_ms / 1000)
+    return {"total": {"set": total + amount}, "seqs": {"set": [*seqs, seq]}}
