@@ -245,7 +245,9 @@ class Receiver:
             503,
             "shard_full",
             f"shard {event.shard} has {result.detail} events waiting; retry later",
-            retry_after=self.watch.retry_after(event.shard, self.settings.shard_high_water),
+            retry_after=self.watch.retry_after(
+                event.shard, int(result.detail), self.settings.shard_high_water
+            ),
         )
 
     def refuse(
