@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlparse
 
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -95,6 +96,11 @@ class Settings(BaseSettings):
     def worst_case_ms(self) -> int:
         """The longest one message may legitimately keep a lane busy."""
         return self.max_attempts * (self.handler_time_limit_ms + 2 * self.store_timeout_ms)
+
+    @property
+    def store_is_sqlite(self) -> bool:
+        """Whether the store is SQLite, which takes one writer process."""
+        return urlparse(self.store_dsn()).scheme == "sqlite"
 
     @property
     def shards(self) -> ShardMap:
