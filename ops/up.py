@@ -1,7 +1,8 @@
 """``keylane up``: the whole stack on one machine, supervised.
 
 Starts (in this order) the embedded Redis when no ``KEYLANE_REDIS_URL`` is set, the
-store schema, the shard workers, the receiver and Flower; restarts a child that dies
+store schema, the shard workers (one on SQLite, which takes one writer process), the
+receiver and Flower; restarts a child that dies
 (with back-off); on SIGTERM or Ctrl-C stops the receiver first (no new deliveries), then
 the workers (each finishes and acknowledges its in-flight messages and releases its
 shards), then Flower and Redis.
@@ -84,6 +85,7 @@ class Supervisor:
 
     def _prepare(self) -> None:
         s = self.settings
+        s.worker_process_count()  # refuses several worker processes on SQLite
         # Fail here, once and clearly, rather than in a receiver restarted forever.
         sources = load_sources(s)
         verifiers_of(sources, os.environ)
@@ -116,7 +118,7 @@ class Supervisor:
     def _spawn_all(self) -> None:
         me = [sys.executable, "-m", "keylane.ops.cli"]
         s = self.settings
-        for n in range(s.worker_processes):
+        for n in range(s.worker_process_count()):
             self.children.append(Child(f"worker-{n}", [*me, "worker"]))
         self.children.append(Child("receiver", [*me, "serve"]))
         if self.options.flower:

@@ -36,6 +36,7 @@ from keylane.routing.contract.errors import BrokerUnavailable, StoreUnavailable
 from keylane.routing.contract.settings import Settings
 from keylane.workers.gateway import LaneGateway, Lease
 from keylane.workers.stores.base import Store
+from keylane.workers.writer import EXIT_NOT_THE_WRITER, StoreWriter
 
 log = logging.getLogger("keylane.ownership")
 
@@ -70,6 +71,7 @@ class Ownership:
         worker_id: str,
         info: dict[str, object],
         clock: Callable[[], float] = time.monotonic,
+        writer: StoreWriter | None = None,
     ) -> None:
         self.settings = settings
         self.gateway = gateway
@@ -77,6 +79,7 @@ class Ownership:
         self.info = info
         self._store_factory = store_factory
         self._clock = clock
+        self.writer = writer  # the SQLite store's writer claim, renewed by the heartbeat
         self._held: dict[int, HeldShard] = {}
         self._lock = threading.Condition()
         self._stopping = False
@@ -202,6 +205,7 @@ class Ownership:
         except BrokerUnavailable as exc:
             log.warning("cannot reach Redis for heartbeat: %s", exc)
             return
+        self._renew_writer()
         self._renew()
         self._abandon_stuck()
         wanted = (
@@ -230,6 +234,25 @@ class Ownership:
                         held_shard.valid_until = valid_until
             else:
                 self.lost(lease, "lease expired or taken before renewal")
+
+    def _renew_writer(self) -> None:
+        """Renew the SQLite writer claim. Another writer took it while this process was
+        paused past its TTL: this one must not write again, so it exits (its leases and
+        fencing tokens are stale too)."""
+        if self.writer is None:
+            return
+        try:
+            holder = self.writer.renew()
+        except BrokerUnavailable as exc:
+            log.warning("cannot renew the SQLite writer claim: %s", exc)
+            return
+        if holder != self.worker_id:
+            log.critical(
+                "worker %s took the SQLite store over while this one was paused; exiting",
+                holder,
+            )
+            logging.shutdown()
+            os._exit(EXIT_NOT_THE_WRITER)
 
     def _abandon_stuck(self) -> None:
         """A lane on one message past ``inflight_deadline_ms`` is stuck (a handler that
@@ -364,6 +387,8 @@ class Ownership:
             self._release_quietly(lease, "released")
         with self._lock:
             self._held.clear()
+        if self.writer is not None:
+            self._try(self.writer.release)
         self._try(lambda: self.gateway.leave(self.worker_id))
 
     def _release_quietly(self, lease: Lease, reason: str) -> None:

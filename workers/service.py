@@ -18,6 +18,7 @@ from keylane.workers.lanes import Lanes, ResultCallback
 from keylane.workers.ownership import Ownership
 from keylane.workers.stores import open_store
 from keylane.workers.stores.base import Store
+from keylane.workers.writer import StoreWriter
 
 log = logging.getLogger("keylane.worker")
 
@@ -68,7 +69,14 @@ class LaneService:
             "lanes": settings.lanes,
             "started": time.time(),
         }
-        self.ownership = Ownership(settings, self.gateway, self.open_store, self.worker_id, info)
+        self.writer = (
+            StoreWriter(self.gateway, settings, self.worker_id)
+            if settings.store_is_sqlite
+            else None
+        )
+        self.ownership = Ownership(
+            settings, self.gateway, self.open_store, self.worker_id, info, writer=self.writer
+        )
         self.lanes = Lanes(
             settings,
             self.gateway,
@@ -85,7 +93,10 @@ class LaneService:
         return open_store(worker_store_url(s), s.store_timeout_ms, s.sqlite_synchronous)
 
     def start(self) -> None:
-        """Create the schema, join the members, take shards and start the lanes."""
+        """Claim the SQLite store (one writer process), create the schema, join the
+        members, take shards and start the lanes."""
+        if self.writer is not None:
+            self.writer.claim()
         store = self.open_store()
         try:
             store.migrate()

@@ -129,6 +129,11 @@ class Stack:
         """Start a worker process."""
         return self._spawn("worker", ["worker", "--lanes", str(lanes)], **env)
 
+    def writers(self, wanted: int) -> int:
+        """How many worker processes a test that wants ``wanted`` may run at once: SQLite
+        takes one writer process (a second one refuses to start)."""
+        return 1 if self.settings.store_is_sqlite else wanted
+
     def receiver(self, port: int | None = None, **env: Any) -> Proc:
         """Start a receiver and wait until it answers; sets :attr:`url`."""
         port = port or free_port()
