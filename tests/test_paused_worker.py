@@ -44,12 +44,12 @@ SLACK_S = 1.0
 
 
 def _hold_postgres_writes(store_url: str) -> None:
-    """Every journal insert of a ``paused:`` record sleeps half a second inside its
+    """Every journal insert of a ``paused:`` record sleeps for 0.3 s inside its
     transaction (after the fence row was locked and the record written)."""
     with psycopg.connect(store_url, autocommit=True) as conn:
         conn.execute(
             "CREATE FUNCTION hold_paused() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            "IF NEW.record_key LIKE 'paused:%' THEN PERFORM pg_sleep(0.5); END IF; "
+            "IF NEW.record_key LIKE 'paused:%' THEN PERFORM pg_sleep(0.3); END IF; "
             "RETURN NEW; END $$"
         )
         conn.execute(
@@ -196,7 +196,7 @@ def test_a_worker_paused_mid_write_costs_the_others_at_most_ttl_plus_one_heartbe
 ) -> None:
     # Given two workers on PostgreSQL (short leases, so that 20 pauses stay cheap), and
     # writes of paused:* records that stop half-way through their transaction for a moment
-    stack.settings = stack.settings.model_copy(update={"lease_ttl_ms": 1500, "heartbeat_ms": 300})
+    stack.settings = stack.settings.model_copy(update={"lease_ttl_ms": 1200, "heartbeat_ms": 300})
     s = stack.settings
     store = stack.open_store()
     store.migrate()
