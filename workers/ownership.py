@@ -318,6 +318,8 @@ class Ownership:
         """Register the token of each newly acquired shard with the store, in order."""
         store: Store | None = None
         while (lease := self._unregistered.get()) is not None:
+            if self._stop.is_set():
+                break  # stopping: every lease is released anyway
             if not self._holds(lease):
                 continue  # released or lost meanwhile
             try:
