@@ -59,7 +59,8 @@ def main() -> None:
 @setting_option(
     "--workers",
     "worker_processes",
-    "Worker processes (shards are split evenly between them).",
+    "Worker processes, shards split evenly between them (none: 1 on SQLite, which takes "
+    "one writer process; 2 on PostgreSQL).",
     type=int,
 )
 @setting_option("--lanes", "lanes", "Lanes (concurrent shards) per worker process.", type=int)

@@ -1,10 +1,12 @@
 """``keylane up``: the whole stack on one machine, supervised.
 
 Starts (in this order) the embedded Redis when no ``KEYLANE_REDIS_URL`` is set, the
-store schema, the shard workers, the receiver and Flower; restarts a child that dies
-(with back-off); on SIGTERM or Ctrl-C stops the receiver first (no new deliveries), then
-the workers (each finishes and acknowledges its in-flight messages and releases its
-shards), then Flower and Redis.
+store schema, the shard workers (one on SQLite, which takes one writer process), the
+receiver and Flower; restarts a child that dies, the embedded Redis included (on the same
+port and directory: its append-only file, fsynced on every write, holds everything it
+acknowledged), with back-off; on SIGTERM or Ctrl-C stops the receiver first (no new
+deliveries), then the workers (each finishes and acknowledges its in-flight messages and
+releases its shards), then Flower and Redis.
 """
 
 from __future__ import annotations
@@ -45,6 +47,15 @@ class Child:
     started_at: float = 0.0
     exits: list[int] = field(default_factory=list)
 
+    def exited(self, code: int) -> float:
+        """Record an exit; the back-off before the restart (none after a long run)."""
+        self.exits.append(code)
+        uptime = time.monotonic() - self.started_at
+        self.restarts = 0 if uptime > 60 else self.restarts + 1
+        if not self.restarts:
+            return 0.0
+        return min(MAX_RESTART_BACKOFF_S, 0.5 * 2.0 ** (self.restarts - 1))
+
 
 @dataclass(frozen=True)
 class UpOptions:
@@ -61,6 +72,7 @@ class Supervisor:
         self.settings = settings
         self.options = options
         self.redis: EmbeddedRedis | None = None
+        self.redis_child: Child | None = None  # the embedded Redis, when this process runs it
         self.children: list[Child] = []
         self._stop = threading.Event()
         # Children build the very same settings, whatever came from flags or the environment.
@@ -85,6 +97,7 @@ class Supervisor:
 
     def _prepare(self) -> None:
         s = self.settings
+        s.worker_process_count()  # refuses several worker processes on SQLite
         # Fail here, once and clearly, rather than in a receiver restarted forever.
         sources = load_sources(s)
         verifiers_of(sources, os.environ)
@@ -103,6 +116,7 @@ class Supervisor:
             if url is None:
                 url = embedded.start()
                 self.redis = embedded
+                self.redis_child = Child("redis", [], embedded.process, started_at=time.monotonic())
                 log.info(
                     "embedded Redis on %s (append-only, fsync always) in %s", url, embedded.dir
                 )
@@ -118,7 +132,7 @@ class Supervisor:
     def _spawn_all(self) -> None:
         me = [sys.executable, "-m", "keylane.ops.cli"]
         s = self.settings
-        for n in range(s.worker_processes):
+        for n in range(s.worker_process_count()):
             self.children.append(Child(f"worker-{n}", [*me, "worker"]))
         self.children.append(Child("receiver", [*me, "serve"]))
         if self.options.flower:
@@ -127,10 +141,25 @@ class Supervisor:
             self._spawn(child)
 
     def _spawn(self, child: Child) -> None:
+        if child is self.redis_child:
+            self._restart_redis(child)
+            return
         # A new session: Ctrl-C reaches only the supervisor, which stops children in order.
         child.process = subprocess.Popen(child.argv, env=self._env, start_new_session=True)
         child.started_at = time.monotonic()
         log.info("started %s (pid %s)", child.name, child.process.pid)
+
+    def _restart_redis(self, child: Child) -> None:
+        """Start the embedded Redis again, on the same port and directory: it reloads its
+        append-only file, so every event it acknowledged is there again."""
+        assert self.redis is not None
+        child.started_at = time.monotonic()
+        try:
+            self.redis.start()
+        except ConfigError as exc:
+            log.error("embedded Redis did not come back: %s", exc)
+        child.process = self.redis.process
+        log.info("restarted the embedded Redis on %s", self.redis.url)
 
     def _announce(self) -> None:
         s = self.settings
@@ -153,21 +182,18 @@ class Supervisor:
 
     def _watch(self) -> None:
         while not self._stop.wait(0.5):
-            for child in self.children:
+            watched = [self.redis_child] if self.redis_child is not None else []
+            for child in watched + self.children:
                 assert child.process is not None
                 code = child.process.poll()
                 if code is None:
                     continue
-                child.exits.append(code)
                 log.error("%s (pid %s) exited with %s", child.name, child.process.pid, code)
                 _report_exit(child, code)
                 if not self.options.restart:
                     self._stop.set()
                     return
-                uptime = time.monotonic() - child.started_at
-                child.restarts = 0 if uptime > 60 else child.restarts + 1
-                backoff = min(MAX_RESTART_BACKOFF_S, 0.5 * 2 ** max(0, child.restarts - 1))
-                if self._stop.wait(backoff if child.restarts else 0):
+                if self._stop.wait(child.exited(code)):
                     return
                 self._spawn(child)
 

@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from keylane.producers.body import check_media_type, parse_json, read_body
+from keylane.producers.body import discard_body, parse_json, read_body
 from keylane.producers.gateway import EnqueueResult, ReceiverGateway, accepted_answer
 from keylane.producers.intake import Ignored, Intake, take_in
 from keylane.producers.signatures import verifiers_of
@@ -85,9 +85,9 @@ class Receiver:
         name = request.path_params["source"]
         source = self.sources.get(name)
         if source is None:
+            await discard_body(request)
             return self.refuse(404, "unknown_source", f"no source named {name!r}")
         try:
-            check_media_type(request)
             body = await read_body(request, self.settings.max_body_bytes)
             verified = self.verifiers[source.name].verify(request.headers, body, time.time())
             headers = {k.lower(): v for k, v in request.headers.items()}
@@ -228,7 +228,9 @@ class Receiver:
             503,
             "shard_full",
             f"shard {event.shard} has {result.detail} events waiting; retry later",
-            retry_after=self.watch.retry_after(event.shard, self.settings.shard_high_water),
+            retry_after=self.watch.retry_after(
+                event.shard, int(result.detail), self.settings.shard_high_water
+            ),
         )
 
     def refuse(
@@ -258,6 +260,7 @@ def create_receiver(
     async def http_error(request: Request, exc: Exception) -> Response:
         # Starlette's own 404/405 (no such route, wrong method), as JSON like every answer.
         assert isinstance(exc, HTTPException)
+        await discard_body(request)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return receiver.refuse(exc.status_code, code, str(exc.detail))
 

@@ -4,7 +4,8 @@ Prometheus metrics built from them and from the lanes' counters.
 A :class:`QueueWatch` reads every shard's depth, head message and drain count once a
 second (one pipelined round trip). It gives the receiver a global depth for the global
 high-water mark, and a drain rate per shard for ``Retry-After``: the time the shard needs
-to drain to half its high-water mark at the rate it drained lately.
+to drain to half its high-water mark at the rate it drained lately, or the ceiling when it
+drained nothing lately (a sender told "1 s" would hammer a shard that does not move).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ MIN_RETRY_AFTER_S = 1
 MAX_RETRY_AFTER_S = 120
 #: Weight of the newest sample in the drain-rate average (per poll, ~1 s).
 RATE_SMOOTHING = 0.3
+#: A shard that acknowledged nothing for this long is not draining.
+DRAINING_WITHIN_S = 5.0
 
 
 @dataclass
@@ -42,6 +45,11 @@ class ShardView:
     oldest_accepted_at: float | None = None
     drained: int = 0
     rate_per_s: float = 0.0
+    drained_at: float | None = None  # when a poll last saw the drain count rise
+
+    def draining(self, now: float) -> bool:
+        """Whether the shard acknowledged anything lately."""
+        return self.drained_at is not None and now - self.drained_at <= DRAINING_WITHIN_S
 
 
 @dataclass
@@ -63,13 +71,21 @@ class QueueWatch:
         """Events per second drained over all shards, lately."""
         return sum(v.rate_per_s for v in self.views.values())
 
-    def retry_after(self, shard: int, high_water: int) -> int:
-        """Seconds for ``shard`` to drain to half its high-water mark at its recent rate."""
+    def retry_after(self, shard: int, depth: int, high_water: int) -> int:
+        """Seconds for ``shard``, ``depth`` deep (as the accept script just saw it), to
+        drain to half its high-water mark at its recent rate; the ceiling when it did not
+        drain lately."""
         view = self.views.get(shard, ShardView())
-        return _seconds_to_drain(view.depth - high_water // 2, view.rate_per_s)
+        if not view.draining(time.monotonic()):
+            return MAX_RETRY_AFTER_S
+        return _seconds_to_drain(max(depth, view.depth) - high_water // 2, view.rate_per_s)
 
     def retry_after_global(self, high_water: int) -> int:
-        """Seconds for all shards together to drain to half the global high-water mark."""
+        """Seconds for all shards together to drain to half the global high-water mark;
+        the ceiling when none drained lately."""
+        now = time.monotonic()
+        if not any(view.draining(now) for view in self.views.values()):
+            return MAX_RETRY_AFTER_S
         return _seconds_to_drain(self.total_depth - high_water // 2, self.total_rate)
 
     async def run(self) -> None:
@@ -95,15 +111,17 @@ class QueueWatch:
             if elapsed > 0:
                 rate = max(0, count - view.drained) / elapsed
                 view.rate_per_s += RATE_SMOOTHING * (rate - view.rate_per_s)
+                if count > view.drained:
+                    view.drained_at = now
             view.drained = count
         self.polled_at = now
 
 
 def _seconds_to_drain(excess: int, rate_per_s: float) -> int:
-    if excess <= 0:
-        return MIN_RETRY_AFTER_S
     if rate_per_s <= 0.01:  # not draining at all (destination down): ask for a long wait
         return MAX_RETRY_AFTER_S
+    if excess <= 0:
+        return MIN_RETRY_AFTER_S
     return max(MIN_RETRY_AFTER_S, min(MAX_RETRY_AFTER_S, math.ceil(excess / rate_per_s)))
 
 

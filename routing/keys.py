@@ -89,6 +89,12 @@ class RedisKeys:
         return f"{self.prefix}member:{worker_id}"
 
     @property
+    def store_writer(self) -> str:
+        """The worker process that writes to the deployment's SQLite store (SQLite takes
+        one writer at a time), with a TTL that worker's heartbeat renews."""
+        return f"{self.prefix}store-writer"
+
+    @property
     def lease_log(self) -> str:
         """Stream of lease events (acquired, released, lost), for audits and tests."""
         return f"{self.prefix}lease-log"

@@ -164,12 +164,12 @@ def test_poison_message_that_kills_its_worker_is_dead_lettered(
     _start(stack, tmp_path, max_deliveries=2)
     assert stack.post(event("p-1", "poison:1", a={"set": 1})).status_code == 202
     assert stack.post(event("p-2", "poison:1", a={"set": 2})).status_code == 202
-    # When each death is followed by a restart (what keylane up does)
+    # When each death is followed by a restart (what keylane up does: one worker, SQLite)
     for _ in range(3):
         wait_until(
-            lambda: any(not p.alive() for p in stack.procs if p.name.startswith("worker")),
+            lambda: not any(p.alive() for p in stack.procs if p.name.startswith("worker")),
             30,
-            "a worker to die on the poison event",
+            "the worker to die on the poison event",
         )
         if _rows(stack, reasons=("poison",)):
             break

@@ -18,9 +18,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_duplicate_deliveries_have_exactly_one_effect(stack: Stack) -> None:
-    # Given two workers and a receiver
-    stack.worker()
-    stack.worker()
+    # Given two workers (one on SQLite, which takes one writer process) and a receiver
+    for _ in range(stack.writers(2)):
+        stack.worker()
     stack.receiver()
     stack.wait_all_owned()
     # When 300 events over 30 records are each delivered 1-5 times, all at once
@@ -51,9 +51,9 @@ def test_duplicate_deliveries_have_exactly_one_effect(stack: Stack) -> None:
 
 
 def test_concurrent_increments_with_outside_edits_stay_exact(stack: Stack) -> None:
-    # Given two workers and a receiver
-    stack.worker()
-    stack.worker()
+    # Given two workers (one on SQLite, which takes one writer process) and a receiver
+    for _ in range(stack.writers(2)):
+        stack.worker()
     stack.receiver()
     stack.wait_all_owned()
     keys = [f"account:{k}" for k in range(5)]
@@ -106,9 +106,9 @@ def test_concurrent_increments_with_outside_edits_stay_exact(stack: Stack) -> No
 
 
 def test_per_key_order_is_kept_under_concurrency(stack: Stack) -> None:
-    # Given two workers and a receiver
-    stack.worker()
-    stack.worker()
+    # Given two workers (one on SQLite, which takes one writer process) and a receiver
+    for _ in range(stack.writers(2)):
+        stack.worker()
     stack.receiver()
     stack.wait_all_owned()
 

@@ -18,7 +18,9 @@ from keylane.routing.contract.settings import FaultSpec, Settings
 from tests.support.load import SequentialLoad
 from tests.support.stack import Stack, event, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)]
+# Several worker processes at once: PostgreSQL (SQLite takes one writer process; its one
+# writer is tested in tests/test_paused_worker.py).
+pytestmark = [pytest.mark.slow, pytest.mark.parametrize("store_url", ["postgres"], indirect=True)]
 
 
 def _owners(stack: Stack) -> set[str]:

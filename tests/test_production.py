@@ -19,7 +19,10 @@ from keylane.routing.contract.settings import FaultSpec
 from tests.support.load import SequentialLoad
 from tests.support.stack import REPO, Stack, event, settings_env, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)]
+pytestmark = pytest.mark.slow
+SQLITE = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+# Several worker processes at once: SQLite takes one writer process.
+POSTGRES = pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 
 
 def _metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -37,6 +40,7 @@ def _value(
     return metrics.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+@SQLITE
 def test_a_slow_destination_pushes_back_on_senders_and_nothing_is_lost(stack: Stack) -> None:
     # Given a destination that takes 20 ms per write and a high-water mark of 40 per shard
     stack.settings = stack.settings.model_copy(update={"shard_high_water": 40})
@@ -93,6 +97,7 @@ def test_a_slow_destination_pushes_back_on_senders_and_nothing_is_lost(stack: St
     assert refused == sum(1 for s, e, _ in refusals if e == "shard_full")
 
 
+@SQLITE
 def test_over_the_global_high_water_mark_every_shard_refuses(stack: Stack) -> None:
     # Given a global mark of 20 events and no worker draining
     stack.settings = stack.settings.model_copy(update={"global_high_water": 20})
@@ -117,6 +122,7 @@ def test_over_the_global_high_water_mark_every_shard_refuses(stack: Stack) -> No
     )
 
 
+@SQLITE
 def test_metrics_match_what_was_sent(stack: Stack) -> None:
     stack.worker(lanes=2)
     stack.receiver()
@@ -167,6 +173,7 @@ def test_metrics_match_what_was_sent(stack: Stack) -> None:
     wait_until(drained, 10, "the depths to read 0")
 
 
+@SQLITE
 def test_health_check_exit_codes(stack: Stack) -> None:
     def check(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -198,6 +205,7 @@ def test_health_check_exit_codes(stack: Stack) -> None:
     assert check("--receiver", f"http://127.0.0.1:{free_port()}").returncode == 1
 
 
+@SQLITE
 def test_log_lines_about_an_event_say_which_event(stack: Stack) -> None:
     # Given a worker logging JSON lines
     stack.extra_env["KEYLANE_LOG_FORMAT"] = "json"
@@ -218,6 +226,7 @@ def test_log_lines_about_an_event_say_which_event(stack: Stack) -> None:
     assert line["source"] == "demo"
 
 
+@POSTGRES
 def test_rolling_restart_under_load_loses_and_duplicates_nothing(stack: Stack) -> None:
     # Given two receivers and three workers under ordered load that fails over between
     # the receivers

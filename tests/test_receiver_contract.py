@@ -4,16 +4,20 @@ process: every 4xx changes nothing in Redis or the store."""
 from __future__ import annotations
 
 import json
+import socket
 import uuid
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
 import redis
 
+from keylane.producers.telemetry import MAX_RETRY_AFTER_S
 from tests.conftest import delete_namespace, fast_settings
-from tests.support.stack import Stack, event
+from tests.support.stack import Stack, event, wait_until
 
 
 def _snapshot(stack: Stack) -> dict[str, Any]:
@@ -196,3 +200,80 @@ def test_broker_down_is_503_with_retry_after(stack: Stack) -> None:
     assert answer.json()["error"] == "broker_unavailable"
     assert int(answer.headers["retry-after"]) > 0
     assert httpx.get(f"{stack.url}/readyz").status_code == 503
+
+
+def _post_raw(url: str, body: bytes, chunked: bool) -> str:
+    """POST ``body`` as a sender that writes all of it before reading (most do), asking
+    for the connection to be closed after the answer; the answer's status line, or the
+    socket error the sender saw."""
+    host, port = url.removeprefix("http://").split(":")
+    head = (
+        "POST /webhooks/demo HTTP/1.1\r\nHost: keylane\r\nConnection: close\r\n"
+        "Content-Type: application/json\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        try:
+            if chunked:
+                sock.sendall(f"{head}Transfer-Encoding: chunked\r\n\r\n".encode())
+                for start in range(0, len(body), 1 << 16):
+                    piece = body[start : start + (1 << 16)]
+                    sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+                sock.sendall(b"0\r\n\r\n")
+            else:
+                sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            answer = b""
+            while b"\r\n" not in answer:
+                data = sock.recv(1 << 16)
+                if not data:
+                    break
+                answer += data
+        except OSError as exc:
+            return repr(exc)
+    return answer.split(b"\r\n", 1)[0].decode()
+
+
+def test_oversize_bodies_from_32_concurrent_senders_all_read_413(running: Stack) -> None:
+    # Given 32 senders, each writing a body over the 1 MiB limit in full before reading,
+    # half with a declared length and half chunked, all asking to close afterwards
+    limit = running.settings.max_body_bytes
+    bodies = [
+        b'{"id": "big", "record_key": "k:1", "changes": {"a": {"set": "'
+        + b"x" * (2 * limit + 65536 * n)
+        + b'"}}}'
+        for n in range(32)
+    ]
+    # When they all send at once, three rounds
+    with ThreadPoolExecutor(32) as pool:
+        answers = [
+            status
+            for _ in range(3)
+            for status in pool.map(
+                lambda n: _post_raw(running.url, bodies[n], chunked=n % 2 == 1), range(32)
+            )
+        ]
+    # Then every one of them read a 413, none a connection reset
+    assert answers == ["HTTP/1.1 413 Request Entity Too Large"] * 96, Counter(answers)
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_a_full_shard_that_does_not_drain_answers_the_retry_after_ceiling(stack: Stack) -> None:
+    # Given a receiver with a high-water mark of 3 per shard and no worker draining
+    stack.settings = stack.settings.model_copy(update={"shard_high_water": 3})
+    stack.receiver()
+    # When one record's shard fills up and more deliveries arrive, at once and later on
+    for n in range(3):
+        assert stack.post(event(f"f-{n}", "full:1", a={"set": n})).status_code == 202
+    answers = [stack.post(event(f"f-x{n}", "full:1", a={"set": n})) for n in range(5)]
+    shard = stack.settings.shards.shard_for_key("full:1")
+    wait_until(
+        lambda: (
+            f'keylane_queue_depth{{shard="{shard}"}} 3.0' in httpx.get(f"{stack.url}/metrics").text
+        ),
+        10,
+        "the receiver's queue watch to see the full shard",
+    )
+    answers.append(stack.post(event("f-late", "full:1", a={"set": 9})))
+    # Then each is 503 shard_full with the documented ceiling, never a short wait
+    assert {a.status_code for a in answers} == {503}
+    assert {a.json()["error"] for a in answers} == {"shard_full"}
+    assert {int(a.headers["retry-after"]) for a in answers} == {MAX_RETRY_AFTER_S}

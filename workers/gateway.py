@@ -84,6 +84,8 @@ class LaneGateway:
         self._flow_acquire = client.register_script(scripts.FLOW_ACQUIRE)
         self._flow_release = client.register_script(scripts.FLOW_RELEASE)
         self._note_retry = client.register_script(scripts.NOTE_RETRY)
+        self._claim_or_renew = client.register_script(scripts.CLAIM_OR_RENEW)
+        self._release_claim = client.register_script(scripts.RELEASE_CLAIM)
 
     @classmethod
     def from_url(cls, url: str, keys: RedisKeys, shards: ShardMap) -> LaneGateway:
@@ -154,6 +156,19 @@ class LaneGateway:
     def bump_fence(self, shard: int, at_least: int) -> int:
         """Raise the shard's fencing counter to ``at_least`` (after Redis lost data)."""
         return int(_call(self._bump_fence, [self.keys.fence(shard)], [at_least]))
+
+    # -- the SQLite store's one writer --------------------------------------------------
+
+    def claim_store_writer(self, worker_id: str, ttl_ms: int, replacing: str = "") -> str:
+        """Claim (or renew) being the store's one writer for ``ttl_ms``, or take the claim
+        over from ``replacing`` (a holder known to be dead); returns the holder now."""
+        return reply_text(
+            _call(self._claim_or_renew, [self.keys.store_writer], [worker_id, ttl_ms, replacing])
+        )
+
+    def release_store_writer(self, worker_id: str) -> bool:
+        """Give the writer claim up (only if still ours)."""
+        return bool(_call(self._release_claim, [self.keys.store_writer], [worker_id]))
 
     # -- messages ----------------------------------------------------------------------
 

@@ -12,12 +12,20 @@ A background thread beats every ``heartbeat_ms``:
 4. it acquires the shards it should own that are free. Each acquisition advances the
    shard's fencing token, and the token is registered with the store before the first
    message is taken, so from then on the store refuses any write of an older owner.
+
+The heartbeat talks to Redis only. Registering a token is a store transaction, and a store
+can keep a transaction waiting (SQLite's one write lock, a PostgreSQL row lock held by a
+paused owner, a slow disk): a heartbeat stuck behind it would let this worker's own leases
+expire. So a newly acquired shard is held (its lease renewed) but not yet offered to the
+lanes; a registrar thread registers its token, and only then may a lane take from it. If
+registration fails, the lease is released for another worker or a later beat.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -28,6 +36,7 @@ from keylane.routing.contract.errors import BrokerUnavailable, StoreUnavailable
 from keylane.routing.contract.settings import Settings
 from keylane.workers.gateway import LaneGateway, Lease
 from keylane.workers.stores.base import Store
+from keylane.workers.writer import EXIT_NOT_THE_WRITER, StoreWriter
 
 log = logging.getLogger("keylane.ownership")
 
@@ -48,6 +57,7 @@ class HeldShard:
     busy: bool = False
     busy_since: float = 0.0
     not_before: float = 0.0
+    registered: bool = False  # its token is registered with the store: lanes may take
 
 
 class Ownership:
@@ -61,6 +71,7 @@ class Ownership:
         worker_id: str,
         info: dict[str, object],
         clock: Callable[[], float] = time.monotonic,
+        writer: StoreWriter | None = None,
     ) -> None:
         self.settings = settings
         self.gateway = gateway
@@ -68,11 +79,14 @@ class Ownership:
         self.info = info
         self._store_factory = store_factory
         self._clock = clock
+        self.writer = writer  # the SQLite store's writer claim, renewed by the heartbeat
         self._held: dict[int, HeldShard] = {}
         self._lock = threading.Condition()
         self._stopping = False
         self._rotation = 0
         self._thread: threading.Thread | None = None
+        self._registrar: threading.Thread | None = None
+        self._unregistered: queue.SimpleQueue[Lease | None] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._stuck: set[int] = set()
         self.ticks = 0
@@ -93,7 +107,11 @@ class Ownership:
             ready = {
                 shard: h
                 for shard, h in self._held.items()
-                if not h.busy and not h.releasing and h.valid_until > now and h.not_before <= now
+                if h.registered
+                and not h.busy
+                and not h.releasing
+                and h.valid_until > now
+                and h.not_before <= now
             }
             if not ready:
                 return []
@@ -154,37 +172,31 @@ class Ownership:
     # -- the heartbeat thread ------------------------------------------------------------
 
     def start(self) -> None:
-        """Join the members and start the heartbeat thread (first beat before returning)."""
+        """Join the members and start the heartbeat and registrar threads (first beat
+        before returning)."""
+        self._registrar = threading.Thread(
+            target=self._register_all, name="keylane-fences", daemon=True
+        )
+        self._registrar.start()
         self.tick()
         self._thread = threading.Thread(target=self._run, name="keylane-ownership", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        store = None
         while not self._stop.wait(self.settings.heartbeat_ms / 1000):
             try:
-                store = store or self._store_factory()
-                self.tick(store)
-            except StoreUnavailable as exc:
-                log.warning("store unavailable during heartbeat: %s", exc)
-                store = None
+                self.tick()
             except Exception:
                 log.exception("heartbeat failed")
-        if store is not None:
-            store.close()
 
-    def tick(self, store: Store | None = None) -> None:
-        """One heartbeat: membership, renewals, releases, acquisitions."""
-        own_store = store is None
-        store = store or self._store_factory()
+    def tick(self) -> None:
+        """One heartbeat: membership, renewals, releases, acquisitions (Redis only)."""
         try:
-            self._tick(store)
+            self._tick()
         finally:
-            if own_store:
-                store.close()
             self.ticks += 1
 
-    def _tick(self, store: Store) -> None:
+    def _tick(self) -> None:
         s = self.settings
         try:
             members = self.gateway.heartbeat(
@@ -193,6 +205,7 @@ class Ownership:
         except BrokerUnavailable as exc:
             log.warning("cannot reach Redis for heartbeat: %s", exc)
             return
+        self._renew_writer()
         self._renew()
         self._abandon_stuck()
         wanted = (
@@ -202,7 +215,7 @@ class Ownership:
         )
         self._release_unwanted(wanted)
         for shard in sorted(wanted - set(self.owned())):
-            self._acquire(shard, store)
+            self._acquire(shard)
 
     def _renew(self) -> None:
         held = list(self.owned().values())
@@ -221,6 +234,25 @@ class Ownership:
                         held_shard.valid_until = valid_until
             else:
                 self.lost(lease, "lease expired or taken before renewal")
+
+    def _renew_writer(self) -> None:
+        """Renew the SQLite writer claim. Another writer took it while this process was
+        paused past its TTL: this one must not write again, so it exits (its leases and
+        fencing tokens are stale too)."""
+        if self.writer is None:
+            return
+        try:
+            holder = self.writer.renew()
+        except BrokerUnavailable as exc:
+            log.warning("cannot renew the SQLite writer claim: %s", exc)
+            return
+        if holder != self.worker_id:
+            log.critical(
+                "worker %s took the SQLite store over while this one was paused; exiting",
+                holder,
+            )
+            logging.shutdown()
+            os._exit(EXIT_NOT_THE_WRITER)
 
     def _abandon_stuck(self) -> None:
         """A lane on one message past ``inflight_deadline_ms`` is stuck (a handler that
@@ -265,7 +297,7 @@ class Ownership:
                 self._held.pop(lease.shard, None)
             log.info("released shard %s (token %s)", lease.shard, lease.token)
 
-    def _acquire(self, shard: int, store: Store) -> None:
+    def _acquire(self, shard: int) -> None:
         sent_at = self._clock()
         try:
             got = self.gateway.acquire(shard, self.worker_id, self.settings.lease_ttl_ms)
@@ -274,31 +306,72 @@ class Ownership:
             return
         if got.lease is None:
             return
-        lease = got.lease
-        try:
-            newest = store.advance_fence(shard, lease.token)
-        except StoreUnavailable as exc:
-            log.warning("cannot register fence of shard %s: %s", shard, exc)
-            self._release_quietly(lease, "abandoned")
-            return
+        valid_until = sent_at + self.settings.lease_ttl_ms / 1000 * VALIDITY_FRACTION
+        with self._lock:
+            self._held[shard] = HeldShard(got.lease, valid_until)
+        self._unregistered.put(got.lease)
+        log.info("acquired shard %s (token %s, restored %s)", shard, got.lease.token, got.restored)
+
+    # -- the registrar thread ------------------------------------------------------------
+
+    def _register_all(self) -> None:
+        """Register the token of each newly acquired shard with the store, in order."""
+        store: Store | None = None
+        while (lease := self._unregistered.get()) is not None:
+            if self._stop.is_set():
+                break  # stopping: every lease is released anyway
+            if not self._holds(lease):
+                continue  # released or lost meanwhile
+            try:
+                store = store or self._store_factory()
+                self._register(store, lease)
+            except StoreUnavailable as exc:
+                log.warning("cannot register fence of shard %s: %s", lease.shard, exc)
+                self._give_up(lease)
+                if store is not None:
+                    store.close()
+                    store = None
+            except Exception:
+                log.exception("registering the fence of shard %s failed", lease.shard)
+                self._give_up(lease)
+        if store is not None:
+            store.close()
+
+    def _register(self, store: Store, lease: Lease) -> None:
+        newest = store.advance_fence(lease.shard, lease.token)
         if newest > lease.token:
             # Redis lost its counter (restart without AOF): move it past the store's.
             log.warning(
                 "shard %s: store fence %s is ahead of Redis %s; skipping ahead",
-                shard,
+                lease.shard,
                 newest,
                 lease.token,
             )
-            self._try(lambda: self.gateway.bump_fence(shard, newest))
-            self._release_quietly(lease, "abandoned")
+            self._try(lambda: self.gateway.bump_fence(lease.shard, newest))
+            self._give_up(lease)
             return
-        valid_until = sent_at + self.settings.lease_ttl_ms / 1000 * VALIDITY_FRACTION
         with self._lock:
-            self._held[shard] = HeldShard(lease, valid_until)
+            held = self._held.get(lease.shard)
+            if held is None or held.lease != lease:
+                return
+            held.registered = True
             self._lock.notify_all()
         if self.on_acquired is not None:
-            self.on_acquired(shard)
-        log.info("acquired shard %s (token %s, restored %s)", shard, lease.token, got.restored)
+            self.on_acquired(lease.shard)
+
+    def _holds(self, lease: Lease) -> bool:
+        with self._lock:
+            held = self._held.get(lease.shard)
+            return held is not None and held.lease == lease
+
+    def _give_up(self, lease: Lease) -> None:
+        """Drop a shard whose token could not be registered: nothing was taken from it."""
+        with self._lock:
+            held = self._held.get(lease.shard)
+            if held is None or held.lease != lease:
+                return
+            del self._held[lease.shard]
+        self._release_quietly(lease, "abandoned")
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop taking messages, wait for lanes to finish, release every lease, leave."""
@@ -308,12 +381,16 @@ class Ownership:
             while any(h.busy for h in self._held.values()) and self._clock() < deadline:
                 self._lock.wait(0.05)
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=max(0.0, deadline - self._clock()) + 1)
+        self._unregistered.put(None)
+        for thread in (self._thread, self._registrar):
+            if thread is not None:
+                thread.join(timeout=max(0.0, deadline - self._clock()) + 1)
         for lease in list(self.owned().values()):
             self._release_quietly(lease, "released")
         with self._lock:
             self._held.clear()
+        if self.writer is not None:
+            self._try(self.writer.release)
         self._try(lambda: self.gateway.leave(self.worker_id))
 
     def _release_quietly(self, lease: Lease, reason: str) -> None:

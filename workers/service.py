@@ -8,6 +8,7 @@ import os
 import socket
 import time
 import uuid
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from keylane.routing.contract.faults import Faults
 from keylane.routing.contract.settings import Settings
@@ -20,8 +21,30 @@ from keylane.workers.ownership import Ownership
 from keylane.workers.stores import open_store
 from keylane.workers.stores.base import Store
 from keylane.workers.tasks import import_app
+from keylane.workers.writer import StoreWriter
 
 log = logging.getLogger("keylane.worker")
+
+
+def worker_store_url(settings: Settings) -> str:
+    """The store URL for a worker's connections. On PostgreSQL the server ends a
+    transaction left idle for half a lease TTL (at most the store timeout): a worker paused
+    in the middle of a write (GC, VM freeze, debugger) would otherwise keep its row locks,
+    the shard's fence row among them, and the next owner could not register its fencing
+    token until the paused one woke up. Ended by the server, the paused write is rolled
+    back; its event is still in flight, and the next owner applies it."""
+    url = settings.store_dsn()
+    if settings.store_is_sqlite:
+        return url
+    timeout_ms = min(settings.store_timeout_ms, settings.lease_ttl_ms // 2)
+    option = f"-c idle_in_transaction_session_timeout={timeout_ms}"
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(name == "options" for name, _ in query):
+        query = [(n, f"{v} {option}" if n == "options" else v) for n, v in query]
+    else:
+        query.append(("options", option))
+    return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
 
 
 def new_worker_id() -> str:
@@ -50,8 +73,15 @@ class LaneService:
             "lanes": settings.lanes,
             "started": time.time(),
         }
-        self.ownership = Ownership(settings, self.gateway, self.open_store, self.worker_id, info)
         faults = Faults(settings.faults)
+        self.writer = (
+            StoreWriter(self.gateway, settings, self.worker_id)
+            if settings.store_is_sqlite
+            else None
+        )
+        self.ownership = Ownership(
+            settings, self.gateway, self.open_store, self.worker_id, info, writer=self.writer
+        )
         self.lanes = Lanes(
             settings,
             self.gateway,
@@ -66,10 +96,13 @@ class LaneService:
     def open_store(self) -> Store:
         """A new store connection (one per thread)."""
         s = self.settings
-        return open_store(s.store_dsn(), s.store_timeout_ms, s.sqlite_synchronous)
+        return open_store(worker_store_url(s), s.store_timeout_ms, s.sqlite_synchronous)
 
     def start(self) -> None:
-        """Create the schema, join the members, take shards and start the lanes."""
+        """Claim the SQLite store (one writer process), create the schema, join the
+        members, take shards and start the lanes."""
+        if self.writer is not None:
+            self.writer.claim()
         store = self.open_store()
         try:
             store.migrate()

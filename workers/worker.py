@@ -23,7 +23,9 @@ from keylane.routing.router import APPLY_TASK
 from keylane.routing.shards import QUEUE_PREFIX
 from keylane.workers.app import CONTROL_QUEUE, create_app
 from keylane.workers.apply import ApplyResult
-from keylane.workers.service import LaneService
+from keylane.workers.gateway import LaneGateway
+from keylane.workers.service import LaneService, new_worker_id
+from keylane.workers.writer import StoreWriter
 
 log = logging.getLogger("keylane.worker")
 
@@ -115,7 +117,8 @@ class LaneStep(bootsteps.StartStopStep):
     def start(self, worker: Any) -> None:
         settings: Settings = worker.app.keylane_settings
         self.events = TaskEvents(worker.app, worker.hostname) if settings.task_events else None
-        self.service = LaneService(settings, on_result=self.events)
+        worker_id = getattr(worker.app, "keylane_worker_id", None)
+        self.service = LaneService(settings, worker_id, on_result=self.events)
         worker.keylane_service = self.service
         self.service.start()
 
@@ -175,9 +178,18 @@ def active_queues(state: Any) -> list[dict[str, Any]]:
 
 
 def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
-    """Run a worker in this process until it is told to stop."""
+    """Run a worker in this process until it is told to stop. On SQLite, first become the
+    store's one writer, or raise :class:`ConfigError` (another worker is)."""
+    worker_id = new_worker_id()
+    if settings.store_is_sqlite:
+        gateway = LaneGateway.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+        try:
+            StoreWriter(gateway, settings, worker_id).claim()
+        finally:
+            gateway.close()
     app = create_app(settings)
     app.keylane_settings = settings
+    app.keylane_worker_id = worker_id
     app.steps["worker"].add(LaneStep)
     worker = app.Worker(
         hostname=f"keylane-{os.getpid()}@{socket.gethostname()}",

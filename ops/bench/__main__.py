@@ -153,9 +153,9 @@ def _counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int
 @click.option(
     "--workers",
     type=click.IntRange(1, MAX_WORKERS),
-    default=2,
-    show_default=True,
-    help="Worker processes for (b), and for (c) without --drain-workers.",
+    default=None,
+    help="Worker processes for (b), and for (c) without --drain-workers.  "
+    "[default: 1 on SQLite, which takes one writer process; 2 on PostgreSQL]",
 )
 @click.option(
     "--drain-workers",
@@ -192,7 +192,7 @@ def main(
     events: int,
     concurrency: int,
     keys: tuple[int, ...],
-    workers: int,
+    workers: int | None,
     drain_workers: tuple[int, ...],
     lanes: int,
     rounds: int,
@@ -200,6 +200,13 @@ def main(
     keep_temp: bool,
 ) -> None:
     """Entry point (see the module docstring)."""
+    if workers is None:
+        workers = 1 if store == "sqlite" else 2
+    if store == "sqlite" and max(workers, *drain_workers) > 1:
+        raise click.UsageError(
+            "SQLite takes one writer process: use --lanes for more concurrency, or "
+            "--store postgres for several worker processes"
+        )
     opts = BenchOptions(
         store,
         redis_url,

@@ -187,6 +187,25 @@ end
 return 1
 """
 
+# Claim a single-holder key, or renew it when it is already ours, or take it over from
+# ARGV[3] (a holder known to be dead): KEYS = (claim); ARGV = (holder, ttl ms, replacing).
+# Returns the holder after the call.
+CLAIM_OR_RENEW = """
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] or (ARGV[3] ~= '' and holder == ARGV[3]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return ARGV[1]
+end
+return holder
+"""
+
+# Give a single-holder key up, only if it is still ours.
+RELEASE_CLAIM = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
 BUMP_FENCE = """
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 if current < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlparse
 
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -45,7 +46,7 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1, le=100)
     max_deliveries: int = Field(5, ge=1, le=1000)
     lanes: int = Field(4, ge=1, le=256)
-    worker_processes: int = Field(2, ge=1, le=64)  # what `keylane up` starts
+    worker_processes: int | None = Field(None, ge=1, le=64)  # what `keylane up` starts
     lease_ttl_ms: int = Field(10_000, ge=200)
     heartbeat_ms: int = Field(2_000, ge=50)
     handler_time_limit_ms: int = Field(10_000, ge=10)
@@ -112,6 +113,27 @@ class Settings(BaseSettings):
                 f"destination {name}: max_attempts x timeout_s = {worst_ms:.0f} ms must stay "
                 f"under half of inflight_deadline_ms ({self.inflight_deadline_ms})"
             )
+
+    @property
+    def store_is_sqlite(self) -> bool:
+        """Whether the store is SQLite, which takes one writer process."""
+        return urlparse(self.store_dsn()).scheme == "sqlite"
+
+    def worker_process_count(self) -> int:
+        """How many worker processes ``keylane up`` starts: ``worker_processes``, else 1 on
+        SQLite and 2 on PostgreSQL. SQLite has one write lock for the whole file, and a
+        worker paused while it holds it (GC, VM freeze, debugger, full disk) would stall
+        every other worker's shards: several worker processes need PostgreSQL."""
+        if not self.store_is_sqlite:
+            return self.worker_processes or 2
+        if (self.worker_processes or 1) > 1:
+            raise ConfigError(
+                f"{self.worker_processes} worker processes on a SQLite store: SQLite takes one "
+                "writer process. Run more lanes in that one process (--lanes N, "
+                "KEYLANE_LANES), or use PostgreSQL for several worker processes "
+                "(--store-url postgresql://..., KEYLANE_STORE_URL)"
+            )
+        return 1
 
     @property
     def shards(self) -> ShardMap:

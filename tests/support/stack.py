@@ -131,6 +131,11 @@ class Stack:
         """Start a worker process."""
         return self._spawn("worker", ["worker", "--lanes", str(lanes)], **env)
 
+    def writers(self, wanted: int) -> int:
+        """How many worker processes a test that wants ``wanted`` may run at once: SQLite
+        takes one writer process (a second one refuses to start)."""
+        return 1 if self.settings.store_is_sqlite else wanted
+
     def receiver(self, port: int | None = None, **env: Any) -> Proc:
         """Start a receiver and wait until it answers; sets :attr:`url`."""
         port = port or free_port()
@@ -230,6 +235,33 @@ class Stack:
         if self.http is not None:
             self.http.close()
             self.http = None
+
+
+def start_up(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start ``keylane up`` (``args`` after ``keylane``; output to ``log_path``) and wait
+    until it says it is up."""
+    with log_path.open("wb") as log:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "keylane.ops.cli", *args],
+            env=env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until(
+            lambda: "keylane is up" in log_path.read_text() or up.poll() is not None,
+            60,
+            "keylane up",
+            on_timeout=log_path.read_text,
+        )
+        assert up.poll() is None, log_path.read_text()
+    except BaseException:
+        up.send_signal(signal.SIGTERM)
+        up.wait(90)
+        raise
+    return up
 
 
 def _healthy(url: str) -> bool:
