@@ -145,22 +145,17 @@ class ReceiverGateway:
             key_missing=event.key_missing,
         )
 
-    async def record_reuse(
-        self,
-        *,
-        source: str,
-        event_id: str,
-        body_sha256: str,
-        queue: str,
-        shard: int,
-        message: bytes,
-        retention_ms: int,
-    ) -> bool:
-        """Queue one review message per distinct reused body (senders retry a 409)."""
+    async def record_reuse(self, event: Event, queue: str, retention_ms: int) -> bool:
+        """Queue one review message per distinct body sent under ``event``'s reused id
+        (senders retry a 409): the event, marked for review only."""
+        review = event.model_copy(update={"review": "id_reused"})
         result = await self._run(
             self._record_id_reuse,
-            [self.keys.reused(source, event_id, body_sha256), self.keys.queue(queue)],
-            [retention_ms, message, self.keys.doorbell, shard],
+            [
+                self.keys.reused(event.source, event.event_id, event.body_sha256),
+                self.keys.queue(queue),
+            ],
+            [retention_ms, build_apply_message(review, queue), self.keys.doorbell, event.shard],
         )
         return bool(result)
 

@@ -43,7 +43,6 @@ from keylane.routing.contract.errors import BrokerUnavailable, InvalidEvent, Sig
 from keylane.routing.contract.events import Event
 from keylane.routing.contract.faults import Faults
 from keylane.routing.contract.logcontext import event_context
-from keylane.routing.contract.message import build_apply_message
 from keylane.routing.contract.settings import Settings
 from keylane.routing.contract.sources import SourceConfig, Sources, load_sources
 
@@ -186,16 +185,7 @@ class Receiver:
                 event, queue, json.dumps(answer), retention_ms, s.shard_high_water
             )
             if result.verdict == "reused":
-                review = event.model_copy(update={"review": "id_reused"})
-                await self.gateway.record_reuse(
-                    source=event.source,
-                    event_id=event.event_id,
-                    body_sha256=event.body_sha256,
-                    queue=queue,
-                    shard=event.shard,
-                    message=build_apply_message(review, queue),
-                    retention_ms=retention_ms,
-                )
+                await self.gateway.record_reuse(event, queue, retention_ms)
         except BrokerUnavailable as exc:
             log.error("cannot enqueue: %s", exc)
             return self.refuse(

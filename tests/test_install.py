@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,12 +28,23 @@ from tests.support.stack import REPO, wait_until
 pytestmark = pytest.mark.slow
 
 
+#: What the wheel is built from (what the Dockerfile copies).
+SHIPPED = ("pyproject.toml", "README.md", "keylane", "routing", "producers", "workers", "ops")
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """keylane's wheel, built from this checkout."""
-    out = tmp_path_factory.mktemp("wheel")
+    """keylane's wheel, built from a clean copy of this checkout's shipped files (a
+    ``build/`` directory left in the checkout could carry modules that no longer exist)."""
+    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
+    junk = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in SHIPPED:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, src / name, symlinks=True, ignore=junk)
+        else:
+            shutil.copy2(REPO / name, src / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(src)],
         check=True,
         capture_output=True,
     )
