@@ -132,7 +132,9 @@ if ARGV[4] ~= '' and holder == ARGV[4] then
 end
 redis.call('RPUSH', KEYS[4], ARGV[2])
 redis.call('LREM', KEYS[2], 1, ARGV[2])
-redis.call('HDEL', KEYS[6], redis.sha1hex(ARGV[2]))
+local digest = redis.sha1hex(ARGV[2])
+redis.call('HDEL', KEYS[6], digest, digest .. ':error', digest .. ':retries',
+  digest .. ':since', digest .. ':write')
 redis.call('HINCRBY', KEYS[7], 'parked', 1)
 return 'parked'
 """
@@ -150,7 +152,9 @@ if redis.call('HGET', KEYS[3], ARGV[3]) == ARGV[4] then
   released = #parked
 end
 redis.call('LREM', KEYS[2], 1, ARGV[2])
-redis.call('HDEL', KEYS[6], redis.sha1hex(ARGV[2]))
+local digest = redis.sha1hex(ARGV[2])
+redis.call('HDEL', KEYS[6], digest, digest .. ':error', digest .. ':retries',
+  digest .. ':since', digest .. ':write')
 return released
 """
 
