@@ -85,7 +85,7 @@ class Dispatcher:
         slot = f"{taken.shard}:{message_digest(taken.raw)}"
         first_attempt = self.gateway.retries(taken.shard, taken.raw) + taken.deliveries
         for rerun in range(self.settings.max_attempts):
-            wait_s, why = self.gateway.flow_acquire(
+            wait_s, why = self.gateway.flow.acquire(
                 config.name,
                 slot,
                 config.max_in_flight,
@@ -134,12 +134,12 @@ class Dispatcher:
         try:
             outcome = destination.deliver(event, ctx)
         except Exception:
-            self.gateway.flow_release(name, slot, "failed")
+            self.gateway.flow.release(name, slot, "failed")
             raise
         pause_s = 0.0
         if isinstance(outcome, RetryLater) and outcome.pause_destination:
             pause_s = outcome.delay_s or 0.0
-        self.gateway.flow_release(name, slot, _counter(outcome), pause_s)
+        self.gateway.flow.release(name, slot, _counter(outcome), pause_s)
         return outcome
 
     def _settle(

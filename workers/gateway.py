@@ -29,8 +29,9 @@ import redis
 
 from keylane.routing import ShardMap
 from keylane.routing.contract import redis_scripts as scripts
-from keylane.routing.contract.redis_calls import broker_errors, reply_text
+from keylane.routing.contract.redis_calls import broker_errors, reply_text, run_script
 from keylane.routing.keys import RedisKeys, latency_bucket, message_digest
+from keylane.workers.flow import DestinationFlow
 
 LEASE_LOG_MAXLEN = 100_000
 
@@ -81,16 +82,19 @@ class LaneGateway:
         self._unhold_key = client.register_script(scripts.UNHOLD_KEY)
         self._push_once = client.register_script(scripts.PUSH_ONCE)
         self._give_back = client.register_script(scripts.GIVE_BACK)
-        self._flow_acquire = client.register_script(scripts.FLOW_ACQUIRE)
-        self._flow_release = client.register_script(scripts.FLOW_RELEASE)
         self._note_retry = client.register_script(scripts.NOTE_RETRY)
         self._claim_or_renew = client.register_script(scripts.CLAIM_OR_RENEW)
         self._release_claim = client.register_script(scripts.RELEASE_CLAIM)
+        #: Destinations' flow control, shared by every worker (its own module).
+        self.flow = DestinationFlow(client, keys)
 
     @classmethod
     def from_url(cls, url: str, keys: RedisKeys, shards: ShardMap) -> LaneGateway:
-        """Connect to Redis at ``url``."""
-        return cls(connect(url), keys, shards)
+        """Connect to Redis at ``url``, with timeouts so a dead server is an error."""
+        client = redis.Redis.from_url(
+            url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=15
+        )
+        return cls(client, keys, shards)
 
     def queue_key(self, shard: int) -> str:
         """The Redis list of the shard's Celery queue."""
@@ -101,7 +105,7 @@ class LaneGateway:
     def acquire(self, shard: int, worker_id: str, ttl_ms: int) -> Acquired:
         """Take the shard's lease if it is free, restoring a dead owner's in-flight message."""
         k = self.keys
-        ok, holder, restored = _call(
+        ok, holder, restored = run_script(
             self._acquire_lease,
             [
                 k.lease(shard),
@@ -123,7 +127,7 @@ class LaneGateway:
         """Extend the leases still held; False for each one that was lost."""
         if not leases:
             return []
-        result = _call(
+        result = run_script(
             self._renew_leases,
             [self.keys.lease(lease.shard) for lease in leases],
             [ttl_ms, *(lease.value for lease in leases)],
@@ -134,7 +138,7 @@ class LaneGateway:
         """Give the lease up (only if still ours); logged as ``reason``."""
         k = self.keys
         return bool(
-            _call(
+            run_script(
                 self._release_lease,
                 [k.lease(lease.shard), k.lease_log, k.last_owner(lease.shard)],
                 [lease.value, lease.shard, reason, LEASE_LOG_MAXLEN, worker_id, lease.token],
@@ -155,7 +159,7 @@ class LaneGateway:
 
     def bump_fence(self, shard: int, at_least: int) -> int:
         """Raise the shard's fencing counter to ``at_least`` (after Redis lost data)."""
-        return int(_call(self._bump_fence, [self.keys.fence(shard)], [at_least]))
+        return int(run_script(self._bump_fence, [self.keys.fence(shard)], [at_least]))
 
     # -- the SQLite store's one writer --------------------------------------------------
 
@@ -163,12 +167,14 @@ class LaneGateway:
         """Claim (or renew) being the store's one writer for ``ttl_ms``, or take the claim
         over from ``replacing`` (a holder known to be dead); returns the holder now."""
         return reply_text(
-            _call(self._claim_or_renew, [self.keys.store_writer], [worker_id, ttl_ms, replacing])
+            run_script(
+                self._claim_or_renew, [self.keys.store_writer], [worker_id, ttl_ms, replacing]
+            )
         )
 
     def release_store_writer(self, worker_id: str) -> bool:
         """Give the writer claim up (only if still ours)."""
-        return bool(_call(self._release_claim, [self.keys.store_writer], [worker_id]))
+        return bool(run_script(self._release_claim, [self.keys.store_writer], [worker_id]))
 
     # -- messages ----------------------------------------------------------------------
 
@@ -190,7 +196,7 @@ class LaneGateway:
                 self.keys.deliveries(lease.shard),
             ]
         keys.append(self.keys.held)
-        result = _call(self._take_message, keys, [lease.value for lease in leases])
+        result = run_script(self._take_message, keys, [lease.value for lease in leases])
         if result is None:
             return None
         index, raw, resumed, held_keys, deliveries = result
@@ -233,7 +239,7 @@ class LaneGateway:
             f"{latency_s or 0.0:.6f}",
             lease.shard,
         ]
-        return bool(_call(self._ack_message, keys, args))
+        return bool(run_script(self._ack_message, keys, args))
 
     def park(self, lease: Lease, raw: bytes, record_key: str, retry_of: int | None) -> str:
         """``parked`` (the key is held: the message waits, in order, and leaves the
@@ -241,7 +247,7 @@ class LaneGateway:
         parked messages now follow it), ``free`` (not held) or ``lost`` (not the owner)."""
         keys = [*self._hold_keys(lease, record_key), self.keys.counters]
         args = [lease.value, raw, record_key, "" if retry_of is None else str(retry_of)]
-        return reply_text(_call(self._park_message, keys, args))
+        return reply_text(run_script(self._park_message, keys, args))
 
     def hold(self, record_key: str, dead_letter_id: int) -> bool:
         """Hold ``record_key`` behind a dead letter (unless it is already held)."""
@@ -262,7 +268,7 @@ class LaneGateway:
         Returns how many were released (-1: not the owner)."""
         keys = self._hold_keys(lease, record_key)
         args = [lease.value, raw, record_key, dead_letter_id]
-        return int(_call(self._unhold_key, keys, args))
+        return int(run_script(self._unhold_key, keys, args))
 
     def _hold_keys(self, lease: Lease, record_key: str) -> list[str]:
         """KEYS[1..6] of the park and unhold scripts."""
@@ -287,7 +293,7 @@ class LaneGateway:
         """Queue an operator's message unless ``marker`` was used before (a second retry
         of one dead letter queues nothing). At the head, it runs next."""
         return bool(
-            _call(
+            run_script(
                 self._push_once,
                 [self.keys.once(marker), self.queue_key(shard)],
                 [raw, "head" if at_head else "tail", marker_ttl_ms, self.keys.doorbell, shard],
@@ -300,80 +306,47 @@ class LaneGateway:
 
     def note_failure(self, shard: int, raw: bytes, error: str) -> None:
         """Remember why the last delivery failed (shown when it becomes a dead letter)."""
-        field = f"{message_digest(raw)}:error"
-        _do(lambda: self.client.hset(self.keys.deliveries(shard), field, error[:2000]))
+        self._note(shard, raw, "error", error[:2000])
 
     def last_failure(self, shard: int, raw: bytes) -> str:
         """The error of the last failed delivery, if any."""
-        field = f"{message_digest(raw)}:error"
-        return reply_text(_do(lambda: self.client.hget(self.keys.deliveries(shard), field)))
+        return reply_text(self._noted(shard, raw, "error"))
 
     def note_write(self, shard: int, raw: bytes, condition: str | None) -> None:
         """Remember that a write of the shard's in-flight message is about to be sent,
-        conditional on ``condition`` (None: no write is in doubt any more). Acknowledging
-        the message forgets it."""
-        field = f"{message_digest(raw)}:write"
-        key = self.keys.deliveries(shard)
-        if condition is None:
-            _do(lambda: self.client.hdel(key, field))
-        else:
-            _do(lambda: self.client.hset(key, field, condition))
+        conditional on ``condition`` (None: no write is in doubt any more)."""
+        self._note(shard, raw, "write", condition)
 
     def noted_write(self, shard: int, raw: bytes) -> str | None:
         """The condition of a write an earlier delivery sent without seeing its answer."""
-        value = _do(
-            lambda: self.client.hget(self.keys.deliveries(shard), f"{message_digest(raw)}:write")
-        )
+        value = self._noted(shard, raw, "write")
         return None if value is None else reply_text(value)
 
     def retries(self, shard: int, raw: bytes) -> int:
         """Failed calls of the shard's in-flight message so far (see :meth:`note_retry`)."""
-        field = f"{message_digest(raw)}:retries"
-        return int(_do(lambda: self.client.hget(self.keys.deliveries(shard), field)) or 0)
+        return int(self._noted(shard, raw, "retries") or 0)
+
+    def _note(self, shard: int, raw: bytes, what: str, value: str | None) -> None:
+        """Keep ``value`` (None: forget it) with the shard's in-flight message, in its
+        deliveries hash; acknowledging, parking or unholding the message forgets it."""
+        key, field = self.keys.deliveries(shard), f"{message_digest(raw)}:{what}"
+        if value is None:
+            _do(lambda: self.client.hdel(key, field))
+        else:
+            _do(lambda: self.client.hset(key, field, value))
+
+    def _noted(self, shard: int, raw: bytes, what: str) -> Any:
+        """What :meth:`_note` kept (None if nothing)."""
+        field = f"{message_digest(raw)}:{what}"
+        return _do(lambda: self.client.hget(self.keys.deliveries(shard), field))
 
     def note_retry(self, shard: int, raw: bytes) -> tuple[int, float]:
         """Count one more failed call of the shard's in-flight message (apart from its
         delivery count): how many so far, and seconds since the first."""
-        retries, since_ms = _call(
+        retries, since_ms = run_script(
             self._note_retry, [self.keys.deliveries(shard)], [message_digest(raw)]
         )
         return int(retries), int(since_ms) / 1000
-
-    # -- destinations: flow control --------------------------------------------------------
-
-    def flow_acquire(
-        self,
-        destination: str,
-        slot: str,
-        max_in_flight: int | None,
-        rate_per_s: float | None,
-        slot_ttl_ms: int,
-    ) -> tuple[float, str]:
-        """Ask to start a call to ``destination`` (every worker shares its limits):
-        ``(0, "ok")`` holds ``slot`` until :meth:`flow_release`, else the seconds to wait
-        and why (``paused``, ``in_flight``, ``rate``)."""
-        k = self.keys
-        ok, wait_ms, why = _call(
-            self._flow_acquire,
-            [
-                k.flow_calls(destination),
-                k.flow_bucket(destination),
-                k.flow_counters(destination),
-                k.destinations,
-            ],
-            [slot, max_in_flight or 0, rate_per_s or 0, slot_ttl_ms, destination],
-        )
-        return (0.0 if ok else int(wait_ms) / 1000), reply_text(why)
-
-    def flow_release(self, destination: str, slot: str, outcome: str, pause_s: float = 0) -> None:
-        """The call in ``slot`` ended with ``outcome`` (counted); ``pause_s`` pauses the
-        destination for every worker (a ``Retry-After``)."""
-        k = self.keys
-        _call(
-            self._flow_release,
-            [k.flow_calls(destination), k.flow_bucket(destination), k.flow_counters(destination)],
-            [slot, outcome, int(pause_s * 1000)],
-        )
 
     # -- membership and counters ---------------------------------------------------------
 
@@ -412,23 +385,11 @@ class LaneGateway:
     def give_back(self, shard: int, raw: bytes) -> None:
         """Put a shard message back at the head of its queue and ring the shard (a plain
         Celery consumer took it; only the shard's lane may run it)."""
-        _call(self._give_back, [self.queue_key(shard)], [raw, self.keys.doorbell, shard])
+        run_script(self._give_back, [self.queue_key(shard)], [raw, self.keys.doorbell, shard])
 
     def close(self) -> None:
         """Release the connection pool."""
         self.client.close()
-
-
-def connect(url: str) -> redis.Redis:
-    """A Redis client with timeouts, so a dead server is an error, not a hang."""
-    return redis.Redis.from_url(
-        url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=15
-    )
-
-
-def _call(script: Any, keys: list[str], args: list[Any]) -> Any:
-    with broker_errors():
-        return script(keys=keys, args=args)
 
 
 def _do(fn: Callable[[], Any]) -> Any:
@@ -436,4 +397,4 @@ def _do(fn: Callable[[], Any]) -> Any:
         return fn()
 
 
-__all__ = ["Acquired", "LaneGateway", "Lease", "Taken", "connect"]
+__all__ = ["Acquired", "LaneGateway", "Lease", "Taken"]

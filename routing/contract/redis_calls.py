@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -23,6 +24,12 @@ def broker_errors() -> Iterator[None]:
         yield
     except RedisError as exc:
         raise BrokerUnavailable(f"Redis: {exc}") from exc
+
+
+def run_script(script: Any, keys: list[str], args: list[Any]) -> Any:
+    """Run a registered Lua script (sync), Redis errors as :class:`BrokerUnavailable`."""
+    with broker_errors():
+        return script(keys=keys, args=args)
 
 
 def reply_text(value: object) -> str:

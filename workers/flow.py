@@ -1,0 +1,56 @@
+"""Flow control of destinations, shared by every worker: at most N calls in flight and R
+calls per second per destination, and a pause after a ``Retry-After`` — all kept in Redis
+by one Lua script (:data:`~keylane.routing.contract.redis_scripts.FLOW_ACQUIRE`), on
+Redis's clock. Part of the lanes' Redis gateway (``LaneGateway.flow``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keylane.routing.contract import redis_scripts as scripts
+from keylane.routing.contract.redis_calls import reply_text, run_script
+from keylane.routing.keys import RedisKeys
+
+
+class DestinationFlow:
+    """Typed access to the flow scripts, on the lane gateway's connection pool."""
+
+    def __init__(self, client: Any, keys: RedisKeys) -> None:
+        self.keys = keys
+        self._acquire = client.register_script(scripts.FLOW_ACQUIRE)
+        self._release = client.register_script(scripts.FLOW_RELEASE)
+
+    def acquire(
+        self,
+        destination: str,
+        slot: str,
+        max_in_flight: int | None,
+        rate_per_s: float | None,
+        slot_ttl_ms: int,
+    ) -> tuple[float, str]:
+        """Ask to start a call to ``destination`` (every worker shares its limits):
+        ``(0, "ok")`` holds ``slot`` until :meth:`release`, else the seconds to wait and
+        why (``paused``, ``in_flight``, ``rate``)."""
+        k = self.keys
+        ok, wait_ms, why = run_script(
+            self._acquire,
+            [
+                k.flow_calls(destination),
+                k.flow_bucket(destination),
+                k.flow_counters(destination),
+                k.destinations,
+            ],
+            [slot, max_in_flight or 0, rate_per_s or 0, slot_ttl_ms, destination],
+        )
+        return (0.0 if ok else int(wait_ms) / 1000), reply_text(why)
+
+    def release(self, destination: str, slot: str, outcome: str, pause_s: float = 0) -> None:
+        """The call in ``slot`` ended with ``outcome`` (counted); ``pause_s`` pauses the
+        destination for every worker (a ``Retry-After``)."""
+        k = self.keys
+        run_script(
+            self._release,
+            [k.flow_calls(destination), k.flow_bucket(destination), k.flow_counters(destination)],
+            [slot, outcome, int(pause_s * 1000)],
+        )
