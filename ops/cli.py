@@ -63,7 +63,10 @@ def main() -> None:
     "one writer process; 2 on PostgreSQL).",
     type=int,
 )
-@setting_option("--lanes", "lanes", "Lanes (concurrent shards) per worker process.", type=int)
+@setting_option("--lanes", "lanes", "Records (shards) in flight per worker process.", type=int)
+@setting_option(
+    "--lane-threads", "lane_threads", "Threads per worker process for blocking calls.", type=int
+)
 @setting_option("--flower-port", "flower_port", "Flower's HTTP port.", type=int)
 @setting_option("-A --app", "app", APP_HELP)
 @click.option("--no-flower", is_flag=True, help="Do not start Flower.")
@@ -115,7 +118,10 @@ def serve(ctx: click.Context) -> None:
 
 
 @cli.command()
-@setting_option("--lanes", "lanes", "Lanes (concurrent shards) in this process.", type=int)
+@setting_option("--lanes", "lanes", "Records (shards) in flight in this process.", type=int)
+@setting_option(
+    "--lane-threads", "lane_threads", "Threads for blocking calls in this process.", type=int
+)
 @setting_option("-A --app", "app", APP_HELP)
 @click.pass_context
 def worker(ctx: click.Context) -> None:

@@ -258,6 +258,54 @@ def test_a_429_storm_loses_nothing_reorders_nothing_and_the_rate_holds_across_wo
     assert 'keylane_destination_calls_total{destination="hook",outcome="done"} 50.0' in metrics
 
 
+@SQLITE
+def test_one_process_keeps_many_records_in_flight_on_two_threads(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Given an HTTP destination that holds every call until 48 calls are open at once
+    hook = HookServer(secret=HOOK_SECRET, gather=48)
+    hook.start()
+    try:
+        _configure(stack, tmp_path, _forward_sources(hook.url), lane_threads=2)
+        stack.extra_env["TEST_HOOK_SECRET"] = HOOK_SECRET
+        # And one worker process with 64 lanes and two threads for blocking calls
+        worker = stack.worker(lanes=64)
+        stack.receiver()
+        stack.wait_all_owned()
+        # When 200 orders send 2 events each
+        _send_orders(stack, 200, 2)
+        stack.wait_journal(400, timeout_s=120)
+        assert worker.process is not None
+        threads = _threads_of_tree(worker.process.pid)
+    finally:
+        hook.stop()
+    # Then the destination saw 48 calls open at once from that one process, which runs
+    # far fewer threads than that: a lane waiting for an answer holds no thread
+    assert hook.peak >= 48
+    assert threads < 32, threads
+    # And never two calls for one record at once; each event once, in order
+    assert hook.overlaps == 0
+    _assert_each_once_in_order(hook, 200, 2)
+    assert not stack.open_store().dead_letters(DeadLetterFilter())
+
+
+def _threads_of_tree(pid: int) -> int:
+    """Threads of process ``pid`` and of its descendants (Linux /proc)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    tree, grew = {pid}, True
+    while grew:
+        more = {child for child, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return sum(len(list(Path(f"/proc/{p}/task").glob("*"))) for p in tree)
+
+
 def _keys_on_other_shards(settings: Settings, prefix: str, taken: set[int], n: int) -> list[str]:
     """``n`` record keys whose shards are not in ``taken``: a shard is the unit of order,
     so a waiting record holds up the records that share its shard (README)."""

@@ -16,9 +16,11 @@ event behind later events of the same record.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,14 +34,18 @@ from keylane.routing.contract.errors import (
 from keylane.routing.contract.events import Change, Event, parse_changes
 from keylane.routing.contract.faults import NO_FAULTS, Faults
 from keylane.routing.contract.sources import SourceConfig
+from keylane.workers.blocking import BlockingPool
 from keylane.workers.changes import apply_changes
 from keylane.workers.stores.base import DeadLetterDraft, EventWrite, Fence, Record, Store
 
 ApplyOutcome = Literal["applied", "duplicate", "dead_lettered"]
 
 #: A source's lane-side handler: (event, record as freshly read) -> the change to apply,
-#: or None for none. It runs on every attempt, so it always computes from the current record.
-Handler = Callable[[Event, Record], "Mapping[str, Any] | None"]
+#: or None for none; a plain function or an ``async def``. It runs on every attempt, so it
+#: always computes from the current record.
+Handler = Callable[
+    [Event, Record], "Mapping[str, Any] | Awaitable[Mapping[str, Any] | None] | None"
+]
 
 REVIEW_ERRORS = {
     "id_reused": "the sender reused this event id with a different body; the first body "
@@ -59,8 +65,8 @@ class ApplyResult:
     reason: str | None = None
 
 
-def apply_event(
-    store: Store,
+async def apply_event(
+    io: BlockingPool,
     event: Event,
     fence: Fence | None,
     source: SourceConfig | None,
@@ -69,59 +75,45 @@ def apply_event(
     handler: Handler | None = None,
     handler_time_limit_s: float = 10.0,
 ) -> ApplyResult:
-    """Apply ``event`` once (see the module docstring). Raises only for infrastructure
+    """Apply ``event`` once (see the module docstring); the store calls run in ``io``'s
+    threads, an ``async def`` handler on the lane's loop. Raises only for infrastructure
     errors (:class:`StoreUnavailable`), lost ownership (:class:`StaleFence`) and errors of
     the source's handler (the lane counts those and retries the delivery)."""
     if event.review is not None:
-        return dead_letter(
-            store,
-            event,
-            fence,
-            event.review,
-            attempts=1,
-            close_event=False,
-            error=REVIEW_ERRORS.get(event.review, event.review),
-        )
+        error = REVIEW_ERRORS.get(event.review, event.review)
+        return await io.store(dead_letter, event, fence, event.review, 1, error, close_event=False)
     if source is None:
-        return dead_letter(
-            store,
-            event,
-            fence,
-            "unknown_source",
-            attempts=1,
-            error=f"source {event.source!r} is not configured",
-        )
+        error = f"source {event.source!r} is not configured"
+        return await io.store(dead_letter, event, fence, "unknown_source", 1, error)
     revision_read = found = 0
     for attempt in range(1, max_attempts + 1):
-        record = store.read(event.record_key)
+        record = await io.store(_read, event.record_key)
         revision_read = record.revision
         try:
-            changes = _changes(event, record, handler, handler_time_limit_s)
+            changes = await _changes(io, event, record, handler, handler_time_limit_s)
             fields = (
                 None
                 if changes is None
                 else apply_changes(record.fields, changes, source.ownership, source.name)
             )
-        except FieldNotOwned as exc:
-            return dead_letter(store, event, fence, "not_owned", attempt, str(exc), record.revision)
-        except ChangeNotApplicable as exc:
-            return dead_letter(store, event, fence, "type", attempt, str(exc), record.revision)
-        except InvalidHandlerResult as exc:
-            return dead_letter(
-                store, event, fence, "handler_error", attempt, str(exc), record.revision
+        except (FieldNotOwned, ChangeNotApplicable, InvalidHandlerResult) as exc:
+            reason = next(r for kind, r in _REFUSALS.items() if isinstance(exc, kind))
+            return await io.store(
+                dead_letter, event, fence, reason, attempt, str(exc), record.revision
             )
-        faults.hit("worker.before_write", event.record_key, bump=lambda: _bump(store, event))
+        if faults:
+            await io.store(_before_write, faults, event)
         write = event_write(event, fields, record.revision, attempt)
         try:
-            revision = store.commit_event(write, fence)
+            revision = await io.store(_commit, write, fence)
         except VersionConflict as exc:
             found = exc.found
             continue
         except AlreadyApplied:
             return ApplyResult("duplicate", attempts=attempt, conflicts=attempt - 1)
         return ApplyResult("applied", attempts=attempt, conflicts=attempt - 1, revision=revision)
-    return dead_letter(
-        store,
+    return await io.store(
+        dead_letter,
         event,
         fence,
         "conflict",
@@ -131,6 +123,18 @@ def apply_event(
         found,
         conflicts=max_attempts,
     )
+
+
+def _read(store: Store, record_key: str) -> Record:
+    return store.read(record_key)
+
+
+def _commit(store: Store, write: EventWrite, fence: Fence | None) -> int:
+    return store.commit_event(write, fence)
+
+
+def _before_write(store: Store, faults: Faults, event: Event) -> None:
+    faults.hit("worker.before_write", event.record_key, bump=lambda: _bump(store, event))
 
 
 def event_write(
@@ -157,18 +161,39 @@ class InvalidHandlerResult(KeylaneError):
     """The source's handler returned something that is not a change."""
 
 
-def _changes(
-    event: Event, record: Record, handler: Handler | None, time_limit_s: float
+#: The dead-letter reason of a change that cannot apply to the record as read (first match).
+_REFUSALS: dict[type[Exception], str] = {
+    FieldNotOwned: "not_owned",
+    ChangeNotApplicable: "type",
+    InvalidHandlerResult: "handler_error",
+}
+
+
+async def _changes(
+    io: BlockingPool,
+    event: Event,
+    record: Record,
+    handler: Handler | None,
+    time_limit_s: float,
 ) -> dict[str, Change] | None:
     """The change to apply on this attempt: the event's own, or what the source's handler
-    computes from the record as just read (None: nothing to change)."""
+    computes from the record as just read (None: nothing to change). A plain handler runs
+    in a pool thread and is timed; an ``async def`` one is awaited and cut at its limit."""
     if handler is None:
         return dict(event.changes)
     started = time.monotonic()
-    result = handler(event, record)
-    elapsed = time.monotonic() - started
-    if elapsed > time_limit_s:
-        raise HandlerTimeout(f"handler took {elapsed:.1f}s, over its limit of {time_limit_s:.1f}s")
+    if inspect.iscoroutinefunction(handler):
+        try:
+            result = await asyncio.wait_for(handler(event, record), time_limit_s)
+        except TimeoutError:
+            raise HandlerTimeout(f"handler ran past its limit of {time_limit_s:.1f}s") from None
+    else:
+        result = await io.call(handler, event, record)
+        elapsed = time.monotonic() - started
+        if elapsed > time_limit_s:
+            raise HandlerTimeout(
+                f"handler took {elapsed:.1f}s, over its limit of {time_limit_s:.1f}s"
+            )
     if result is None:
         return None
     try:

@@ -31,6 +31,7 @@ from keylane.routing.contract.faults import NO_FAULTS, Faults
 from keylane.routing.contract.settings import Settings
 from keylane.routing.keys import message_digest
 from keylane.workers.apply import ApplyResult, dead_letter, event_write
+from keylane.workers.blocking import BlockingPool
 from keylane.workers.destinations import (
     Conflict,
     Context,
@@ -41,7 +42,7 @@ from keylane.workers.destinations import (
     RetryLater,
 )
 from keylane.workers.gateway import LaneGateway, Taken
-from keylane.workers.stores.base import Fence, Store
+from keylane.workers.stores.base import Fence, JournalEntry, Store
 
 log = logging.getLogger("keylane.dispatch")
 
@@ -72,20 +73,26 @@ class Dispatcher:
         self.destinations = destinations
         self.faults = faults
 
-    def deliver(self, store: Store, fence: Fence, taken: Taken, event: Event) -> ApplyResult | Wait:
+    async def deliver(
+        self, io: BlockingPool, fence: Fence, taken: Taken, event: Event
+    ) -> ApplyResult | Wait:
         """Send ``event`` once to its destination, or say how long to wait."""
         destination = self.destinations.get(event.destination or "")
         if destination is None:
             error = f"no destination named {event.destination!r} on this worker"
-            return dead_letter(store, event, fence, "unknown_destination", 1, error)
-        entry = store.journal(event.source, event.event_id)
+            return await io.store(dead_letter, event, fence, "unknown_destination", 1, error)
+        entry = await io.store(_journal_entry, event)
         if entry is not None and not (event.retry_of and entry.outcome == "dead_lettered"):
             return ApplyResult("duplicate")
         config = destination.config
         slot = f"{taken.shard}:{message_digest(taken.raw)}"
-        first_attempt = self.gateway.retries(taken.shard, taken.raw) + taken.deliveries
+        gateway = self.gateway
+        retries = await io.call(gateway.retries, taken.shard, taken.raw)
+        first_attempt = retries + taken.deliveries
+        notes = await io.call(self._write_notes, config, taken)
         for rerun in range(self.settings.max_attempts):
-            wait_s, why = self.gateway.flow.acquire(
+            wait_s, why = await io.call(
+                gateway.flow.acquire,
                 config.name,
                 slot,
                 config.max_in_flight,
@@ -100,16 +107,19 @@ class Dispatcher:
                 deadline=time.time() + config.timeout_s,
                 log=logging.getLogger(f"keylane.destination.{config.name}"),
                 destination=config.name,
-                **self._write_notes(config, taken),
+                **notes,
             )
-            outcome = self._call(destination, slot, event, context)
+            outcome = await self._call(io, destination, slot, event, context)
             # A crash here: the call had its effect, the journal does not know it yet.
-            self.faults.hit("destination.after_call", event.record_key)
+            if self.faults:
+                await io.call(self.faults.hit, "destination.after_call", event.record_key)
             if not isinstance(outcome, Conflict):
-                return self._settle(store, fence, taken, event, destination, context, outcome)
+                return await self._settle(io, fence, taken, event, destination, context, outcome)
             log.info("conflict at %s (%s): running again", config.name, outcome.detail)
-        return dead_letter(
-            store,
+            if config.versioned:
+                notes = await io.call(self._write_notes, config, taken)
+        return await io.store(
+            dead_letter,
             event,
             fence,
             "conflict",
@@ -129,22 +139,24 @@ class Dispatcher:
             "note_write": lambda condition: self.gateway.note_write(shard, raw, condition),
         }
 
-    def _call(self, destination: Destination, slot: str, event: Event, ctx: Context) -> Outcome:
+    async def _call(
+        self, io: BlockingPool, destination: Destination, slot: str, event: Event, ctx: Context
+    ) -> Outcome:
         name = destination.config.name
         try:
-            outcome = destination.deliver(event, ctx)
+            outcome = await destination.call(event, ctx, io.call)
         except Exception:
-            self.gateway.flow.release(name, slot, "failed")
+            await io.call(self.gateway.flow.release, name, slot, "failed")
             raise
         pause_s = 0.0
         if isinstance(outcome, RetryLater) and outcome.pause_destination:
             pause_s = outcome.delay_s or 0.0
-        self.gateway.flow.release(name, slot, _counter(outcome), pause_s)
+        await io.call(self.gateway.flow.release, name, slot, _counter(outcome), pause_s)
         return outcome
 
-    def _settle(
+    async def _settle(
         self,
-        store: Store,
+        io: BlockingPool,
         fence: Fence,
         taken: Taken,
         event: Event,
@@ -153,12 +165,12 @@ class Dispatcher:
         outcome: Outcome,
     ) -> ApplyResult | Wait:
         if isinstance(outcome, Done):
-            return _journal(store, fence, event, ctx, outcome)
+            return await io.store(_journal, fence, event, ctx, outcome)
         if isinstance(outcome, GiveUp):
             reason = outcome.reason or destination.give_up_reason
             error = describe_failure(destination, event, ctx, outcome, f"{reason} after")
-            return dead_letter(
-                store,
+            return await io.store(
+                dead_letter,
                 event,
                 fence,
                 reason,
@@ -169,17 +181,31 @@ class Dispatcher:
             )
         assert isinstance(outcome, RetryLater)
         config = destination.config
-        retries, failing_s = self.gateway.note_retry(taken.shard, taken.raw)
+        retries, failing_s = await io.call(self.gateway.note_retry, taken.shard, taken.raw)
         if failing_s >= config.retry_for_s:
             error = describe_failure(
                 destination, event, ctx, outcome, f"still failing after {failing_s:.0f}s and"
             )
-            return dead_letter(store, event, fence, "retries_exhausted", ctx.attempt, error)
+            return await io.store(
+                dead_letter, event, fence, "retries_exhausted", ctx.attempt, error
+            )
         delay_s = outcome.delay_s
         if delay_s is None:
             delay_s = retry_delay_s(retries, config.max_backoff_s, random.random())
         log.info("%s: %s; calling again in %.1fs", config.name, outcome.detail, delay_s)
         return Wait(delay_s, "retry")
+
+    async def aclose(self) -> None:
+        """Close every destination (on the lanes' loop, as they stop)."""
+        for destination in self.destinations.values():
+            try:
+                await destination.aclose()
+            except Exception as exc:
+                log.debug("closing %s: %s", destination.config.name, exc)
+
+
+def _journal_entry(store: Store, event: Event) -> JournalEntry | None:
+    return store.journal(event.source, event.event_id)
 
 
 def _journal(store: Store, fence: Fence, event: Event, ctx: Context, done: Done) -> ApplyResult:

@@ -2,15 +2,23 @@
 first instead of polling every shard.
 
 The receiver's accept script publishes the shard number on ``<ns>:doorbell``. A listener
-thread collects the numbers of shards this worker owns and wakes one lane per ring. A
-ring can be missed (the subscription reconnects, a takeover restores a message): lanes
-also look at every shard, a window at a time, when they wake up on their timeout.
+thread collects the numbers of shards this worker owns and wakes one waiting lane per
+ring. A ring can be missed (the subscription reconnects, a takeover restores a message,
+a shard's back-off ends): the lanes also poke one idle lane every ``idle_poll_ms`` to
+look at every shard, a window at a time, so hundreds of idle lanes cost one look per
+interval, not hundreds.
+
+Rings come from any thread (the listener, the heartbeat's acquisitions) and from the lanes'
+own event loop; waiting happens on that loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 
 from keylane.workers.gateway import LaneGateway
@@ -24,39 +32,82 @@ class Doorbell:
     def __init__(self, gateway: LaneGateway, is_mine: Callable[[int], bool]) -> None:
         self._gateway = gateway
         self._is_mine = is_mine
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._rung: dict[int, None] = {}  # insertion-ordered set
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiters: deque[asyncio.Future[None]] = deque()  # touched on the loop only
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._listen, name="keylane-doorbell", daemon=True)
 
-    def start(self) -> None:
-        """Start listening."""
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start listening; lanes wait on ``loop``."""
+        self._loop = loop
         self._thread.start()
 
     def stop(self) -> None:
         """Stop listening and wake every waiter."""
         self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
+        self._on_loop(self._wake_all)
 
     def ring(self, shard: int) -> None:
-        """Note that ``shard`` has (or may have) a message, and wake a lane."""
-        with self._cond:
-            if shard not in self._rung:
-                self._rung[shard] = None
-                self._cond.notify()
+        """Note that ``shard`` has (or may have) a message, and wake a lane. Any thread."""
+        with self._lock:
+            if shard in self._rung:
+                return
+            self._rung[shard] = None
+        self._on_loop(self._wake_one)
 
     def hints(self) -> list[int]:
         """The shards rung since the last call, oldest first (and forget them)."""
-        with self._cond:
+        with self._lock:
             rung, self._rung = list(self._rung), {}
             return rung
 
-    def wait(self, timeout_s: float) -> None:
-        """Sleep until a ring (or the timeout)."""
-        with self._cond:
-            if not self._rung and not self._stop.is_set():
-                self._cond.wait(timeout_s)
+    async def wait(self) -> None:
+        """Sleep until a ring or a :meth:`poke`."""
+        with self._lock:
+            if self._rung or self._stop.is_set():
+                return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if not waiter.done():  # cancelled
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+
+    def poke(self) -> None:
+        """Wake one waiting lane to look at every shard, a window at a time (rings can
+        be missed, and a shard's back-off ends without one). On the loop."""
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _wake_all(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _on_loop(self, fn: Callable[[], None]) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            fn()
+            return
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+            loop.call_soon_threadsafe(fn)
 
     def _listen(self) -> None:
         while not self._stop.is_set():

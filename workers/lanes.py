@@ -1,9 +1,14 @@
-"""Lanes: the threads of a worker process that take shard messages and apply them.
+"""Lanes: the coroutines of a worker process that take shard messages and apply them.
 
 A lane takes one message at a time from a shard this worker owns, into that shard's
 in-flight slot (never two of one shard: the take script refuses while the slot is full
 and a local mark keeps other lanes of the process off the shard), applies it, and only
-then acknowledges it. Several lanes work on different shards at once.
+then acknowledges it. ``lanes`` of them work on different shards at once, all on one
+event loop in one thread of the process: a lane waiting for an ``async def`` task or an
+HTTP forward holds no thread, and a blocking call (a store transaction, a Redis script,
+a plain ``def`` handler or task) runs in the ``lane_threads`` threads of
+:mod:`keylane.workers.blocking`. So a process keeps hundreds of records in flight with a
+handful of threads.
 
 What a lane does with a message it cannot finish:
 
@@ -20,6 +25,7 @@ What a lane does with a message it cannot finish:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import threading
@@ -39,6 +45,7 @@ from keylane.routing.contract.sources import SourceConfig, Sources
 from keylane.routing.router import APPLY_TASK, UNHOLD_TASK
 from keylane.workers.alerts import alert_dead_letter
 from keylane.workers.apply import ApplyResult, Handler, apply_event, dead_letter
+from keylane.workers.blocking import BlockingPool
 from keylane.workers.dispatch import Dispatcher, Wait
 from keylane.workers.doorbell import Doorbell
 from keylane.workers.gateway import LaneGateway, Lease, Taken
@@ -56,7 +63,7 @@ TAKE_WINDOW = 16
 
 
 class Lanes:
-    """The lane threads of one worker process."""
+    """The lanes of one worker process: an event loop in its own thread."""
 
     def __init__(
         self,
@@ -75,63 +82,81 @@ class Lanes:
         self.ownership = ownership
         self.sources = sources
         self.faults = faults
-        self._store_factory = store_factory
+        self.io = BlockingPool(settings.lane_threads, store_factory)
         self._on_result = on_result
         self._handlers: dict[str, Handler | None] = {}
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._thread: threading.Thread | None = None
         self.doorbell = Doorbell(gateway, ownership.owns)
         # A shard that was just acquired may hold a restored message: look there first.
         ownership.on_acquired = self.doorbell.ring
 
     def start(self) -> None:
-        """Start the doorbell and the lane threads."""
-        self.doorbell.start()
-        for n in range(self.settings.lanes):
-            thread = threading.Thread(target=self._run, name=f"keylane-lane-{n}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        """Start the blocking pool, the doorbell and the lanes' loop."""
+        self.io.start()
+        loop = asyncio.new_event_loop()
+        self.doorbell.start(loop)
+        self._thread = threading.Thread(
+            target=self._serve, args=(loop,), name="keylane-lanes", daemon=True
+        )
+        self._thread.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Let each lane finish its message, then stop."""
         self._stop.set()
         self.doorbell.stop()
         deadline = time.monotonic() + timeout_s
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self.io.stop(max(0.0, deadline - time.monotonic()))
 
     # -- the loop ------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        # Each lane its own Sentry isolation scope: breadcrumbs and tags of one lane's
-        # events never end up on another lane's error.
+    def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._main())
+        finally:
+            loop.close()
+
+    async def _main(self) -> None:
+        count = self.settings.lanes
+        lanes = [asyncio.create_task(self._lane(), name=f"lane-{n}") for n in range(count)]
+        poker = asyncio.create_task(self._poke())
+        await asyncio.gather(*lanes, return_exceptions=True)
+        poker.cancel()
+        await self.dispatcher.aclose()
+
+    async def _poke(self) -> None:
+        """Every ``idle_poll_ms``, one idle lane looks at every shard (see the doorbell)."""
+        while True:
+            await asyncio.sleep(self.settings.idle_poll_ms / 1000)
+            self.doorbell.poke()
+
+    async def _lane(self) -> None:
+        # Each lane its own Sentry isolation scope (a task's own copy of the context):
+        # breadcrumbs and tags of one lane's events never end up on another lane's error.
         with sentry_sdk.isolation_scope():
-            self._loop()
+            while not self._stop.is_set():
+                try:
+                    if not await self._step():
+                        await self.doorbell.wait()
+                except StoreUnavailable as exc:
+                    log.warning("store unavailable: %s", exc)
+                    await self._pause(1.0)
+                except BrokerUnavailable as exc:
+                    log.warning("Redis unavailable: %s", exc)
+                    await self._pause(1.0)
+                except Exception:
+                    log.exception("lane error")
+                    await self._pause(1.0)
 
-    def _loop(self) -> None:
-        store: Store | None = None
-        idle_s = self.settings.idle_poll_ms / 1000
-        while not self._stop.is_set():
-            try:
-                store = store or self._store_factory()
-                if not self._step(store):
-                    self.doorbell.wait(idle_s)
-            except StoreUnavailable as exc:
-                log.warning("store unavailable: %s", exc)
-                _close(store)
-                store = None
-                self._stop.wait(1.0)
-            except BrokerUnavailable as exc:
-                log.warning("Redis unavailable: %s", exc)
-                self._stop.wait(1.0)
-            except Exception:
-                log.exception("lane error")
-                _close(store)
-                store = None
-                self._stop.wait(1.0)
-        _close(store)
+    async def _pause(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.1, seconds))
 
-    def _step(self, store: Store) -> bool:
+    async def _step(self) -> bool:
         """Take and handle one message; False when there was nothing to take.
 
         The shards offered to the take script are reserved first (no other lane of this
@@ -143,7 +168,7 @@ class Lanes:
             return False
         taken = None
         try:
-            taken = self.gateway.take(leases)
+            taken = await self.io.call(self.gateway.take, leases)
         finally:
             for lease in leases:
                 if taken is None or lease.shard != taken.shard:
@@ -152,23 +177,23 @@ class Lanes:
             return False
         lease = next(lease for lease in leases if lease.shard == taken.shard)
         try:
-            self._handle(store, lease, taken)
+            await self._handle(lease, taken)
         finally:
             self.ownership.end(taken.shard)
         self.doorbell.ring(taken.shard)  # where there was one message there may be more
         return True
 
-    def _handle(self, store: Store, lease: Lease, taken: Taken) -> None:
+    async def _handle(self, lease: Lease, taken: Taken) -> None:
         try:
             message = parse_message(taken.raw)
             if message.task_name == UNHOLD_TASK:
-                self._unhold(lease, taken, message.kwargs)
+                await self._unhold(lease, taken, message.kwargs)
                 return
             if message.task_name != APPLY_TASK:
                 raise MalformedMessage(f"unexpected task {message.task_name!r}")
             event = Event.model_validate(message.kwargs.get("event"))
         except (MalformedMessage, ValidationError, KeyError, TypeError, ValueError) as exc:
-            self._malformed(store, lease, taken, str(exc))
+            await self._malformed(lease, taken, str(exc))
             return
         context = {
             "source": event.source,
@@ -178,11 +203,13 @@ class Lanes:
             "attempt": taken.deliveries,
         }
         with event_context(**context):
-            self._route(store, lease, taken, event, message.task_id)
+            await self._route(lease, taken, event, message.task_id)
 
-    def _route(self, store: Store, lease: Lease, taken: Taken, event: Event, task_id: str) -> None:
+    async def _route(self, lease: Lease, taken: Taken, event: Event, task_id: str) -> None:
         if taken.any_held or event.retry_of is not None:
-            verdict = self.gateway.park(lease, taken.raw, event.record_key, event.retry_of)
+            verdict = await self.io.call(
+                self.gateway.park, lease, taken.raw, event.record_key, event.retry_of
+            )
             if verdict == "parked":
                 log.info(
                     "parked %s/%s: %s is held behind an open dead letter",
@@ -194,12 +221,14 @@ class Lanes:
             if verdict == "lost":
                 self.ownership.lost(lease, "lease changed before the message could be parked")
                 return
-        self._apply(store, lease, taken, event, task_id)
+        await self._apply(lease, taken, event, task_id)
 
-    def _unhold(self, lease: Lease, taken: Taken, kwargs: dict[str, object]) -> None:
+    async def _unhold(self, lease: Lease, taken: Taken, kwargs: dict[str, object]) -> None:
         record_key = str(kwargs["record_key"])
         dead_letter_id = int(str(kwargs["dead_letter_id"]))
-        released = self.gateway.unhold_key(lease, taken.raw, record_key, dead_letter_id)
+        released = await self.io.call(
+            self.gateway.unhold_key, lease, taken.raw, record_key, dead_letter_id
+        )
         if released < 0:
             self.ownership.lost(lease, "lease changed before a release could run")
         else:
@@ -210,55 +239,63 @@ class Lanes:
                 released,
             )
 
-    def _apply(self, store: Store, lease: Lease, taken: Taken, event: Event, task_id: str) -> None:
+    async def _apply(self, lease: Lease, taken: Taken, event: Event, task_id: str) -> None:
         ref = f"{event.source}/{event.event_id}"
         deliveries = taken.deliveries
         started = time.monotonic()
         try:
-            result = self._outcome(store, lease, taken, event)
+            result = await self._outcome(lease, taken, event)
         except StaleFence as exc:
             log.warning("write of %s refused, the shard has a newer owner: %s", ref, exc)
             self.ownership.lost(lease, str(exc))
             return
         except StoreUnavailable:
-            self.gateway.uncount_delivery(lease.shard, taken.raw)  # an outage is not its fault
+            # an outage is not the event's fault
+            await self.io.call(self.gateway.uncount_delivery, lease.shard, taken.raw)
             self.ownership.back_off(lease.shard, 1.0)
             raise
         except Exception as exc:
             log.exception("handler error on %s (delivery %s)", ref, deliveries)
             sentry_sdk.capture_exception(exc)
-            self.gateway.note_failure(lease.shard, taken.raw, f"{type(exc).__name__}: {exc}")
+            error = f"{type(exc).__name__}: {exc}"
+            await self.io.call(self.gateway.note_failure, lease.shard, taken.raw, error)
             self.ownership.back_off(lease.shard, min(MAX_BACKOFF_S, 0.05 * 2**deliveries))
             return
         if result is None:
             return  # the lease ran out before the write: the next owner takes it from here
         if isinstance(result, Wait):
-            self.gateway.uncount_delivery(lease.shard, taken.raw)  # waiting is not a failure
+            # waiting is not a failure
+            await self.io.call(self.gateway.uncount_delivery, lease.shard, taken.raw)
             self.ownership.back_off(lease.shard, result.seconds)
             return
-        self._after(store, event, result)
-        self.faults.hit("worker.before_ack", event.record_key)
+        await self._after(event, result)
+        if self.faults:
+            await self.io.call(self.faults.hit, "worker.before_ack", event.record_key)
         applied = result.outcome == "applied"
         latency = max(0.0, time.time() - event.accepted_at) if applied else None
-        self.gateway.ack(
-            lease, taken.raw, result.outcome, result.conflicts, result.attempts, latency
+        await self.io.call(
+            self.gateway.ack,
+            lease,
+            taken.raw,
+            result.outcome,
+            result.conflicts,
+            result.attempts,
+            latency,
         )
         if self._on_result is not None:
             self._on_result(task_id, event, result, time.monotonic() - started)
 
-    def _outcome(
-        self, store: Store, lease: Lease, taken: Taken, event: Event
-    ) -> ApplyResult | Wait | None:
+    async def _outcome(self, lease: Lease, taken: Taken, event: Event) -> ApplyResult | Wait | None:
         fence = Fence(lease.shard, lease.token)
         deliveries = taken.deliveries
         if deliveries > self.settings.max_deliveries:
             # Started this often without finishing: failing every time (handler_error) or
             # killing its worker every time (poison). Record it and let the shard move on.
-            last_error = self.gateway.last_failure(lease.shard, taken.raw)
+            last_error = await self.io.call(self.gateway.last_failure, lease.shard, taken.raw)
             reason = "handler_error" if last_error else "poison"
             detail = last_error or "the worker died each time (killed, crashed or stuck)"
-            return dead_letter(
-                store,
+            return await self.io.store(
+                dead_letter,
                 event,
                 fence,
                 reason,
@@ -268,10 +305,10 @@ class Lanes:
         if not self.ownership.valid(lease):
             return None
         if event.destination is not None:
-            return self.dispatcher.deliver(store, fence, taken, event)
+            return await self.dispatcher.deliver(self.io, fence, taken, event)
         source = self.sources.get(event.source)
-        return apply_event(
-            store,
+        return await apply_event(
+            self.io,
             event,
             fence,
             source,
@@ -288,7 +325,7 @@ class Lanes:
             self._handlers[source.name] = source.load_handler()
         return self._handlers[source.name]
 
-    def _after(self, store: Store, event: Event, result: ApplyResult) -> None:
+    async def _after(self, event: Event, result: ApplyResult) -> None:
         """Alert on a new dead letter and, for a source whose policy is ``hold``, hold
         the record key behind it (again, when a crash came between the two)."""
         source = self.sources.get(event.source)
@@ -296,19 +333,13 @@ class Lanes:
         if result.outcome == "dead_lettered":
             alert_dead_letter(event, result)
             if holds and result.reason != "id_reused" and result.dead_letter_id is not None:
-                self.gateway.hold(event.record_key, result.dead_letter_id)
+                await self.io.call(self.gateway.hold, event.record_key, result.dead_letter_id)
         elif result.outcome == "duplicate" and holds and event.review is None:
-            entry = store.journal(event.source, event.event_id)
-            if entry is not None and entry.outcome == "dead_lettered":
-                for row in store.dead_letters(
-                    DeadLetterFilter(
-                        statuses=("open",), sources=(event.source,), record_key=event.record_key
-                    )
-                ):
-                    if row.event_id == event.event_id:
-                        self.gateway.hold(event.record_key, row.id)
+            row = await self.io.store(_open_dead_letter, event)
+            if row is not None:
+                await self.io.call(self.gateway.hold, event.record_key, row)
 
-    def _malformed(self, store: Store, lease: Lease, taken: Taken, error: str) -> None:
+    async def _malformed(self, lease: Lease, taken: Taken, error: str) -> None:
         digest = hashlib.sha256(taken.raw).hexdigest()
         draft = DeadLetterDraft(
             source="",
@@ -323,17 +354,25 @@ class Lanes:
             attempts=1,
             error=error[:2000],
         )
+        fence = Fence(lease.shard, lease.token)
         try:
-            store.commit_dead_letter(draft, Fence(lease.shard, lease.token), close_event=False)
+            await self.io.store(_commit_dead_letter, draft, fence)
         except StaleFence as exc:
             self.ownership.lost(lease, str(exc))
             return
-        self.gateway.ack(lease, taken.raw, "dead_lettered")
+        await self.io.call(self.gateway.ack, lease, taken.raw, "dead_lettered")
 
 
-def _close(store: Store | None) -> None:
-    if store is not None:
-        try:
-            store.close()
-        except Exception as exc:
-            log.debug("closing store: %s", exc)
+def _open_dead_letter(store: Store, event: Event) -> int | None:
+    """The open dead letter of ``event`` when the journal closed it as dead-lettered."""
+    entry = store.journal(event.source, event.event_id)
+    if entry is None or entry.outcome != "dead_lettered":
+        return None
+    rows = store.dead_letters(
+        DeadLetterFilter(statuses=("open",), sources=(event.source,), record_key=event.record_key)
+    )
+    return next((row.id for row in rows if row.event_id == event.event_id), None)
+
+
+def _commit_dead_letter(store: Store, draft: DeadLetterDraft, fence: Fence) -> int:
+    return store.commit_dead_letter(draft, fence, close_event=False)

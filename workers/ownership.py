@@ -270,7 +270,9 @@ class Ownership:
             for lease in stuck:
                 del self._held[lease.shard]
                 self._stuck.add(lease.shard)
-            hopeless = len(self._stuck) >= self.settings.lanes
+            # A stuck lane may hold one of the blocking threads: when as many are stuck
+            # as there are lanes or threads, nothing else can run.
+            hopeless = len(self._stuck) >= min(self.settings.lanes, self.settings.lane_threads)
         for lease in stuck:
             log.critical(
                 "lane stuck on shard %s for over %ss: giving the shard up", lease.shard, deadline_s

@@ -120,9 +120,7 @@ class LaneService:
     def stop(self, timeout_s: float = 30.0) -> None:
         """Finish in-flight messages, acknowledge them, release every lease, leave."""
         self.ownership.stop(timeout_s)
-        self.lanes.stop(timeout_s)
-        for destination in self.destinations.values():
-            destination.close()
+        self.lanes.stop(timeout_s)  # closes the destinations as its loop ends
         log.info("worker %s stopped", self.worker_id)
 
 

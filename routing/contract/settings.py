@@ -45,7 +45,11 @@ class Settings(BaseSettings):
     shard_count: int = Field(DEFAULT_SHARD_COUNT, ge=1, le=4096)
     max_attempts: int = Field(3, ge=1, le=100)
     max_deliveries: int = Field(5, ge=1, le=1000)
-    lanes: int = Field(4, ge=1, le=256)
+    # Shards in flight at once per worker process (coroutines: an async task or an HTTP
+    # forward waits without a thread) and the threads for blocking calls (store
+    # transactions, Redis scripts, plain ``def`` handlers and tasks).
+    lanes: int = Field(64, ge=1, le=1024)
+    lane_threads: int = Field(8, ge=1, le=256)
     worker_processes: int | None = Field(None, ge=1, le=64)  # what `keylane up` starts
     lease_ttl_ms: int = Field(10_000, ge=200)
     heartbeat_ms: int = Field(2_000, ge=50)

@@ -181,13 +181,32 @@ class HookServer(_Base):
     status_counts: dict[int, int] = field(default_factory=dict)
     effects: dict[str, list[Any]] = field(default_factory=dict)  # record key -> effects
     answers: dict[str, dict[str, Any]] = field(default_factory=dict)  # idempotency key -> body
+    gather: int = 0  # hold every call until this many were in flight at once (at most 60 s)
+    peak: int = 0  # the most calls in flight at once
+    overlaps: int = 0  # calls that began while another call for the same record was open
 
     def __post_init__(self) -> None:
         super().__init__()
+        self._open: dict[str, int] = {}  # record key -> calls in flight
+        self._gathered = threading.Condition()
 
     def handle(
         self, method: str, path: str, headers: Any, body: bytes
     ) -> tuple[int, Any, dict[str, str]]:
+        record = headers.get("keylane-record-key") or ""
+        with self._gathered:
+            self._open[record] = self._open.get(record, 0) + 1
+            self.overlaps += self._open[record] > 1
+            self.peak = max(self.peak, sum(self._open.values()))
+            self._gathered.notify_all()
+            self._gathered.wait_for(lambda: self.peak >= self.gather, 60)
+        try:
+            return self._answer(headers, body)
+        finally:
+            with self._gathered:
+                self._open[record] -= 1
+
+    def _answer(self, headers: Any, body: bytes) -> tuple[int, Any, dict[str, str]]:
         key = headers.get("idempotency-key") or ""
         if self.secret is not None:
             Webhook(self.secret).verify(body, dict(headers.items()))  # raises when wrong

@@ -28,7 +28,7 @@ import logging
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,8 +115,14 @@ class Context:
         return max(0.0, self.deadline - time.time())
 
 
+#: Runs a blocking ``fn(*args)`` off the lane's event loop (the lanes' thread pool).
+Blocking = Callable[..., Awaitable[Any]]
+
+
 class Destination(ABC):
-    """One configured destination."""
+    """One configured destination. A lane awaits :meth:`call`; a destination whose client
+    waits without a thread (an ``async def`` task, an HTTP forward) overrides it, the others
+    implement the blocking :meth:`deliver`, which the lane runs in its thread pool."""
 
     #: The dead-letter reason of a :class:`GiveUp`.
     give_up_reason = "gave_up"
@@ -124,9 +130,14 @@ class Destination(ABC):
     def __init__(self, config: DestinationConfig) -> None:
         self.config = config
 
-    @abstractmethod
+    async def call(self, event: Event, context: Context, blocking: Blocking) -> Outcome:
+        """Call the destination once for ``event``, from a lane."""
+        outcome: Outcome = await blocking(self.deliver, event, context)
+        return outcome
+
     def deliver(self, event: Event, context: Context) -> Outcome:
-        """Call the destination once for ``event``."""
+        """Call the destination once for ``event``, blocking."""
+        raise NotImplementedError(f"{type(self).__name__} is called with call()")
 
     @abstractmethod
     def describe(self, event: Event, context: Context) -> dict[str, Any]:
@@ -134,6 +145,10 @@ class Destination(ABC):
 
     def close(self) -> None:  # noqa: B027 -- most destinations hold nothing
         """Release what the destination holds (connections)."""
+
+    async def aclose(self) -> None:
+        """Release what the destination holds, on the lanes' loop when they stop."""
+        self.close()
 
 
 def open_destinations(

@@ -25,7 +25,15 @@ import httpx
 from keylane.routing.contract.destinations import EXCERPT_CHARS, DestinationConfig
 from keylane.routing.contract.events import Event
 from keylane.routing.contract.signing import standard_webhooks_signature, whsec_key
-from keylane.workers.destinations import Context, Destination, Done, GiveUp, Outcome, RetryLater
+from keylane.workers.destinations import (
+    Blocking,
+    Context,
+    Destination,
+    Done,
+    GiveUp,
+    Outcome,
+    RetryLater,
+)
 
 #: The longest Retry-After keylane honours as asked; longer ones are cut to this.
 MAX_RETRY_AFTER_S = 3600.0
@@ -46,13 +54,20 @@ class HttpForward(Destination):
             name: environ[value[4:]] if value.startswith("env:") else value
             for name, value in config.headers.items()
         }
-        self._client = httpx.Client(timeout=config.timeout_s, follow_redirects=False)
+        # Opened on the lanes' event loop at the first call (an async client is bound to it).
+        self._client: httpx.AsyncClient | None = None
 
-    def deliver(self, event: Event, context: Context) -> Outcome:
-        """One POST; never raises for what the destination or the network does."""
+    async def call(self, event: Event, context: Context, blocking: Blocking) -> Outcome:
+        """One POST, awaited on the lane's loop (waiting for the answer holds no thread);
+        never raises for what the destination or the network does."""
+        if self._client is None:
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=100)
+            self._client = httpx.AsyncClient(
+                timeout=self.config.timeout_s, follow_redirects=False, limits=limits
+            )
         body = json.dumps(event.payload, separators=(",", ":")).encode()
         try:
-            answer = self._client.post(
+            answer = await self._client.post(
                 self.url,
                 content=body,
                 headers=self._request_headers(event, context, body),
@@ -95,9 +110,11 @@ class HttpForward(Destination):
             "body": event.payload,
         }
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         """Close the connection pool."""
-        self._client.close()
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
 
 def outcome_of(answer: httpx.Response) -> Outcome:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,28 +13,38 @@ from keylane.routing.contract.destinations import (
 )
 from keylane.routing.contract.errors import ConfigError
 from keylane.routing.contract.events import Event
-from keylane.workers.destinations import Context, Destination, Done, Outcome
+from keylane.workers.destinations import Blocking, Context, Destination, Done, Outcome
 from keylane.workers.tasks import TaskSpec, all_tasks, registered
 
 
 class TaskDestination(Destination):
-    """Calls ``task(event, context)``; what it returns or raises is the outcome."""
+    """Calls ``task(event, context)`` (or awaits it); what it returns or raises is the
+    outcome."""
 
     def __init__(self, config: DestinationConfig) -> None:
         super().__init__(config)
         assert config.task is not None
         self.spec: TaskSpec = _task(config.name, config.task)
 
+    async def call(self, event: Event, context: Context, blocking: Blocking) -> Outcome:
+        """Run the task once: an ``async def`` task on the lane's loop (waiting holds no
+        thread), a plain one in the lanes' thread pool."""
+        if not inspect.iscoroutinefunction(self.spec.fn):
+            return await super().call(event, context, blocking)
+        try:
+            result = await self.spec.fn(event, context)
+        except Outcome as outcome:
+            return outcome
+        return _outcome(result)
+
     def deliver(self, event: Event, context: Context) -> Outcome:
-        """Run the task once. An :class:`Outcome` it raises or returns is the outcome;
+        """Run a plain task once. An :class:`Outcome` it raises or returns is the outcome;
         ``None`` or any other value is :class:`Done` (the value kept as the response)."""
         try:
             result = self.spec.fn(event, context)
         except Outcome as outcome:
             return outcome
-        if isinstance(result, Outcome):
-            return result
-        return Done(response="" if result is None else repr(result)[:EXCERPT_CHARS])
+        return _outcome(result)
 
     def describe(self, event: Event, context: Context) -> dict[str, Any]:
         """The task and what it was given."""
@@ -44,6 +55,12 @@ class TaskDestination(Destination):
             "payload": event.payload,
             "idempotency_key": context.idempotency_key,
         }
+
+
+def _outcome(result: Any) -> Outcome:
+    if isinstance(result, Outcome):
+        return result
+    return Done(response="" if result is None else repr(result)[:EXCERPT_CHARS])
 
 
 def _task(destination: str, name: str) -> TaskSpec:
