@@ -48,7 +48,6 @@ from keylane.ops.bench.e2e import (
 )
 from keylane.ops.bench.phases import all_shards_owned, run_audit
 from keylane.ops.bench.procs import (
-    MAX_ATTEMPTS,
     SHARD_COUNT,
     Bench,
     BenchFailure,
@@ -90,7 +89,7 @@ def run_drain_phase(bench: Bench, report: Report) -> None:
         work = workload(f"d{keys}", opts.events, keys)
         say(f"(c) keys={keys}: direct baseline")
         with fresh_store_url(opts.store, bench.tmp, opts.pg_url, f"cdirect{keys}") as url:
-            direct = apply_direct(url, work, shards, MAX_ATTEMPTS)
+            direct = apply_direct(url, work, shards)
         if direct.problems:
             raise BenchFailure(f"(c) direct keys={keys}:\n  " + "\n  ".join(direct.problems))
         for workers in opts.drain_workers or (opts.workers,):

@@ -17,11 +17,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from keylane.ops.bench.procs import BenchFailure
 from keylane.routing import ShardMap
 from keylane.routing.contract.events import Envelope, Event
 from keylane.routing.contract.sources import DEMO
-from keylane.workers.apply import apply_event
+from keylane.workers.apply import event_write
+from keylane.workers.changes import apply_changes
 from keylane.workers.stores import open_store
 from keylane.workers.stores.base import DeadLetterFilter, Fence, Store
 
@@ -164,9 +164,10 @@ class DirectRun:
     problems: list[str]
 
 
-def apply_direct(store_url: str, work: Workload, shards: ShardMap, max_attempts: int) -> DirectRun:
-    """Apply ``work`` with :func:`keylane.workers.apply.apply_event` into a fresh store at
-    ``store_url``, under fences as a lane holds them, and check the result."""
+def apply_direct(store_url: str, work: Workload, shards: ShardMap) -> DirectRun:
+    """Apply ``work`` into a fresh store at ``store_url`` as a lane's apply does (fresh
+    read, change, conditional write with its journal entry, under the shard's fence), in
+    one thread with no pool, Redis or HTTP around it, and check the result."""
     events = direct_events(work, shards)
     store = open_store(store_url)
     try:
@@ -175,9 +176,10 @@ def apply_direct(store_url: str, work: Workload, shards: ShardMap, max_attempts:
             store.advance_fence(shard, 1)  # as a lane's acquisition does, before timing
         cpu0, t0 = time.process_time(), time.perf_counter()
         for event in events:
-            result = apply_event(store, event, Fence(event.shard, 1), DEMO, max_attempts)
-            if result.outcome != "applied":
-                raise BenchFailure(f"direct apply of {event.event_id}: {result}")
+            record = store.read(event.record_key)
+            fields = apply_changes(record.fields, dict(event.changes), DEMO.ownership, DEMO.name)
+            write = event_write(event, fields, record.revision, 1)
+            store.commit_event(write, Fence(event.shard, 1))
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         problems = check_store(store, work, len(events))
     finally:

@@ -12,7 +12,6 @@ import time
 from keylane.ops.bench.e2e import apply_direct, check_store, workload
 from keylane.ops.bench.load import run_load
 from keylane.ops.bench.procs import (
-    MAX_ATTEMPTS,
     REPO,
     SHARD_COUNT,
     Bench,
@@ -202,7 +201,7 @@ def _e2e_run(
         raise BenchFailure(f"keys={keys}:\n  " + "\n  ".join(problems))
     say(f"(b) keys={keys}: direct baseline")
     with fresh_store_url(opts.store, bench.tmp, opts.pg_url, f"direct{keys}") as direct_url:
-        direct = apply_direct(direct_url, work, ShardMap(SHARD_COUNT), MAX_ATTEMPTS)
+        direct = apply_direct(direct_url, work, ShardMap(SHARD_COUNT))
     if direct.problems:
         raise BenchFailure(f"direct keys={keys}:\n  " + "\n  ".join(direct.problems))
     done_s = done_at - load.first_post_at

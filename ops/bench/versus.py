@@ -3,10 +3,12 @@
 The same workloads, at the same destination latency, with the same number of processes
 and the same 32 sender threads, are given in one invocation to:
 
-* **keylane**: ``keylane serve`` and ``keylane worker`` processes (``processes / lanes``
-  workers of ``--lanes`` lanes); a source handler
-  (:mod:`keylane.ops.bench.versus_handler`) waits the latency between the lane's read
-  and the change it returns, which the lane writes only if the record is unchanged;
+* **keylane**: ``keylane serve`` and ``--workers`` ``keylane worker`` processes of
+  ``--lanes`` lanes (default: 1 worker on SQLite, which takes one writer process, 2 on
+  PostgreSQL; never more processes than the baselines have); an ``async def`` source
+  handler (:mod:`keylane.ops.bench.versus_handler`) awaits the latency between the
+  lane's read and the change it returns, which the lane writes only if the record is
+  unchanged;
 * **celery-lock**: a prefork pool of ``processes`` children on one queue, taking a
   per-record Redis lock (``SET NX PX`` with a token, compare-and-delete release; a task
   that finds the record locked retries with a countdown);
@@ -64,8 +66,9 @@ HELP = """Benchmark keylane against two Celery setups, on the same workloads, th
 destination latency, the same number of processes and the same 32 sender threads.
 
 \b
-keylane        keylane serve + keylane worker (processes / lanes workers); a source
-               handler waits the latency between the lane's read and its write
+keylane        keylane serve + --workers keylane worker processes of --lanes lanes; an
+               async source handler awaits the latency between the lane's read and
+               its write
 celery-lock    a prefork pool on one queue; per-record Redis lock (SET NX PX token,
                compare-and-delete release); a locked record: retry with a countdown
 celery-hashed  solo workers, one queue each, events routed by hash(key) % processes
@@ -149,7 +152,7 @@ def run_versus(
         try:
             for name in systems:
                 if name == "keylane":
-                    started.append(KeylaneSystem(bench, processes, opts.lanes))
+                    started.append(KeylaneSystem(bench, opts.workers, opts.lanes))
                 else:
                     kind = name.removeprefix("celery-")
                     started.append(CelerySystem(bench, kind, config, processes))
@@ -180,6 +183,7 @@ def run_versus(
             "store": opts.store,
             "events": opts.events,
             "processes": processes,
+            "workers": opts.workers,
             "lanes": opts.lanes,
             "lock_ttl_ms": lock[0],
             "lock_retry_ms": lock[1],
@@ -234,14 +238,20 @@ def run_versus(
     type=click.IntRange(1, 64),
     default=8,
     show_default=True,
-    help="Processes (keylane: lanes in all) of each system.",
+    help="Worker processes of each Celery baseline (keylane never runs more).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="keylane worker processes  [default: 1 on SQLite, 2 on PostgreSQL]",
 )
 @click.option(
     "--lanes",
-    type=click.IntRange(1, 64),
-    default=4,
+    type=click.IntRange(1, 1024),
+    default=64,
     show_default=True,
-    help="Lanes per keylane worker process.",
+    help="Lanes (records in flight) per keylane worker process.",
 )
 @click.option(
     "--systems",
@@ -278,6 +288,7 @@ def main(
     latencies: tuple[int, ...],
     events: int,
     processes: int,
+    workers: int | None,
     lanes: int,
     systems: tuple[str, ...],
     store: str,
@@ -289,11 +300,16 @@ def main(
     keep_temp: bool,
 ) -> None:
     """Entry point (see the module docstring)."""
-    if processes % lanes:
+    workers = workers or (1 if store == "sqlite" else 2)
+    if workers > processes:
         raise click.BadParameter(
-            f"{processes} is not a multiple of --lanes {lanes}: keylane would run "
-            f"{-(-processes // lanes) * lanes} lanes",
-            param_hint="--processes",
+            f"{workers} keylane workers would be more processes than the baselines' {processes}",
+            param_hint="--workers",
+        )
+    if store == "sqlite" and workers > 1:
+        raise click.BadParameter(
+            "SQLite takes one writer process: use --store postgres for several workers",
+            param_hint="--workers",
         )
     if quick:
         workloads, latencies, events = WORKLOADS, (20,), QUICK_EVENTS
@@ -304,7 +320,7 @@ def main(
         events=events,
         concurrency=32,
         keys=(),
-        workers=processes // lanes,
+        workers=workers,
         lanes=lanes,
         rounds=1,
         only=None,

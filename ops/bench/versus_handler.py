@@ -2,7 +2,8 @@
 
 The event carries its amount and sequence number as ``total: increment`` and ``seqs:
 append``, and its destination latency in its type (``versus.rmw.<ms>``). The handler is
-given the record as the lane just read it, waits the latency, and returns the record's
+given the record as the lane just read it, awaits the latency (as an ``async def`` handler
+calling an API does: the lane holds no thread meanwhile), and returns the record's
 new fields computed from that read, as ``set`` operations: the same read-modify-write
 the Celery baselines run (:func:`keylane.ops.bench.versus_dest.read_sleep_write`). The
 lane then writes it only if the record is still at the revision it read.
@@ -10,7 +11,7 @@ lane then writes it only if the record is still at the revision it read.
 
 from __future__ import annotations
 
-import time
+import asyncio
 from typing import Any
 
 from keylane.routing.contract.events import Event
@@ -24,12 +25,12 @@ def event_type(latency_ms: int) -> str:
     return f"{TYPE_PREFIX}{latency_ms}"
 
 
-def read_sleep_write(event: Event, record: Record) -> dict[str, Any]:
+async def read_sleep_write(event: Event, record: Record) -> dict[str, Any]:
     """The record's new ``total`` and ``seqs``, computed from ``record`` after the wait."""
     latency_ms = int(event.event_type.removeprefix(TYPE_PREFIX))
     amount = int(event.changes["total"].value)
     seq = int(event.changes["seqs"].value)
     total = int(record.fields.get("total", 0))
     seqs = list(record.fields.get("seqs", []))
-    time.sleep(latency_ms / 1000)
+    await asyncio.sleep(latency_ms / 1000)
     return {"total": {"set": total + amount}, "seqs": {"set": [*seqs, seq]}}

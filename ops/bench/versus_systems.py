@@ -162,15 +162,15 @@ def _wait_until(done: Callable[[], bool], timeout_s: float) -> bool:
 
 
 class KeylaneSystem:
-    """``keylane serve`` and ``processes / lanes`` ``keylane worker`` processes of ``lanes``
-    lanes, on the benchmark's namespace and store, with the versus source."""
+    """``keylane serve`` and ``workers`` ``keylane worker`` processes of ``lanes`` lanes,
+    on the benchmark's namespace and store, with the versus source."""
 
     name = "keylane"
 
-    def __init__(self, bench: Bench, processes: int, lanes: int) -> None:
+    def __init__(self, bench: Bench, workers: int, lanes: int) -> None:
         self.bench = bench
         self.lanes = lanes
-        self.workers = processes // lanes
+        self.workers = workers
         self.url = ""
         self.children: list[Child] = []
         self.store = open_store(bench.store_url)
