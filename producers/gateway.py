@@ -129,16 +129,23 @@ class ReceiverGateway:
         return EnqueueResult(verdict, detail)  # type: ignore[arg-type]
 
     async def accept_event(
-        self, event: Event, queue: str, answer: str, retention_ms: int, high_water: int
+        self,
+        event: Event,
+        queue: str,
+        answer: str,
+        retention_ms: int,
+        high_water: int,
+        batch: int = 1,
     ) -> EnqueueResult:
-        """:meth:`accept` for ``event``, as the apply message of ``queue``."""
+        """:meth:`accept` for ``event``, as the apply message of ``queue`` (``batch``: the
+        source's batch limit, see :func:`build_apply_message`)."""
         return await self.accept(
             source=event.source,
             event_id=event.event_id,
             body_sha256=event.body_sha256,
             queue=queue,
             shard=event.shard,
-            message=build_apply_message(event, queue),
+            message=build_apply_message(event, queue, batch=batch),
             answer=answer,
             retention_ms=retention_ms,
             high_water=high_water,

@@ -182,7 +182,12 @@ class Receiver:
         self.faults.hit("receiver.before_enqueue", event.record_key)
         try:
             result = await self.gateway.accept_event(
-                event, queue, json.dumps(answer), retention_ms, s.shard_high_water
+                event,
+                queue,
+                json.dumps(answer),
+                retention_ms,
+                s.shard_high_water,
+                source.batch_limit(s),
             )
             if result.verdict == "reused":
                 await self.gateway.record_reuse(event, queue, retention_ms)

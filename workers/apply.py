@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -46,6 +46,18 @@ ApplyOutcome = Literal["applied", "duplicate", "dead_lettered"]
 Handler = Callable[
     [Event, Record], "Mapping[str, Any] | Awaitable[Mapping[str, Any] | None] | None"
 ]
+#: A source's batch handler: (a record's waiting events in order, the record as freshly
+#: read) -> one change (or None) per event, in the same order.
+BatchHandler = Callable[[list[Event], Record], Any]
+
+
+@dataclass(frozen=True)
+class SourceHandler:
+    """A source's handler as loaded: a :data:`Handler`, or a :data:`BatchHandler`."""
+
+    fn: Handler | BatchHandler
+    batched: bool = False
+
 
 REVIEW_ERRORS = {
     "id_reused": "the sender reused this event id with a different body; the first body "
@@ -72,7 +84,7 @@ async def apply_event(
     source: SourceConfig | None,
     max_attempts: int,
     faults: Faults = NO_FAULTS,
-    handler: Handler | None = None,
+    handler: SourceHandler | None = None,
     handler_time_limit_s: float = 10.0,
 ) -> ApplyResult:
     """Apply ``event`` once (see the module docstring); the store calls run in ``io``'s
@@ -85,36 +97,79 @@ async def apply_event(
     if source is None:
         error = f"source {event.source!r} is not configured"
         return await io.store(dead_letter, event, fence, "unknown_source", 1, error)
+    results = await apply_batch(
+        io, [event], fence, source, max_attempts, faults, handler, handler_time_limit_s
+    )
+    return results[0]
+
+
+async def apply_batch(
+    io: BlockingPool,
+    events: Sequence[Event],
+    fence: Fence | None,
+    source: SourceConfig,
+    max_attempts: int,
+    faults: Faults = NO_FAULTS,
+    handler: SourceHandler | None = None,
+    handler_time_limit_s: float = 10.0,
+) -> list[ApplyResult]:
+    """Apply consecutive events of one record of ``source`` as one: each attempt reads the
+    record once, applies every event's change in order to what the one before left, and
+    writes the record once with a journal entry per event, all in one transaction. A
+    conflict re-reads and re-applies them all.
+
+    Returns the results of the first events, in order: all of them, or fewer when a later
+    event's change cannot apply (the events before it are written; it and those after it
+    are untouched, for the lane to apply one by one) or when the write meets an event
+    that already has an outcome (then the first alone is settled). The first event's
+    refusal, and conflicts on every attempt, make it a dead letter, as for a single event.
+    The handler's time limit holds for all of one attempt's handler calls together.
+    """
+    first = events[0]
     revision_read = found = 0
     for attempt in range(1, max_attempts + 1):
-        record = await io.store(_read, event.record_key)
+        record = await io.store(_read, first.record_key)
         revision_read = record.revision
-        try:
-            changes = await _changes(io, event, record, handler, handler_time_limit_s)
-            fields = (
-                None
-                if changes is None
-                else apply_changes(record.fields, changes, source.ownership, source.name)
-            )
-        except (FieldNotOwned, ChangeNotApplicable, InvalidHandlerResult) as exc:
-            reason = next(r for kind, r in _REFUSALS.items() if isinstance(exc, kind))
-            return await io.store(
-                dead_letter, event, fence, reason, attempt, str(exc), record.revision
-            )
+        writes: list[EventWrite] = []
+        fields = record.fields
+        changes_of = _ChangesOf(io, handler, handler_time_limit_s, events, record)
+        for index, event in enumerate(events):
+            try:
+                changes = await changes_of.next(index, event, fields)
+                after = (
+                    None
+                    if changes is None
+                    else apply_changes(fields, changes, source.ownership, source.name)
+                )
+            except (FieldNotOwned, ChangeNotApplicable, InvalidHandlerResult) as exc:
+                if writes:
+                    break  # the events so far go in; this one is taken again on its own
+                reason = next(r for kind, r in _REFUSALS.items() if isinstance(exc, kind))
+                row = await io.store(
+                    dead_letter, event, fence, reason, attempt, str(exc), record.revision
+                )
+                return [row]
+            writes.append(event_write(event, after, record.revision, attempt))
+            fields = fields if after is None else after
         if faults:
-            await io.store(_before_write, faults, event)
-        write = event_write(event, fields, record.revision, attempt)
+            await io.store(_before_write, faults, first)
         try:
-            revision = await io.store(_commit, write, fence)
+            revision = await io.store(_commit, writes, fence)
         except VersionConflict as exc:
             found = exc.found
             continue
         except AlreadyApplied:
-            return ApplyResult("duplicate", attempts=attempt, conflicts=attempt - 1)
-        return ApplyResult("applied", attempts=attempt, conflicts=attempt - 1, revision=revision)
-    return await io.store(
+            if len(events) > 1:  # which one is unknown: settle the first alone
+                return await apply_batch(
+                    io, events[:1], fence, source, max_attempts, faults, handler,
+                    handler_time_limit_s,
+                )  # fmt: skip
+            return [ApplyResult("duplicate", attempts=attempt, conflicts=attempt - 1)]
+        done = ApplyResult("applied", attempts=attempt, conflicts=attempt - 1, revision=revision)
+        return [done] * len(writes)
+    row = await io.store(
         dead_letter,
-        event,
+        first,
         fence,
         "conflict",
         max_attempts,
@@ -123,14 +178,15 @@ async def apply_event(
         found,
         conflicts=max_attempts,
     )
+    return [row]
 
 
 def _read(store: Store, record_key: str) -> Record:
     return store.read(record_key)
 
 
-def _commit(store: Store, write: EventWrite, fence: Fence | None) -> int:
-    return store.commit_event(write, fence)
+def _commit(store: Store, writes: list[EventWrite], fence: Fence | None) -> int:
+    return store.commit_events(writes, fence)
 
 
 def _before_write(store: Store, faults: Faults, event: Event) -> None:
@@ -169,37 +225,65 @@ _REFUSALS: dict[type[Exception], str] = {
 }
 
 
-async def _changes(
-    io: BlockingPool,
-    event: Event,
-    record: Record,
-    handler: Handler | None,
-    time_limit_s: float,
-) -> dict[str, Change] | None:
-    """The change to apply on this attempt: the event's own, or what the source's handler
-    computes from the record as just read (None: nothing to change). A plain handler runs
-    in a pool thread and is timed; an ``async def`` one is awaited and cut at its limit."""
-    if handler is None:
-        return dict(event.changes)
-    started = time.monotonic()
-    if inspect.iscoroutinefunction(handler):
+class _ChangesOf:
+    """The change of each event of one attempt, in order: the event's own, or what the
+    source's handler computes from the record as it stands before that event (a batch
+    handler is called once, with every event). A plain handler runs in a pool thread and
+    is timed; an ``async def`` one is awaited and cut at the time left."""
+
+    def __init__(
+        self,
+        io: BlockingPool,
+        handler: SourceHandler | None,
+        time_limit_s: float,
+        events: Sequence[Event],
+        record: Record,
+    ) -> None:
+        self.io = io
+        self.handler = handler
+        self.events = events
+        self.record = record
+        self.deadline = time.monotonic() + time_limit_s
+        self.limit_s = time_limit_s
+        self.results: list[Any] | None = None
+
+    async def next(
+        self, index: int, event: Event, fields: dict[str, Any]
+    ) -> dict[str, Change] | None:
+        if self.handler is None:
+            return dict(event.changes)
+        if self.handler.batched:
+            if self.results is None:
+                self.results = list(await self._call(list(self.events), self.record))
+                if len(self.results) != len(self.events):
+                    raise InvalidHandlerResult(
+                        f"the batch handler returned {len(self.results)} changes "
+                        f"for {len(self.events)} events"
+                    )
+            result = self.results[index]
+        else:
+            record = Record(self.record.key, fields, self.record.revision)
+            result = await self._call(event, record)
+        if result is None:
+            return None
         try:
-            result = await asyncio.wait_for(handler(event, record), time_limit_s)
-        except TimeoutError:
-            raise HandlerTimeout(f"handler ran past its limit of {time_limit_s:.1f}s") from None
-    else:
-        result = await io.call(handler, event, record)
-        elapsed = time.monotonic() - started
-        if elapsed > time_limit_s:
-            raise HandlerTimeout(
-                f"handler took {elapsed:.1f}s, over its limit of {time_limit_s:.1f}s"
-            )
-    if result is None:
-        return None
-    try:
-        return parse_changes(dict(result))
-    except (ValueError, TypeError) as exc:
-        raise InvalidHandlerResult(f"the handler returned an invalid change: {exc}") from exc
+            return parse_changes(dict(result))
+        except (ValueError, TypeError) as exc:
+            raise InvalidHandlerResult(f"the handler returned an invalid change: {exc}") from exc
+
+    async def _call(self, *args: Any) -> Any:
+        assert self.handler is not None
+        handler = self.handler.fn
+        left = self.deadline - time.monotonic()
+        if inspect.iscoroutinefunction(handler):
+            try:
+                return await asyncio.wait_for(handler(*args), max(0.0, left))
+            except TimeoutError:
+                raise HandlerTimeout(f"handler ran past its limit of {self.limit_s:.1f}s") from None
+        result = await self.io.call(handler, *args)
+        if time.monotonic() > self.deadline:
+            raise HandlerTimeout(f"handler ran past its limit of {self.limit_s:.1f}s")
+        return result
 
 
 def dead_letter(

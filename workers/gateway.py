@@ -54,6 +54,20 @@ class Taken:
     resumed: bool  # it was already in flight (an earlier attempt did not finish)
     any_held: bool = False  # some record key is held behind an open dead letter
     deliveries: int = 1  # how many times this message has been handed to a lane
+    #: Messages of the same record taken with it (first deliveries, in order), behind it
+    #: in the in-flight list: see TAKE_MESSAGE.
+    batch: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
+class Ack:
+    """A message done with: its outcome and counts (see :meth:`LaneGateway.ack`)."""
+
+    raw: bytes
+    outcome: str = ""
+    conflicts: int = 0
+    attempts: int = 0
+    latency_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -199,13 +213,14 @@ class LaneGateway:
         result = run_script(self._take_message, keys, [lease.value for lease in leases])
         if result is None:
             return None
-        index, raw, resumed, held_keys, deliveries = result
+        index, raw, resumed, held_keys, deliveries, batch = result
         return Taken(
             leases[int(index) - 1].shard,
             bytes(raw),
             bool(resumed),
             int(held_keys) > 0,
             int(deliveries),
+            tuple(bytes(m) for m in batch),
         )
 
     def ack(
@@ -219,8 +234,20 @@ class LaneGateway:
     ) -> bool:
         """Drop the message from the in-flight slot if the lease is still ours, and count
         its ``outcome``, conflicts, attempts and latency (accepted to done)."""
+        ack = Ack(raw, outcome, conflicts, attempts, latency_s)
+        return bool(run_script(self._ack_message, *self._ack_call(lease, ack)))
+
+    def ack_all(self, lease: Lease, acks: Sequence[Ack]) -> list[bool]:
+        """:meth:`ack` for each of ``acks`` (a batch, in order), in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for ack in acks:
+            keys, args = self._ack_call(lease, ack)
+            self._ack_message(keys=keys, args=args, client=pipe)
+        return [bool(x) for x in _do(pipe.execute)]
+
+    def _ack_call(self, lease: Lease, ack: Ack) -> tuple[list[str], list[Any]]:
         k = self.keys
-        bucket = "" if latency_s is None else latency_bucket(latency_s)
+        latency_s = ack.latency_s
         keys = [
             k.lease(lease.shard),
             k.inflight(lease.shard),
@@ -231,15 +258,15 @@ class LaneGateway:
         ]
         args = [
             lease.value,
-            raw,
-            outcome,
-            conflicts,
-            attempts,
-            bucket,
+            ack.raw,
+            ack.outcome,
+            ack.conflicts,
+            ack.attempts,
+            "" if latency_s is None else latency_bucket(latency_s),
             f"{latency_s or 0.0:.6f}",
             lease.shard,
         ]
-        return bool(run_script(self._ack_message, keys, args))
+        return keys, args
 
     def park(self, lease: Lease, raw: bytes, record_key: str, retry_of: int | None) -> str:
         """``parked`` (the key is held: the message waits, in order, and leaves the
@@ -300,9 +327,13 @@ class LaneGateway:
             )
         )
 
-    def uncount_delivery(self, shard: int, raw: bytes) -> None:
-        """Take back one delivery count (the attempt failed for reasons not the event's)."""
-        _do(lambda: self.client.hincrby(self.keys.deliveries(shard), message_digest(raw), -1))
+    def uncount_delivery(self, shard: int, *raws: bytes) -> None:
+        """Take back one delivery count of each message (the attempt failed, or never
+        started, for reasons not the event's)."""
+        pipe = self.client.pipeline(transaction=False)
+        for raw in raws:
+            pipe.hincrby(self.keys.deliveries(shard), message_digest(raw), -1)
+        _do(pipe.execute)
 
     def note_failure(self, shard: int, raw: bytes, error: str) -> None:
         """Remember why the last delivery failed (shown when it becomes a dead letter)."""
@@ -397,4 +428,4 @@ def _do(fn: Callable[[], Any]) -> Any:
         return fn()
 
 
-__all__ = ["Acquired", "LaneGateway", "Lease", "Taken"]
+__all__ = ["Ack", "Acquired", "LaneGateway", "Lease", "Taken"]

@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import sentry_sdk
 from pydantic import ValidationError
@@ -44,11 +45,17 @@ from keylane.routing.contract.settings import Settings
 from keylane.routing.contract.sources import SourceConfig, Sources
 from keylane.routing.router import APPLY_TASK, UNHOLD_TASK
 from keylane.workers.alerts import alert_dead_letter
-from keylane.workers.apply import ApplyResult, Handler, apply_event, dead_letter
+from keylane.workers.apply import (
+    ApplyResult,
+    SourceHandler,
+    apply_batch,
+    apply_event,
+    dead_letter,
+)
 from keylane.workers.blocking import BlockingPool
 from keylane.workers.dispatch import Dispatcher, Wait
 from keylane.workers.doorbell import Doorbell
-from keylane.workers.gateway import LaneGateway, Lease, Taken
+from keylane.workers.gateway import Ack, LaneGateway, Lease, Taken
 from keylane.workers.ownership import Ownership
 from keylane.workers.stores.base import DeadLetterDraft, DeadLetterFilter, Fence, Store
 
@@ -60,6 +67,15 @@ ResultCallback = Callable[[str, Event, ApplyResult, float], None]
 MAX_BACKOFF_S = 5.0
 #: Shards offered to one take: bounds the take script's cost whatever a worker owns.
 TAKE_WINDOW = 16
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A message taken from a shard queue, and the event it carries."""
+
+    raw: bytes
+    event: Event
+    task_id: str
 
 
 class Lanes:
@@ -84,7 +100,7 @@ class Lanes:
         self.faults = faults
         self.io = BlockingPool(settings.lane_threads, store_factory)
         self._on_result = on_result
-        self._handlers: dict[str, Handler | None] = {}
+        self._handlers: dict[str, SourceHandler | None] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.doorbell = Doorbell(gateway, ownership.owns)
@@ -195,6 +211,12 @@ class Lanes:
         except (MalformedMessage, ValidationError, KeyError, TypeError, ValueError) as exc:
             await self._malformed(lease, taken, str(exc))
             return
+        batch = [Queued(taken.raw, event, message.task_id)]
+        if taken.batch:
+            batch += self._followers(taken, event)
+            rest = taken.batch[len(batch) - 1 :]
+            if rest:  # left in flight, to be taken one by one
+                await self.io.call(self.gateway.uncount_delivery, lease.shard, *rest)
         context = {
             "source": event.source,
             "event_id": event.event_id,
@@ -202,10 +224,33 @@ class Lanes:
             "shard": lease.shard,
             "attempt": taken.deliveries,
         }
+        if len(batch) > 1:
+            context["batch"] = len(batch)
         with event_context(**context):
-            await self._route(lease, taken, event, message.task_id)
+            await self._route(lease, taken, batch)
 
-    async def _route(self, lease: Lease, taken: Taken, event: Event, task_id: str) -> None:
+    def _followers(self, taken: Taken, first: Event) -> list[Queued]:
+        """The messages taken behind ``first`` that may be applied together with it: its
+        record's next events, while they parse and the source still batches that many."""
+        source = self.sources.get(first.source)
+        if source is None or first.destination is not None or first.retry_of is not None:
+            return []
+        limit = source.batch_limit(self.settings)
+        out: list[Queued] = []
+        for raw in taken.batch[: limit - 1]:
+            try:
+                message = parse_message(raw)
+                event = Event.model_validate(message.kwargs.get("event"))
+            except (MalformedMessage, ValidationError, TypeError, ValueError):
+                break
+            same = (event.source, event.record_key) == (first.source, first.record_key)
+            if not same or event.destination or event.retry_of or event.review:
+                break
+            out.append(Queued(raw, event, message.task_id))
+        return out
+
+    async def _route(self, lease: Lease, taken: Taken, batch: list[Queued]) -> None:
+        event = batch[0].event
         if taken.any_held or event.retry_of is not None:
             verdict = await self.io.call(
                 self.gateway.park, lease, taken.raw, event.record_key, event.retry_of
@@ -221,7 +266,7 @@ class Lanes:
             if verdict == "lost":
                 self.ownership.lost(lease, "lease changed before the message could be parked")
                 return
-        await self._apply(lease, taken, event, task_id)
+        await self._apply(lease, taken, batch)
 
     async def _unhold(self, lease: Lease, taken: Taken, kwargs: dict[str, object]) -> None:
         record_key = str(kwargs["record_key"])
@@ -239,19 +284,21 @@ class Lanes:
                 released,
             )
 
-    async def _apply(self, lease: Lease, taken: Taken, event: Event, task_id: str) -> None:
-        ref = f"{event.source}/{event.event_id}"
+    async def _apply(self, lease: Lease, taken: Taken, batch: list[Queued]) -> None:
+        first = batch[0]
+        ref = f"{first.event.source}/{first.event.event_id}"
         deliveries = taken.deliveries
+        followers = [queued.raw for queued in batch[1:]]
         started = time.monotonic()
         try:
-            result = await self._outcome(lease, taken, event)
+            results = await self._outcome(lease, taken, batch)
         except StaleFence as exc:
             log.warning("write of %s refused, the shard has a newer owner: %s", ref, exc)
             self.ownership.lost(lease, str(exc))
             return
         except StoreUnavailable:
-            # an outage is not the event's fault
-            await self.io.call(self.gateway.uncount_delivery, lease.shard, taken.raw)
+            # an outage is not the events' fault
+            await self.io.call(self.gateway.uncount_delivery, lease.shard, taken.raw, *followers)
             self.ownership.back_off(lease.shard, 1.0)
             raise
         except Exception as exc:
@@ -259,34 +306,40 @@ class Lanes:
             sentry_sdk.capture_exception(exc)
             error = f"{type(exc).__name__}: {exc}"
             await self.io.call(self.gateway.note_failure, lease.shard, taken.raw, error)
+            if followers:  # they go again one by one, behind the first
+                await self.io.call(self.gateway.uncount_delivery, lease.shard, *followers)
             self.ownership.back_off(lease.shard, min(MAX_BACKOFF_S, 0.05 * 2**deliveries))
             return
-        if result is None:
+        if results is None:
             return  # the lease ran out before the write: the next owner takes it from here
-        if isinstance(result, Wait):
+        if isinstance(results, Wait):
             # waiting is not a failure
             await self.io.call(self.gateway.uncount_delivery, lease.shard, taken.raw)
-            self.ownership.back_off(lease.shard, result.seconds)
+            self.ownership.back_off(lease.shard, results.seconds)
             return
-        await self._after(event, result)
-        if self.faults:
-            await self.io.call(self.faults.hit, "worker.before_ack", event.record_key)
-        applied = result.outcome == "applied"
-        latency = max(0.0, time.time() - event.accepted_at) if applied else None
-        await self.io.call(
-            self.gateway.ack,
-            lease,
-            taken.raw,
-            result.outcome,
-            result.conflicts,
-            result.attempts,
-            latency,
-        )
+        done = list(zip(batch, results, strict=False))
+        acks = []
+        for queued, result in done:
+            await self._after(queued.event, result)
+            if self.faults:
+                await self.io.call(self.faults.hit, "worker.before_ack", queued.event.record_key)
+            applied = result.outcome == "applied"
+            latency = max(0.0, time.time() - queued.event.accepted_at) if applied else None
+            acks.append(Ack(queued.raw, result.outcome, result.conflicts, result.attempts, latency))
+        await self.io.call(self.gateway.ack_all, lease, acks)
+        if len(done) < len(batch):  # left in flight, to be taken one by one
+            rest = [queued.raw for queued in batch[len(done) :]]
+            await self.io.call(self.gateway.uncount_delivery, lease.shard, *rest)
         if self._on_result is not None:
-            self._on_result(task_id, event, result, time.monotonic() - started)
+            runtime = time.monotonic() - started
+            for queued, result in done:
+                self._on_result(queued.task_id, queued.event, result, runtime)
 
-    async def _outcome(self, lease: Lease, taken: Taken, event: Event) -> ApplyResult | Wait | None:
+    async def _outcome(
+        self, lease: Lease, taken: Taken, batch: list[Queued]
+    ) -> list[ApplyResult] | Wait | None:
         fence = Fence(lease.shard, lease.token)
+        event = batch[0].event
         deliveries = taken.deliveries
         if deliveries > self.settings.max_deliveries:
             # Started this often without finishing: failing every time (handler_error) or
@@ -294,7 +347,7 @@ class Lanes:
             last_error = await self.io.call(self.gateway.last_failure, lease.shard, taken.raw)
             reason = "handler_error" if last_error else "poison"
             detail = last_error or "the worker died each time (killed, crashed or stuck)"
-            return await self.io.store(
+            row = await self.io.store(
                 dead_letter,
                 event,
                 fence,
@@ -302,27 +355,40 @@ class Lanes:
                 deliveries - 1,
                 f"started {deliveries - 1} times without finishing; last: {detail}",
             )
+            return [row]
         if not self.ownership.valid(lease):
             return None
         if event.destination is not None:
-            return await self.dispatcher.deliver(self.io, fence, taken, event)
+            delivered = await self.dispatcher.deliver(self.io, fence, taken, event)
+            return delivered if isinstance(delivered, Wait) else [delivered]
         source = self.sources.get(event.source)
-        return await apply_event(
-            self.io,
-            event,
-            fence,
-            source,
-            self.settings.max_attempts,
-            self.faults,
-            self._handler(source),
-            self.settings.handler_time_limit_ms / 1000,
-        )
+        limit_s = self.settings.handler_time_limit_ms / 1000
+        handler = self._handler(source)
+        if source is None or len(batch) == 1:
+            one = await apply_event(
+                self.io, event, fence, source, self.settings.max_attempts, self.faults,
+                handler, limit_s,
+            )  # fmt: skip
+            return [one]
+        events = [queued.event for queued in batch]
+        return await apply_batch(
+            self.io, events, fence, source, self.settings.max_attempts, self.faults,
+            handler, limit_s,
+        )  # fmt: skip
 
-    def _handler(self, source: SourceConfig | None) -> Handler | None:
-        if source is None or source.handler is None:
+    def _handler(self, source: SourceConfig | None) -> SourceHandler | None:
+        if source is None:
             return None
         if source.name not in self._handlers:
-            self._handlers[source.name] = source.load_handler()
+            batch_fn = source.load_batch_handler()
+            fn = source.load_handler()
+            self._handlers[source.name] = (
+                SourceHandler(batch_fn, batched=True)
+                if batch_fn is not None
+                else None
+                if fn is None
+                else SourceHandler(fn)
+            )
         return self._handlers[source.name]
 
     async def _after(self, event: Event, result: ApplyResult) -> None:

@@ -12,6 +12,7 @@ ordinary Celery queues: Flower, ``celery inspect`` and a plain Celery worker rea
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import socket
@@ -23,6 +24,12 @@ from keylane.routing.contract.events import Event
 from keylane.routing.router import APPLY_TASK, UNHOLD_TASK
 
 _ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
+
+#: The header that lets a lane take several waiting events of one record at once: the
+#: source's batch limit and a digest of (source, record key), ``"<limit>:<hex>"``. The take
+#: script matches it as text (``redis_scripts.TAKE_MESSAGE``): JSON escapes every quote
+#: inside a string, so no user-supplied value can imitate it.
+BATCH_HEADER = "keylane_batch"
 
 
 @dataclass(frozen=True)
@@ -41,12 +48,23 @@ class MalformedMessage(ValueError):
     """Bytes in a shard queue that are not a keylane task message."""
 
 
-def build_apply_message(event: Event, queue: str, task_id: str | None = None) -> bytes:
-    """The Redis list entry that asks a lane to apply ``event``."""
+def build_apply_message(
+    event: Event, queue: str, task_id: str | None = None, batch: int = 1
+) -> bytes:
+    """The Redis list entry that asks a lane to apply ``event``; with ``batch`` > 1, a lane
+    may take it together with up to ``batch`` - 1 events of the same record queued right
+    behind it (see :data:`BATCH_HEADER`)."""
     summary = f"{event.source}/{event.event_id} -> {event.record_key}"
+    extra = {BATCH_HEADER: batch_tag(event, batch)} if batch > 1 else {}
     return build_task_message(
-        APPLY_TASK, {"event": event.model_dump(mode="json")}, queue, summary, task_id
+        APPLY_TASK, {"event": event.model_dump(mode="json")}, queue, summary, task_id, extra
     )
+
+
+def batch_tag(event: Event, batch: int) -> str:
+    """The :data:`BATCH_HEADER` value of ``event``'s message."""
+    record = hashlib.sha256(f"{event.source}\0{event.record_key}".encode()).hexdigest()[:32]
+    return f"{batch}:{record}"
 
 
 def build_unhold_message(record_key: str, dead_letter_id: int, queue: str) -> bytes:
@@ -60,7 +78,12 @@ def build_unhold_message(record_key: str, dead_letter_id: int, queue: str) -> by
 
 
 def build_task_message(
-    task: str, kwargs: dict[str, Any], queue: str, summary: str, task_id: str | None = None
+    task: str,
+    kwargs: dict[str, Any],
+    queue: str,
+    summary: str,
+    task_id: str | None = None,
+    extra_headers: dict[str, str] | None = None,
 ) -> bytes:
     """A Celery protocol-2 message for ``task(**kwargs)`` in kombu's Redis layout."""
     task_id = task_id or str(uuid.uuid4())
@@ -87,6 +110,7 @@ def build_task_message(
         "replaced_task_nesting": 0,
         "stamped_headers": None,
         "stamps": {},
+        **(extra_headers or {}),
     }
     envelope = {
         "body": base64.b64encode(body.encode()).decode(),

@@ -96,6 +96,10 @@ return 1
 # KEYS: (lease, inflight, queue, deliveries) per candidate shard, then the held-keys hash.
 # A message is counted in ``deliveries`` (by the SHA-1 of its bytes, which a restore
 # keeps) each time it is handed to a lane, so poison is seen even when the lane dies.
+# A batch: a first delivery whose message carries the keylane_batch header (the source's
+# limit and its record, see message.BATCH_HEADER) also takes the messages right behind it
+# in the queue that carry the same header and were never handed out, up to the limit,
+# and only while no key is held. They sit in flight behind it, in order, each counted.
 TAKE_MESSAGE = """
 local held_keys = redis.call('HLEN', KEYS[#KEYS])
 for i = 1, #ARGV do
@@ -109,7 +113,22 @@ for i = 1, #ARGV do
     end
     if m then
       local n = redis.call('HINCRBY', deliveries, redis.sha1hex(m), 1)
-      return {i, m, resumed, held_keys, n}
+      local batch = {}
+      local limit, record = string.match(m, '"keylane_batch": "(%d+):(%x+)"')
+      if limit and resumed == 0 and n == 1 and held_keys == 0 then
+        local tag = '"keylane_batch": "' .. limit .. ':' .. record .. '"'
+        limit = tonumber(limit)
+        while #batch + 1 < limit do
+          local nxt = redis.call('LINDEX', queue, -1)
+          if not nxt or not string.find(nxt, tag, 1, true) then break end
+          local digest = redis.sha1hex(nxt)
+          if redis.call('HEXISTS', deliveries, digest) == 1 then break end
+          redis.call('LMOVE', queue, inflight, 'RIGHT', 'LEFT')
+          redis.call('HSET', deliveries, digest, 1)
+          batch[#batch + 1] = nxt
+        end
+      end
+      return {i, m, resumed, held_keys, n, batch}
     end
   end
 end

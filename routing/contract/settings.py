@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     # transactions, Redis scripts, plain ``def`` handlers and tasks).
     lanes: int = Field(64, ge=1, le=1024)
     lane_threads: int = Field(8, ge=1, le=256)
+    # Events of one record a lane applies in one transaction when several are waiting
+    # (sources that change keylane's own records; a source's ``batch`` overrides it).
+    batch_max: int = Field(32, ge=1, le=256)
     worker_processes: int | None = Field(None, ge=1, le=64)  # what `keylane up` starts
     lease_ttl_ms: int = Field(10_000, ge=200)
     heartbeat_ms: int = Field(2_000, ge=50)

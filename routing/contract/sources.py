@@ -13,6 +13,10 @@ README "Sources" for a complete example. Per source:
   another; ``content-hash``; ``reject``);
 * ``handler``: an optional ``module:function`` the lane calls on every attempt with the
   event and the record as freshly read, returning the change to apply;
+  ``batch_handler`` instead: called once per attempt with a record's waiting events (a
+  list, in order) and the record, returning one change (or None) per event;
+* ``batch``: how many waiting events of one record a lane applies with one read and one
+  write (default ``batch_max`` for sources that change keylane's own records, else 1);
 * ``task`` / ``destination``: instead of a change to keylane's records, each event goes
   to a registered user task or to a ``[destinations.<name>]`` (see
   :mod:`keylane.routing.contract.destinations`), with the body as its payload and the
@@ -141,6 +145,8 @@ class SourceConfig(BaseModel):
     on: dict[str, dict[str, FieldRule]] = Field(default_factory=dict)
     hook: str | None = None
     handler: str | None = None
+    batch_handler: str | None = None
+    batch: int | None = Field(None, ge=1, le=256)
     task: str | None = None
     destination: str | None = None
     records_in: str | None = None
@@ -178,7 +184,7 @@ class SourceConfig(BaseModel):
                 check_field_name(field)
         return on
 
-    @field_validator("hook", "handler")
+    @field_validator("hook", "handler", "batch_handler")
     @classmethod
     def _check_hook(cls, hook: str | None) -> str | None:
         if hook is not None and not re.fullmatch(r"[\w.]+:\w+", hook):
@@ -194,8 +200,12 @@ class SourceConfig(BaseModel):
     def _check_format(self) -> SourceConfig:
         if self.forwards:
             return self._check_forward()
-        if self.records_in is not None and self.handler is not None:
+        if self.records_in is not None and (self.handler or self.batch_handler):
             raise ValueError("handler applies to keylane's own records, not to records_in")
+        if self.handler is not None and self.batch_handler is not None:
+            raise ValueError("a source has a handler or a batch_handler, not both")
+        if self.records_in is not None and (self.batch or 1) > 1:
+            raise ValueError("batch applies to sources that change keylane's own records")
         unmapped = self.record_key is None or not self.on
         if self.format == "mapped" and self.hook is None and unmapped:
             raise ValueError("a mapped source needs record_key and an `on` table, or a hook")
@@ -215,8 +225,8 @@ class SourceConfig(BaseModel):
             raise ValueError("a source names a task or a destination, not both")
         if self.records_in is not None:
             raise ValueError("a source forwards (task, destination) or has records_in, not both")
-        if self.on or self.handler:
-            raise ValueError("on and handler apply to sources that change keylane's records")
+        if self.on or self.handler or self.batch_handler or (self.batch or 1) > 1:
+            raise ValueError("on, handler and batch apply to sources that change keylane's records")
         if self.record_key is None and self.hook is None:
             raise ValueError("a source with a task or destination needs record_key (or a hook)")
         return self
@@ -243,6 +253,13 @@ class SourceConfig(BaseModel):
         """Whether deliveries are accepted without a signature."""
         return isinstance(self.verify, NoneConfig)
 
+    def batch_limit(self, settings: Settings) -> int:
+        """How many waiting events of one record a lane may apply together (1: never
+        batched): only sources that change keylane's own records batch."""
+        if self.forwards or self.records_in is not None:
+            return 1
+        return self.batch if self.batch is not None else settings.batch_max
+
     def retention(self, settings: Settings) -> int:
         """Seconds a delivered event id is remembered in Redis."""
         return self.retention_s or PROVIDER_RETENTION_S.get(
@@ -256,6 +273,10 @@ class SourceConfig(BaseModel):
     def load_handler(self) -> Callable[..., Any] | None:
         """The lane's handler, imported (ConfigError when it cannot be)."""
         return None if self.handler is None else _import(self.name, self.handler)
+
+    def load_batch_handler(self) -> Callable[..., Any] | None:
+        """The lane's batch handler, imported (ConfigError when it cannot be)."""
+        return None if self.batch_handler is None else _import(self.name, self.batch_handler)
 
 
 def _import(source: str, path: str) -> Callable[..., Any]:

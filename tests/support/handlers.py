@@ -31,3 +31,15 @@ def fail_with_secrets(event: Event, record: Record) -> dict[str, Any]:
     password = urlsplit(os.environ["KEYLANE_REDIS_URL"]).password
     secret = os.environ["TEST_GH_SECRET"]
     raise ConnectionError(f"login failed with password {password}; webhook secret {secret}")
+
+
+def running_totals(events: list[Event], record: Record) -> list[dict[str, Any]]:
+    """A batch handler: one call per batch. Each event sets ``total`` to the running total
+    of ``amount`` from the record as read; the first also counts the call in ``calls``."""
+    total = record.fields.get("total", 0)
+    changes: list[dict[str, Any]] = []
+    for event in events:
+        total += event.changes["amount"].value
+        changes.append({"total": {"set": total}})
+    changes[0]["calls"] = {"increment": 1}
+    return changes

@@ -17,6 +17,7 @@ A store object holds one connection and is used by one thread at a time.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -141,13 +142,20 @@ class Store(ABC):
     def journal(self, source: str, event_id: str) -> JournalEntry | None:
         """What happened to an event id, if anything."""
 
-    @abstractmethod
     def commit_event(self, write: EventWrite, fence: Fence | None) -> int:
         """Write an event's effect and its journal entry; return the new revision.
 
         Raises :class:`VersionConflict`, :class:`AlreadyApplied` or :class:`StaleFence`;
         in each case nothing was written.
         """
+        return self.commit_events([write], fence)
+
+    @abstractmethod
+    def commit_events(self, writes: Sequence[EventWrite], fence: Fence | None) -> int:
+        """:meth:`commit_event` for consecutive events of one record, in one transaction:
+        the record is written once, with the last write's fields, if it is still at the
+        first write's ``expected_revision``, and each event gets its journal entry. All or
+        nothing, with the same errors."""
 
     @abstractmethod
     def commit_dead_letter(

@@ -7,6 +7,7 @@ Each method is one transaction (or one read); the SQL it runs lives with its tab
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from keylane.workers.stores.base import (
@@ -48,28 +49,29 @@ class SqlStore(Store):
 
     # -- the write path: effect, journal entry and fence check in one transaction ----------
 
-    def commit_event(self, write: EventWrite, fence: Fence | None) -> int:
+    def commit_events(self, writes: Sequence[EventWrite], fence: Fence | None) -> int:
         d = self.dialect
+        first = writes[0]
+        fields = next((w.fields for w in reversed(writes) if w.fields is not None), None)
         with d.transaction() as cur:
             check_fence(d, cur, fence)
-            revision = write.expected_revision
-            if write.fields is not None:
-                revision = write_record(
-                    d, cur, write.record_key, write.fields, write.expected_revision
-                )
+            revision = first.expected_revision
+            if fields is not None:
+                revision = write_record(d, cur, first.record_key, fields, revision)
             # After the record: a duplicate is then refused here and rolls the write back.
-            record_outcome(
-                cur,
-                source=write.source,
-                event_id=write.event_id,
-                record_key=write.record_key,
-                shard=write.shard,
-                outcome="applied",
-                attempts=write.attempts,
-                fence=fence,
-                reopen=write.retry_of is not None,
-                revision=revision if write.fields is not None else None,
-            )
+            for write in writes:
+                record_outcome(
+                    cur,
+                    source=write.source,
+                    event_id=write.event_id,
+                    record_key=write.record_key,
+                    shard=write.shard,
+                    outcome="applied",
+                    attempts=write.attempts,
+                    fence=fence,
+                    reopen=write.retry_of is not None,
+                    revision=revision if write.fields is not None else None,
+                )
             return revision
 
     def commit_dead_letter(
