@@ -22,6 +22,7 @@ from keylane.routing.contract.events import Change
 from keylane.workers.changes import apply_changes
 from keylane.workers.stores import open_store
 from keylane.workers.stores.base import (
+    Commit,
     DeadLetterDraft,
     DeadLetterFilter,
     EventWrite,
@@ -336,6 +337,60 @@ def test_journal_entries_list_by_record_then_revision(store: Store) -> None:
 
 
 # -- fences ------------------------------------------------------------------------------
+
+
+def test_a_batch_writes_its_record_once_with_a_journal_entry_per_event(store: Store) -> None:
+    # Given a record at revision 1
+    store.commit_event(write("e0", "contact:1", {"n": 0}, expected=0), None)
+    # When three events of it are committed together, each write holding the fields as
+    # they stand after that event
+    batch = [write(f"e{i}", "contact:1", {"n": i}, expected=1) for i in (1, 2, 3)]
+    revision = store.commit_events(batch, None)
+    # Then the record was written once, with the last fields, and each event is journaled
+    assert revision == 2
+    assert store.read("contact:1").fields == {"n": 3}
+    for i in (1, 2, 3):
+        entry = store.journal("crm", f"e{i}")
+        assert entry is not None
+        assert (entry.outcome, entry.revision) == ("applied", 2)
+    # And a batch holding one event that already has an outcome leaves nothing written
+    again = [write("e4", "contact:1", {"n": 4}, expected=2), write("e2", "contact:1", {}, 2)]
+    with pytest.raises(AlreadyApplied):
+        store.commit_events(again, None)
+    assert store.read("contact:1").revision == 2
+    assert store.journal("crm", "e4") is None
+
+
+def test_a_group_commit_refuses_each_commit_on_its_own(store: Store) -> None:
+    # Given two records, and a newer owner's fence on another shard
+    store.commit_event(write("a0", "contact:a", {"n": 0}, expected=0), None)
+    store.commit_event(write("b0", "contact:b", {"n": 0}, expected=0), None)
+    store.advance_fence(SHARD + 1, 9)
+    # When four lanes' commits go in one group: one good, one stale revision, one
+    # duplicate event id, one under an old fence, and another good one
+    commits = [
+        Commit((write("a1", "contact:a", {"n": 1}, expected=1),), Fence(SHARD, 1)),
+        Commit((write("b1", "contact:b", {"n": 1}, expected=0),), None),
+        Commit((write("a0", "contact:c", {"n": 1}, expected=0),), None),
+        Commit(
+            (replace(write("d1", "contact:d", {"n": 1}, 0), shard=SHARD + 1),), Fence(SHARD + 1, 3)
+        ),
+        Commit((write("b2", "contact:b", {"n": 2}, expected=1),), None),
+    ]
+    results = store.commit_group(commits)
+    # Then each got its own answer, and only the good ones are written
+    assert results[0] == 2
+    assert isinstance(results[1], VersionConflict)
+    assert isinstance(results[2], AlreadyApplied)
+    assert isinstance(results[3], StaleFence)
+    assert results[4] == 2
+    assert store.read("contact:a").fields == {"n": 1}
+    assert store.read("contact:b").fields == {"n": 2}
+    assert not store.read("contact:c").exists
+    assert not store.read("contact:d").exists
+    assert store.journal("crm", "b1") is None
+    assert store.journal("crm", "d1") is None
+    assert store.journal_size() == 4  # a0, b0, a1, b2
 
 
 def test_advance_fence_keeps_the_newest_token_per_shard(store: Store) -> None:

@@ -36,6 +36,7 @@ from keylane.routing.contract.faults import NO_FAULTS, Faults
 from keylane.routing.contract.sources import SourceConfig
 from keylane.workers.blocking import BlockingPool
 from keylane.workers.changes import apply_changes
+from keylane.workers.group_commit import GroupCommit
 from keylane.workers.stores.base import DeadLetterDraft, EventWrite, Fence, Record, Store
 
 ApplyOutcome = Literal["applied", "duplicate", "dead_lettered"]
@@ -79,6 +80,7 @@ class ApplyResult:
 
 async def apply_event(
     io: BlockingPool,
+    commits: GroupCommit,
     event: Event,
     fence: Fence | None,
     source: SourceConfig | None,
@@ -88,7 +90,8 @@ async def apply_event(
     handler_time_limit_s: float = 10.0,
 ) -> ApplyResult:
     """Apply ``event`` once (see the module docstring); the store calls run in ``io``'s
-    threads, an ``async def`` handler on the lane's loop. Raises only for infrastructure
+    threads (its write in ``commits``' next group), an ``async def`` handler on the lane's
+    loop. Raises only for infrastructure
     errors (:class:`StoreUnavailable`), lost ownership (:class:`StaleFence`) and errors of
     the source's handler (the lane counts those and retries the delivery)."""
     if event.review is not None:
@@ -98,13 +101,14 @@ async def apply_event(
         error = f"source {event.source!r} is not configured"
         return await io.store(dead_letter, event, fence, "unknown_source", 1, error)
     results = await apply_batch(
-        io, [event], fence, source, max_attempts, faults, handler, handler_time_limit_s
+        io, commits, [event], fence, source, max_attempts, faults, handler, handler_time_limit_s
     )
     return results[0]
 
 
 async def apply_batch(
     io: BlockingPool,
+    commits: GroupCommit,
     events: Sequence[Event],
     fence: Fence | None,
     source: SourceConfig,
@@ -154,16 +158,23 @@ async def apply_batch(
         if faults:
             await io.store(_before_write, faults, first)
         try:
-            revision = await io.store(_commit, writes, fence)
+            revision = await commits.commit(writes, fence)
         except VersionConflict as exc:
             found = exc.found
             continue
         except AlreadyApplied:
             if len(events) > 1:  # which one is unknown: settle the first alone
                 return await apply_batch(
-                    io, events[:1], fence, source, max_attempts, faults, handler,
+                    io,
+                    commits,
+                    events[:1],
+                    fence,
+                    source,
+                    max_attempts,
+                    faults,
+                    handler,
                     handler_time_limit_s,
-                )  # fmt: skip
+                )
             return [ApplyResult("duplicate", attempts=attempt, conflicts=attempt - 1)]
         done = ApplyResult("applied", attempts=attempt, conflicts=attempt - 1, revision=revision)
         return [done] * len(writes)
@@ -183,10 +194,6 @@ async def apply_batch(
 
 def _read(store: Store, record_key: str) -> Record:
     return store.read(record_key)
-
-
-def _commit(store: Store, writes: list[EventWrite], fence: Fence | None) -> int:
-    return store.commit_events(writes, fence)
 
 
 def _before_write(store: Store, faults: Faults, event: Event) -> None:

@@ -56,6 +56,7 @@ from keylane.workers.blocking import BlockingPool
 from keylane.workers.dispatch import Dispatcher, Wait
 from keylane.workers.doorbell import Doorbell
 from keylane.workers.gateway import Ack, LaneGateway, Lease, Taken
+from keylane.workers.group_commit import GroupCommit
 from keylane.workers.ownership import Ownership
 from keylane.workers.stores.base import DeadLetterDraft, DeadLetterFilter, Fence, Store
 
@@ -99,6 +100,7 @@ class Lanes:
         self.sources = sources
         self.faults = faults
         self.io = BlockingPool(settings.lane_threads, store_factory)
+        self.commits = GroupCommit(self.io)
         self._on_result = on_result
         self._handlers: dict[str, SourceHandler | None] = {}
         self._stop = threading.Event()
@@ -366,15 +368,29 @@ class Lanes:
         handler = self._handler(source)
         if source is None or len(batch) == 1:
             one = await apply_event(
-                self.io, event, fence, source, self.settings.max_attempts, self.faults,
-                handler, limit_s,
-            )  # fmt: skip
+                self.io,
+                self.commits,
+                event,
+                fence,
+                source,
+                self.settings.max_attempts,
+                self.faults,
+                handler,
+                limit_s,
+            )
             return [one]
         events = [queued.event for queued in batch]
         return await apply_batch(
-            self.io, events, fence, source, self.settings.max_attempts, self.faults,
-            handler, limit_s,
-        )  # fmt: skip
+            self.io,
+            self.commits,
+            events,
+            fence,
+            source,
+            self.settings.max_attempts,
+            self.faults,
+            handler,
+            limit_s,
+        )
 
     def _handler(self, source: SourceConfig | None) -> SourceHandler | None:
         if source is None:

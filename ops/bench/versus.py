@@ -69,6 +69,8 @@ destination latency, the same number of processes and the same 32 sender threads
 keylane        keylane serve + --workers keylane worker processes of --lanes lanes; an
                async source handler awaits the latency between the lane's read and
                its write
+keylane-batch  the same processes, another source: a lane takes a record's waiting
+               events together and its batch handler awaits the latency once for them
 celery-lock    a prefork pool on one queue; per-record Redis lock (SET NX PX token,
                compare-and-delete release); a locked record: retry with a countdown
 celery-hashed  solo workers, one queue each, events routed by hash(key) % processes
@@ -85,8 +87,8 @@ Exit code 1 if keylane lost, reordered or doubled an event, or did not finish.
 Private Redis namespaces, store and tables, all removed; every process it starts
 is stopped.
 """
-SYSTEMS = ("keylane", "celery-lock", "celery-hashed", "celery-plain")
-DEFAULT_SYSTEMS = "keylane,celery-lock,celery-hashed"
+SYSTEMS = ("keylane", "keylane-batch", "celery-lock", "celery-hashed", "celery-plain")
+DEFAULT_SYSTEMS = "keylane,keylane-batch,celery-lock,celery-hashed"
 #: --quick: every workload at 20 ms with this many events.
 QUICK_EVENTS = 600
 
@@ -120,7 +122,7 @@ def _run(
     system: KeylaneSystem | CelerySystem, case: Case, started: list[KeylaneSystem | CelerySystem]
 ) -> SystemRun:
     """``system.run(case)``, with what the other systems' idle processes used meanwhile."""
-    others = [s for s in started if s is not system]
+    others = [s for s in started if s.children is not system.children]
     before = sum(s.cpu_now() for s in others)
     run = system.run(case)
     run.others_cpu_s = sum(s.cpu_now() for s in others) - before
@@ -153,6 +155,9 @@ def run_versus(
             for name in systems:
                 if name == "keylane":
                     started.append(KeylaneSystem(bench, opts.workers, opts.lanes))
+                elif name == "keylane-batch":  # on keylane's processes (listed before it)
+                    owner = next(s for s in started if isinstance(s, KeylaneSystem))
+                    started.append(KeylaneSystem(bench, opts.workers, opts.lanes, owner))
                 else:
                     kind = name.removeprefix("celery-")
                     started.append(CelerySystem(bench, kind, config, processes))
@@ -198,11 +203,12 @@ def run_versus(
     broken = [
         r
         for r in runs
-        if r.system == "keylane" and (not r.effects.clean or r.applied < r.case.work.events)
+        if r.system.startswith("keylane")
+        and (not r.effects.clean or r.applied < r.case.work.events)
     ]
     for run in broken:
         click.echo(
-            f"FAILED: keylane on {run.case.work.name} @ {run.case.latency_ms} ms: "
+            f"FAILED: {run.system} on {run.case.work.name} @ {run.case.latency_ms} ms: "
             f"{run.effects} applied {run.applied}/{run.case.work.events}",
             err=True,
         )
@@ -311,6 +317,9 @@ def main(
             "SQLite takes one writer process: use --store postgres for several workers",
             param_hint="--workers",
         )
+    if "keylane-batch" in systems and "keylane" not in systems:
+        systems = ("keylane", *systems)  # keylane-batch runs on keylane's processes
+    systems = tuple(sorted(systems, key=SYSTEMS.index))
     if quick:
         workloads, latencies, events = WORKLOADS, (20,), QUICK_EVENTS
     opts = BenchOptions(

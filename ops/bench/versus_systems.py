@@ -14,7 +14,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
@@ -52,12 +52,20 @@ from keylane.workers.stores import open_store
 from keylane.workers.stores.base import DeadLetterFilter
 
 SOURCE = "versus"
+BATCH_SOURCE = "versus-batch"
 SOURCES_TOML = f"""
 [sources.{SOURCE}]
 verify = {{ scheme = "none" }}
 format = "keylane"
 owns = ["total", "seqs"]
 handler = "keylane.ops.bench.versus_handler:read_sleep_write"
+batch = 1
+
+[sources.{BATCH_SOURCE}]
+verify = {{ scheme = "none" }}
+format = "keylane"
+owns = ["total", "seqs"]
+batch_handler = "keylane.ops.bench.versus_handler:read_sleep_write_batch"
 """
 POLL_S = 0.05
 #: Concurrent senders, as in the issue's reference measurements.
@@ -163,23 +171,38 @@ def _wait_until(done: Callable[[], bool], timeout_s: float) -> bool:
 
 class KeylaneSystem:
     """``keylane serve`` and ``workers`` ``keylane worker`` processes of ``lanes`` lanes,
-    on the benchmark's namespace and store, with the versus source."""
+    on the benchmark's namespace and store, with the versus sources: ``keylane`` sends to
+    the one that applies each event on its own (batch = 1); ``keylane-batch`` (``batch_of``
+    a started ``keylane``: the same processes) to the one whose lanes take a record's
+    waiting events together."""
 
-    name = "keylane"
-
-    def __init__(self, bench: Bench, workers: int, lanes: int) -> None:
+    def __init__(
+        self, bench: Bench, workers: int, lanes: int, batch_of: KeylaneSystem | None = None
+    ) -> None:
         self.bench = bench
         self.lanes = lanes
         self.workers = workers
+        self.owner: KeylaneSystem = batch_of or self  # whose processes these are
+        self.name = "keylane" if batch_of is None else "keylane-batch"
+        self.source = SOURCE if batch_of is None else BATCH_SOURCE
         self.url = ""
-        self.children: list[Child] = []
-        self.store = open_store(bench.store_url)
-        bench.es.callback(self.store.close)
+        self.processes: list[Child] = []
+        if batch_of is None:
+            self.store = open_store(bench.store_url)
+            bench.es.callback(self.store.close)
+        else:
+            self.store = batch_of.store
+
+    @property
+    def children(self) -> list[Child]:
+        """The processes (shared by ``keylane`` and ``keylane-batch``)."""
+        return self.owner.processes
 
     @property
     def label(self) -> str:
         """How it was run."""
-        return f"keylane ({self.workers} workers x {self.lanes} lanes)"
+        batch = ", batching a record's waiting events" if self.source == BATCH_SOURCE else ""
+        return f"{self.name} ({self.workers} workers x {self.lanes} lanes{batch})"
 
     def cpu_now(self) -> float:
         """CPU seconds its processes have used so far."""
@@ -187,6 +210,8 @@ class KeylaneSystem:
 
     def start(self) -> None:
         """Start the receiver and the workers; wait until every shard is owned."""
+        if self.owner is not self:
+            return
         bench = self.bench
         sources = bench.tmp / "versus-sources.toml"
         sources.write_text(SOURCES_TOML)
@@ -198,7 +223,7 @@ class KeylaneSystem:
             bench.start(f"versus-worker-{n}", keylane_argv("worker", "--lanes", str(self.lanes)))
             for n in range(self.workers)
         ]
-        self.children = [receiver, *workers]
+        self.processes = [receiver, *workers]
         bench.wait_http(receiver, f"{self.url}/readyz")
         view = DeploymentView(bench.redis, RedisKeys(bench.namespace), ShardMap(SHARD_COUNT))
         wait_for(
@@ -210,8 +235,10 @@ class KeylaneSystem:
         )
         self.store.migrate()
 
-    def run(self, case: Case) -> SystemRun:
+    def run(self, shown: Case) -> SystemRun:
         """Post the case's deliveries, wait for the journal, read the records back."""
+        # keylane and keylane-batch share one store: their records and ids must differ
+        case = shown if self.owner is self else replace(shown, tag=f"{shown.tag}b")
         work = case.work
         journal0 = self.store.journal_size()
         dead0 = self._dead_letters()
@@ -220,7 +247,7 @@ class KeylaneSystem:
         def body_of(delivery: Delivery) -> bytes:
             return _envelope(case, delivery)
 
-        url = f"{self.url}/webhooks/{SOURCE}"
+        url = f"{self.owner.url}/webhooks/{self.source}"
         sent = send_all(work, SENDERS, lambda: http_sender(url, body_of))
         _wait_until(
             lambda: self.store.journal_size() - journal0 >= work.events,
@@ -242,7 +269,7 @@ class KeylaneSystem:
             "busiest shard ev": case.busiest(ShardMap(SHARD_COUNT).shard_for_key),
         }
         effects = check_effects(work, found)
-        return SystemRun(self.name, case, sent, applied_at, effects, cpu_s, extra)
+        return SystemRun(self.name, shown, sent, applied_at, effects, cpu_s, extra)
 
     def audit(self) -> str | None:
         """``keylane audit`` over everything it did: None when the lease log and the
@@ -254,7 +281,7 @@ class KeylaneSystem:
         return None
 
     def _dead_letters(self) -> int:
-        return len(self.store.dead_letters(DeadLetterFilter(sources=(SOURCE,))))
+        return len(self.store.dead_letters(DeadLetterFilter(sources=(self.source,))))
 
 
 def _envelope(case: Case, delivery: Delivery) -> bytes:

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from keylane.routing.contract.errors import AlreadyApplied, StaleFence, VersionConflict
+
 JournalOutcome = Literal["applied", "dead_lettered"]
 DeadLetterStatus = Literal["open", "retried", "discarded", "resolved"]
 DEAD_LETTER_STATUSES: tuple[str, ...] = ("open", "retried", "discarded", "resolved")
@@ -77,6 +79,18 @@ class EventWrite:
     expected_revision: int
     attempts: int
     retry_of: int | None = None
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One lane's :meth:`Store.commit_events` call, as part of a group."""
+
+    writes: tuple[EventWrite, ...]
+    fence: Fence | None
+
+
+#: Why a commit of a group was refused (each leaves nothing of that commit written).
+CommitRefused = VersionConflict | AlreadyApplied | StaleFence
 
 
 @dataclass(frozen=True)
@@ -150,12 +164,22 @@ class Store(ABC):
         """
         return self.commit_events([write], fence)
 
-    @abstractmethod
     def commit_events(self, writes: Sequence[EventWrite], fence: Fence | None) -> int:
         """:meth:`commit_event` for consecutive events of one record, in one transaction:
         the record is written once, with the last write's fields, if it is still at the
         first write's ``expected_revision``, and each event gets its journal entry. All or
         nothing, with the same errors."""
+        (result,) = self.commit_group([Commit(tuple(writes), fence)])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    @abstractmethod
+    def commit_group(self, commits: Sequence[Commit]) -> list[int | CommitRefused]:
+        """Several lanes' :meth:`commit_events` in one transaction (one disk flush): each
+        commit is all or nothing on its own, and its result is its new revision or the
+        error that refused it (nothing of it written). Raises :class:`StoreUnavailable`
+        when the transaction as a whole fails (nothing written)."""
 
     @abstractmethod
     def commit_dead_letter(

@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from keylane.routing.contract.errors import AlreadyApplied, StaleFence, VersionConflict
 from keylane.workers.stores.base import (
+    Commit,
+    CommitRefused,
     DeadLetter,
     DeadLetterDraft,
     DeadLetterFilter,
     DeadLetterStatus,
-    EventWrite,
     Fence,
     JournalEntry,
     Record,
@@ -28,7 +30,7 @@ from keylane.workers.stores.dead_letters import (
     list_dead_letters,
     move_dead_letter,
 )
-from keylane.workers.stores.dialect import Dialect
+from keylane.workers.stores.dialect import Cursor, Dialect
 from keylane.workers.stores.fences import check_fence, lock_fence, stored_token, upsert_fence
 from keylane.workers.stores.journal import count_entries, find_entry, list_entries, record_outcome
 from keylane.workers.stores.records import keys_with_prefix, read_record, write_record
@@ -49,30 +51,43 @@ class SqlStore(Store):
 
     # -- the write path: effect, journal entry and fence check in one transaction ----------
 
-    def commit_events(self, writes: Sequence[EventWrite], fence: Fence | None) -> int:
+    def commit_group(self, commits: Sequence[Commit]) -> list[int | CommitRefused]:
+        results: list[int | CommitRefused] = []
+        with self.dialect.transaction() as cur:
+            for n, commit in enumerate(commits):
+                cur.execute(f"SAVEPOINT commit_{n}")
+                try:
+                    results.append(self._commit(cur, commit))
+                except (VersionConflict, AlreadyApplied, StaleFence) as exc:
+                    cur.execute(f"ROLLBACK TO SAVEPOINT commit_{n}")
+                    results.append(exc)
+                cur.execute(f"RELEASE SAVEPOINT commit_{n}")
+        return results
+
+    def _commit(self, cur: Cursor, commit: Commit) -> int:
         d = self.dialect
+        writes = commit.writes
         first = writes[0]
         fields = next((w.fields for w in reversed(writes) if w.fields is not None), None)
-        with d.transaction() as cur:
-            check_fence(d, cur, fence)
-            revision = first.expected_revision
-            if fields is not None:
-                revision = write_record(d, cur, first.record_key, fields, revision)
-            # After the record: a duplicate is then refused here and rolls the write back.
-            for write in writes:
-                record_outcome(
-                    cur,
-                    source=write.source,
-                    event_id=write.event_id,
-                    record_key=write.record_key,
-                    shard=write.shard,
-                    outcome="applied",
-                    attempts=write.attempts,
-                    fence=fence,
-                    reopen=write.retry_of is not None,
-                    revision=revision if write.fields is not None else None,
-                )
-            return revision
+        check_fence(d, cur, commit.fence)
+        revision = first.expected_revision
+        if fields is not None:
+            revision = write_record(d, cur, first.record_key, fields, revision)
+        # After the record: a duplicate is then refused here and rolls the write back.
+        for write in writes:
+            record_outcome(
+                cur,
+                source=write.source,
+                event_id=write.event_id,
+                record_key=write.record_key,
+                shard=write.shard,
+                outcome="applied",
+                attempts=write.attempts,
+                fence=commit.fence,
+                reopen=write.retry_of is not None,
+                revision=revision if write.fields is not None else None,
+            )
+        return revision
 
     def commit_dead_letter(
         self, draft: DeadLetterDraft, fence: Fence | None, close_event: bool = True
