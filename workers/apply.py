@@ -88,6 +88,7 @@ async def apply_event(
     faults: Faults = NO_FAULTS,
     handler: SourceHandler | None = None,
     handler_time_limit_s: float = 10.0,
+    read: Record | None = None,
 ) -> ApplyResult:
     """Apply ``event`` once (see the module docstring); the store calls run in ``io``'s
     threads (its write in ``commits``' next group), an ``async def`` handler on the lane's
@@ -101,7 +102,16 @@ async def apply_event(
         error = f"source {event.source!r} is not configured"
         return await io.store(dead_letter, event, fence, "unknown_source", 1, error)
     results = await apply_batch(
-        io, commits, [event], fence, source, max_attempts, faults, handler, handler_time_limit_s
+        io,
+        commits,
+        [event],
+        fence,
+        source,
+        max_attempts,
+        faults,
+        handler,
+        handler_time_limit_s,
+        read,
     )
     return results[0]
 
@@ -116,6 +126,7 @@ async def apply_batch(
     faults: Faults = NO_FAULTS,
     handler: SourceHandler | None = None,
     handler_time_limit_s: float = 10.0,
+    read: Record | None = None,
 ) -> list[ApplyResult]:
     """Apply consecutive events of one record of ``source`` as one: each attempt reads the
     record once, applies every event's change in order to what the one before left, and
@@ -128,11 +139,16 @@ async def apply_batch(
     that already has an outcome (then the first alone is settled). The first event's
     refusal, and conflicts on every attempt, make it a dead letter, as for a single event.
     The handler's time limit holds for all of one attempt's handler calls together.
+    ``read`` is the record as the caller read it since the events were taken, for the
+    first attempt (one blocking call fewer); every other attempt reads it again.
     """
     first = events[0]
     revision_read = found = 0
     for attempt in range(1, max_attempts + 1):
-        record = await io.store(_read, first.record_key)
+        if attempt == 1 and read is not None and read.key == first.record_key:
+            record = read
+        else:
+            record = await io.store(_read, first.record_key)
         revision_read = record.revision
         writes: list[EventWrite] = []
         fields = record.fields

@@ -201,6 +201,9 @@ class LaneGateway:
         """
         if not leases:
             return None
+        return self._taken(leases, run_script(self._take_message, *self._take_call(leases)))
+
+    def _take_call(self, leases: Sequence[Lease]) -> tuple[list[str], list[Any]]:
         keys: list[str] = []
         for lease in leases:
             keys += [
@@ -210,7 +213,10 @@ class LaneGateway:
                 self.keys.deliveries(lease.shard),
             ]
         keys.append(self.keys.held)
-        result = run_script(self._take_message, keys, [lease.value for lease in leases])
+        return keys, [lease.value for lease in leases]
+
+    @staticmethod
+    def _taken(leases: Sequence[Lease], result: Any) -> Taken | None:
         if result is None:
             return None
         index, raw, resumed, held_keys, deliveries, batch = result
@@ -237,13 +243,19 @@ class LaneGateway:
         ack = Ack(raw, outcome, conflicts, attempts, latency_s)
         return bool(run_script(self._ack_message, *self._ack_call(lease, ack)))
 
-    def ack_all(self, lease: Lease, acks: Sequence[Ack]) -> list[bool]:
-        """:meth:`ack` for each of ``acks`` (a batch, in order), in one round trip."""
+    def ack_all(self, lease: Lease, acks: Sequence[Ack], then_take: bool = False) -> Taken | None:
+        """:meth:`ack` for each of ``acks`` (a batch, in order) and, with ``then_take``,
+        :meth:`take` from the lease's shard, in one round trip: the message taken next.
+        (A lease lost meanwhile acknowledges and takes nothing, as the two calls would.)"""
         pipe = self.client.pipeline(transaction=False)
         for ack in acks:
             keys, args = self._ack_call(lease, ack)
             self._ack_message(keys=keys, args=args, client=pipe)
-        return [bool(x) for x in _do(pipe.execute)]
+        if then_take:
+            keys, args = self._take_call([lease])
+            self._take_message(keys=keys, args=args, client=pipe)
+        replies = _do(pipe.execute)
+        return self._taken([lease], replies[-1]) if then_take else None
 
     def _ack_call(self, lease: Lease, ack: Ack) -> tuple[list[str], list[Any]]:
         k = self.keys

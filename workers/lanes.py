@@ -40,7 +40,7 @@ from keylane.routing.contract.errors import BrokerUnavailable, StaleFence, Store
 from keylane.routing.contract.events import Event
 from keylane.routing.contract.faults import Faults
 from keylane.routing.contract.logcontext import event_context
-from keylane.routing.contract.message import MalformedMessage, parse_message
+from keylane.routing.contract.message import MalformedMessage, TaskMessage, parse_message
 from keylane.routing.contract.settings import Settings
 from keylane.routing.contract.sources import SourceConfig, Sources
 from keylane.routing.router import APPLY_TASK, UNHOLD_TASK
@@ -58,7 +58,7 @@ from keylane.workers.doorbell import Doorbell
 from keylane.workers.gateway import Ack, LaneGateway, Lease, Taken
 from keylane.workers.group_commit import GroupCommit
 from keylane.workers.ownership import Ownership
-from keylane.workers.stores.base import DeadLetterDraft, DeadLetterFilter, Fence, Store
+from keylane.workers.stores.base import DeadLetterDraft, DeadLetterFilter, Fence, Record, Store
 
 log = logging.getLogger("keylane.lanes")
 
@@ -68,6 +68,18 @@ ResultCallback = Callable[[str, Event, ApplyResult, float], None]
 MAX_BACKOFF_S = 5.0
 #: Shards offered to one take: bounds the take script's cost whatever a worker owns.
 TAKE_WINDOW = 16
+
+
+@dataclass(frozen=True)
+class Step:
+    """A message for a lane to handle. When it was taken as the shard's previous message
+    was acknowledged (one blocking call for the acknowledgement, the take and the read),
+    also the message as parsed and its record as read right after the take: the first
+    attempt's fresh read."""
+
+    taken: Taken
+    message: TaskMessage | None = None
+    record: Record | None = None
 
 
 @dataclass(frozen=True)
@@ -195,24 +207,28 @@ class Lanes:
             return False
         lease = next(lease for lease in leases if lease.shard == taken.shard)
         try:
-            await self._handle(lease, taken)
+            step: Step | None = Step(taken)
+            while step is not None:  # the shard's messages, while they come at once
+                step = await self._handle(lease, step)
         finally:
             self.ownership.end(taken.shard)
         self.doorbell.ring(taken.shard)  # where there was one message there may be more
         return True
 
-    async def _handle(self, lease: Lease, taken: Taken) -> None:
+    async def _handle(self, lease: Lease, step: Step) -> Step | None:
+        """Handle one message; the shard's next one when it was taken with the ack."""
+        taken = step.taken
         try:
-            message = parse_message(taken.raw)
+            message = step.message or parse_message(taken.raw)
             if message.task_name == UNHOLD_TASK:
                 await self._unhold(lease, taken, message.kwargs)
-                return
+                return None
             if message.task_name != APPLY_TASK:
                 raise MalformedMessage(f"unexpected task {message.task_name!r}")
             event = Event.model_validate(message.kwargs.get("event"))
         except (MalformedMessage, ValidationError, KeyError, TypeError, ValueError) as exc:
             await self._malformed(lease, taken, str(exc))
-            return
+            return None
         batch = [Queued(taken.raw, event, message.task_id)]
         if taken.batch:
             batch += self._followers(taken, event)
@@ -229,7 +245,7 @@ class Lanes:
         if len(batch) > 1:
             context["batch"] = len(batch)
         with event_context(**context):
-            await self._route(lease, taken, batch)
+            return await self._route(lease, taken, batch, step.record)
 
     def _followers(self, taken: Taken, first: Event) -> list[Queued]:
         """The messages taken behind ``first`` that may be applied together with it: its
@@ -251,7 +267,9 @@ class Lanes:
             out.append(Queued(raw, event, message.task_id))
         return out
 
-    async def _route(self, lease: Lease, taken: Taken, batch: list[Queued]) -> None:
+    async def _route(
+        self, lease: Lease, taken: Taken, batch: list[Queued], record: Record | None
+    ) -> Step | None:
         event = batch[0].event
         if taken.any_held or event.retry_of is not None:
             verdict = await self.io.call(
@@ -264,11 +282,11 @@ class Lanes:
                     event.event_id,
                     event.record_key,
                 )
-                return
+                return None
             if verdict == "lost":
                 self.ownership.lost(lease, "lease changed before the message could be parked")
-                return
-        await self._apply(lease, taken, batch)
+                return None
+        return await self._apply(lease, taken, batch, record)
 
     async def _unhold(self, lease: Lease, taken: Taken, kwargs: dict[str, object]) -> None:
         record_key = str(kwargs["record_key"])
@@ -286,18 +304,22 @@ class Lanes:
                 released,
             )
 
-    async def _apply(self, lease: Lease, taken: Taken, batch: list[Queued]) -> None:
+    async def _apply(
+        self, lease: Lease, taken: Taken, batch: list[Queued], record: Record | None
+    ) -> Step | None:
+        """Apply the batch, acknowledge what was done; the shard's next message when the
+        lane may go on with it at once (taken and read with the acknowledgement)."""
         first = batch[0]
         ref = f"{first.event.source}/{first.event.event_id}"
         deliveries = taken.deliveries
         followers = [queued.raw for queued in batch[1:]]
         started = time.monotonic()
         try:
-            results = await self._outcome(lease, taken, batch)
+            results = await self._outcome(lease, taken, batch, record)
         except StaleFence as exc:
             log.warning("write of %s refused, the shard has a newer owner: %s", ref, exc)
             self.ownership.lost(lease, str(exc))
-            return
+            return None
         except StoreUnavailable:
             # an outage is not the events' fault
             await self.io.call(self.gateway.uncount_delivery, lease.shard, taken.raw, *followers)
@@ -311,14 +333,14 @@ class Lanes:
             if followers:  # they go again one by one, behind the first
                 await self.io.call(self.gateway.uncount_delivery, lease.shard, *followers)
             self.ownership.back_off(lease.shard, min(MAX_BACKOFF_S, 0.05 * 2**deliveries))
-            return
+            return None
         if results is None:
-            return  # the lease ran out before the write: the next owner takes it from here
+            return None  # the lease ran out before the write: the next owner takes it on
         if isinstance(results, Wait):
             # waiting is not a failure
             await self.io.call(self.gateway.uncount_delivery, lease.shard, taken.raw)
             self.ownership.back_off(lease.shard, results.seconds)
-            return
+            return None
         done = list(zip(batch, results, strict=False))
         acks = []
         for queued, result in done:
@@ -328,17 +350,35 @@ class Lanes:
             applied = result.outcome == "applied"
             latency = max(0.0, time.time() - queued.event.accepted_at) if applied else None
             acks.append(Ack(queued.raw, result.outcome, result.conflicts, result.attempts, latency))
-        await self.io.call(self.gateway.ack_all, lease, acks)
-        if len(done) < len(batch):  # left in flight, to be taken one by one
-            rest = [queued.raw for queued in batch[len(done) :]]
+        rest = [queued.raw for queued in batch[len(done) :]]
+        step = None
+        if rest:  # left in flight, to be taken one by one
+            await self.io.call(self.gateway.ack_all, lease, acks)
             await self.io.call(self.gateway.uncount_delivery, lease.shard, *rest)
+        elif not self._stop.is_set() and self.ownership.keep(lease):
+            step = await self.io.store(self._ack_and_take, lease, acks)
+        else:
+            await self.io.call(self.gateway.ack_all, lease, acks)
         if self._on_result is not None:
             runtime = time.monotonic() - started
             for queued, result in done:
                 self._on_result(queued.task_id, queued.event, result, runtime)
+        return step
+
+    def _ack_and_take(self, store: Store, lease: Lease, acks: list[Ack]) -> Step | None:
+        """(In a pool thread.) Acknowledge, take the shard's next message, read its record."""
+        taken = self.gateway.ack_all(lease, acks, then_take=True)
+        if taken is None:
+            return None
+        try:
+            message = parse_message(taken.raw)
+            record = store.read(str(message.kwargs["event"]["record_key"]))
+        except (MalformedMessage, StoreUnavailable, KeyError, TypeError):
+            return Step(taken)  # the lane parses it again and meets the error there
+        return Step(taken, message, record)
 
     async def _outcome(
-        self, lease: Lease, taken: Taken, batch: list[Queued]
+        self, lease: Lease, taken: Taken, batch: list[Queued], record: Record | None
     ) -> list[ApplyResult] | Wait | None:
         fence = Fence(lease.shard, lease.token)
         event = batch[0].event
@@ -377,6 +417,7 @@ class Lanes:
                 self.faults,
                 handler,
                 limit_s,
+                record,
             )
             return [one]
         events = [queued.event for queued in batch]
@@ -390,6 +431,7 @@ class Lanes:
             self.faults,
             handler,
             limit_s,
+            record,
         )
 
     def _handler(self, source: SourceConfig | None) -> SourceHandler | None:

@@ -127,6 +127,26 @@ class Ownership:
                 ready[shard].busy_since = now
             return [ready[shard].lease for shard in chosen]
 
+    def keep(self, lease: Lease) -> bool:
+        """Whether the lane holding ``lease``'s reservation may take that shard's next
+        message at once (as :meth:`reserve` would let it): the lease is still held, valid,
+        not being handed off, and the process is not stopping. If so, its reservation is
+        renewed (the stuck-lane check counts from now)."""
+        now = self._clock()
+        with self._lock:
+            held = self._held.get(lease.shard)
+            if (
+                self._stopping
+                or held is None
+                or held.lease != lease
+                or held.releasing
+                or held.valid_until <= now
+                or held.not_before > now
+            ):
+                return False
+            held.busy_since = now
+            return True
+
     def owns(self, shard: int) -> bool:
         """Whether this worker holds ``shard`` now."""
         with self._lock:
