@@ -111,7 +111,7 @@ def _start_workers(bench: Bench) -> list[Child]:
         bench.start(f"worker-{n}", keylane_argv("worker", "--lanes", str(opts.lanes)))
         for n in range(opts.workers)
     ]
-    view = DeploymentView(bench.redis, RedisKeys(bench.namespace), ShardMap(SHARD_COUNT))
+    view = DeploymentView(bench.redis, RedisKeys(bench.namespace), ShardMap(opts.shards))
     say(f"(b) starting {opts.workers} worker(s) x {opts.lanes} lanes")
     wait_for(
         lambda: all_shards_owned(bench, view, workers),
@@ -130,9 +130,10 @@ def all_shards_owned(bench: Bench, view: DeploymentView, workers: list[Child]) -
         raise BenchFailure(f"a worker exited:\n{bench.logs_tail()}")
     owner_of = {shard: h.rsplit("/", 1)[0] for shard, h in view.lease_values().items()}
     owners = set(owner_of.values())
-    if len(owner_of) != SHARD_COUNT or len(owners) != min(len(workers), SHARD_COUNT):
+    shards = bench.opts.shards
+    if len(owner_of) != shards or len(owners) != min(len(workers), shards):
         return False
-    split = assign_shards(SHARD_COUNT, owners)
+    split = assign_shards(shards, owners)
     return all(owner_of[shard] == owner for owner, mine in split.items() for shard in mine)
 
 

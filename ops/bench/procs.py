@@ -306,6 +306,8 @@ class BenchOptions:
     keep_temp: bool
     #: Worker counts for (c); one drain run per count and key count.
     drain_workers: tuple[int, ...] = ()
+    #: The deployment's shards: records in flight at once, at most.
+    shards: int = SHARD_COUNT
 
 
 _STARTED = time.monotonic()
@@ -343,7 +345,7 @@ class Bench:
                 "KEYLANE_NAMESPACE": self.namespace,
                 "KEYLANE_STORE_URL": self.store_url,
                 "KEYLANE_DATA_DIR": str(self.tmp / "data"),
-                "KEYLANE_SHARD_COUNT": str(SHARD_COUNT),
+                "KEYLANE_SHARD_COUNT": str(opts.shards),
                 "KEYLANE_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
                 "KEYLANE_LOG_LEVEL": "WARNING",
                 # Part (a) leaves every event queued; keep the shard limit out of its way.

@@ -47,6 +47,7 @@ import click
 
 from keylane.ops.bench.procs import (
     INTERRUPTS,
+    SHARD_COUNT,
     Bench,
     BenchFailure,
     BenchOptions,
@@ -260,6 +261,14 @@ def run_versus(
     help="Lanes (records in flight) per keylane worker process.",
 )
 @click.option(
+    "--shards",
+    type=click.IntRange(1, 4096),
+    default=SHARD_COUNT,
+    show_default=True,
+    help="keylane's shards: records in flight at once across its workers, at most "
+    "(KEYLANE_SHARD_COUNT); raise with --lanes for a slow destination.",
+)
+@click.option(
     "--systems",
     default=DEFAULT_SYSTEMS,
     show_default=True,
@@ -296,6 +305,7 @@ def main(
     processes: int,
     workers: int | None,
     lanes: int,
+    shards: int,
     systems: tuple[str, ...],
     store: str,
     redis_url: str,
@@ -331,6 +341,7 @@ def main(
         keys=(),
         workers=workers,
         lanes=lanes,
+        shards=shards,
         rounds=1,
         only=None,
         keep_temp=keep_temp,

@@ -21,7 +21,6 @@ import redis
 
 from keylane.ops.bench.phases import all_shards_owned, run_audit
 from keylane.ops.bench.procs import (
-    SHARD_COUNT,
     Bench,
     BenchFailure,
     Child,
@@ -225,7 +224,7 @@ class KeylaneSystem:
         ]
         self.processes = [receiver, *workers]
         bench.wait_http(receiver, f"{self.url}/readyz")
-        view = DeploymentView(bench.redis, RedisKeys(bench.namespace), ShardMap(SHARD_COUNT))
+        view = DeploymentView(bench.redis, RedisKeys(bench.namespace), ShardMap(bench.opts.shards))
         wait_for(
             lambda: all_shards_owned(bench, view, workers),
             120,
@@ -266,7 +265,7 @@ class KeylaneSystem:
                     applied_at[int(entry.event_id.rsplit("-", 1)[1])] = entry.recorded_at
         extra = {
             "dead letters": self._dead_letters() - dead0,
-            "busiest shard ev": case.busiest(ShardMap(SHARD_COUNT).shard_for_key),
+            "busiest shard ev": case.busiest(ShardMap(self.bench.opts.shards).shard_for_key),
         }
         effects = check_effects(work, found)
         return SystemRun(self.name, shown, sent, applied_at, effects, cpu_s, extra)
