@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.client import Pipeline
 
 from keylane.routing import ShardMap
 from keylane.routing.contract import redis_scripts as scripts
@@ -249,11 +250,9 @@ class LaneGateway:
         (A lease lost meanwhile acknowledges and takes nothing, as the two calls would.)"""
         pipe = self.client.pipeline(transaction=False)
         for ack in acks:
-            keys, args = self._ack_call(lease, ack)
-            self._ack_message(keys=keys, args=args, client=pipe)
+            _eval(pipe, scripts.ACK_MESSAGE, *self._ack_call(lease, ack))
         if then_take:
-            keys, args = self._take_call([lease])
-            self._take_message(keys=keys, args=args, client=pipe)
+            _eval(pipe, scripts.TAKE_MESSAGE, *self._take_call([lease]))
         replies = _do(pipe.execute)
         return self._taken([lease], replies[-1]) if then_take else None
 
@@ -433,6 +432,13 @@ class LaneGateway:
     def close(self) -> None:
         """Release the connection pool."""
         self.client.close()
+
+
+def _eval(pipe: Pipeline, script: str, keys: list[str], args: list[Any]) -> None:
+    """Queue ``script`` on ``pipe`` as EVAL with its text: Redis runs its cached copy,
+    and no NOSCRIPT can come back. (Queued as a registered ``Script``, redis-py first
+    asks Redis whether the script is loaded: a second round trip for every pipeline.)"""
+    pipe.eval(script, len(keys), *keys, *args)
 
 
 def _do(fn: Callable[[], Any]) -> Any:
