@@ -202,7 +202,7 @@ def main(
     """Entry point (see the module docstring)."""
     if workers is None:
         workers = 1 if store == "sqlite" else 2
-    if store == "sqlite" and max(workers, *drain_workers) > 1:
+    if store == "sqlite" and max((workers, *drain_workers)) > 1:
         raise click.UsageError(
             "SQLite takes one writer process: use --lanes for more concurrency, or "
             "--store postgres for several worker processes"
