@@ -52,8 +52,9 @@ from keylane.workers.versioned import (
 __version__ = "0.1.0"
 
 #: What a task function looks like: it gets the event and its context, and returns
-#: (or raises) an outcome; returning None means done.
-TaskFunction = Callable[[Event, Context], Any]
+#: (or raises) an outcome; returning None means done. A batch task (``batch=N``) gets a
+#: list of its record's waiting events instead, in order, and its outcome is theirs.
+TaskFunction = Callable[[Event, Context], Any] | Callable[[list[Event], Context], Any]
 
 _lock = threading.Lock()
 _sender: Sender | None = None
@@ -87,7 +88,7 @@ class Task:
         self.__doc__ = spec.fn.__doc__
         self.__wrapped__ = spec.fn
 
-    def __call__(self, event: Event, context: Context) -> Any:
+    def __call__(self, event: Event | list[Event], context: Context) -> Any:
         return self.spec.fn(event, context)
 
     def __repr__(self) -> str:
@@ -122,6 +123,7 @@ class Task:
             "record_key": record_key,
             "event_id": event_id,
             "event_type": event_type,
+            "batch": self.spec.batch,
         }
 
 
@@ -146,7 +148,12 @@ def resource(name: str) -> VersionedResource:
 
 
 def task(
-    key: KeyRule, *, name: str | None = None, destination: str | None = None
+    key: KeyRule,
+    *,
+    name: str | None = None,
+    destination: str | None = None,
+    batch: int = 1,
+    debounce_ms: int = 0,
 ) -> Callable[[TaskFunction], Task]:
     """Register a function as a keylane task.
 
@@ -154,10 +161,17 @@ def task(
     (``"contact:{email}"``) or a function. ``name`` defaults to the function's name; a
     source's ``task = "..."`` refers to it. ``destination`` names a ``[destinations.X]``
     table of ``kind = "task"`` whose limits (calls in flight, calls per second) apply.
+
+    ``batch=N`` (N > 1): the function is given a list of its record's waiting events (1 to
+    N, in order) instead of one event, and what it returns or raises is the outcome of them
+    all: one call to the system it writes to for a burst of edits. ``debounce_ms=D`` (with a
+    batch): the lane waits until the record's newest waiting event is D ms old, or N are
+    waiting, before it calls the function. A source that names the task sets ``batch = N``
+    too (the receiver marks its events so that a lane can take them together).
     """
 
     def decorate(fn: TaskFunction) -> Task:
-        return Task(register(fn, key, name, destination))
+        return Task(register(fn, key, name, destination, batch, debounce_ms))
 
     return decorate
 

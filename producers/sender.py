@@ -51,30 +51,32 @@ class Sender:
         self._thread.start()
         self._gateway: ReceiverGateway | None = None
 
-    def send(self, **fields: Any) -> Sent:
+    def send(self, batch: int = 1, **fields: Any) -> Sent:
         """Queue an event built from ``fields`` (the keyword arguments of
         :func:`new_event`: source, destination, payload, record_key, event_id,
         event_type), deduplicated on ``(source, event_id)`` (no id: a unique one, never a
-        duplicate). Raises :class:`InvalidEvent` for an id reused with another payload,
-        :class:`BrokerUnavailable` when Redis or the shard cannot take it now."""
+        duplicate); ``batch``: how many of its record's waiting events a lane may take
+        with it (a batch task's limit). Raises :class:`InvalidEvent` for an id reused with
+        another payload, :class:`BrokerUnavailable` when Redis or the shard cannot take
+        it now."""
         event = new_event(self.settings, **fields)
-        future = asyncio.run_coroutine_threadsafe(self._accept(event), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._accept(event, batch), self._loop)
         return future.result(SEND_TIMEOUT_S)
 
-    async def send_async(self, **fields: Any) -> Sent:
+    async def send_async(self, batch: int = 1, **fields: Any) -> Sent:
         """:meth:`send` for async code (the same keyword arguments)."""
         event = new_event(self.settings, **fields)
-        future = asyncio.run_coroutine_threadsafe(self._accept(event), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._accept(event, batch), self._loop)
         return await asyncio.wrap_future(future)
 
-    async def _accept(self, event: Event) -> Sent:
+    async def _accept(self, event: Event, batch: int) -> Sent:
         s = self.settings
         if self._gateway is None:
             self._gateway = ReceiverGateway.from_url(s.redis_dsn(), s.keys, s.shards)
         queue = s.shards.queue_name(event.shard)
         answer = json.dumps(accepted_answer(event, queue))
         result = await self._gateway.accept_event(
-            event, queue, answer, s.dedupe_retention_s * 1000, s.shard_high_water
+            event, queue, answer, s.dedupe_retention_s * 1000, s.shard_high_water, batch
         )
         if result.verdict == "reused":
             raise InvalidEvent(

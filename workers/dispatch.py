@@ -14,10 +14,20 @@ in-flight slot (the record's order holds), takes back its delivery count, backs 
 that shard and serves other shards meanwhile. Failed calls are counted apart from
 deliveries, against the destination's ``retry_for_s``, so an outage is waited out rather
 than turned into poison.
+
+A batch task is called once for a record's waiting events (taken together by the lane):
+one flow-control slot, one call, and its outcome is theirs — each journaled, or each a
+dead letter. A batch that must wait goes back to the head of its queue
+(:attr:`Wait.requeue`), so it is taken together again, with any event of the record that
+arrived meanwhile. With a debounce, a batch that is not full waits until its newest event
+is ``debounce_s`` old. Its idempotency key is its one event's, or, for several, one
+derived from all of theirs (a crash between the call and the journal sends its events
+again one by one: at least once, whatever the task does with the keys).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import time
@@ -52,10 +62,12 @@ SLOT_MARGIN_MS = 5000
 
 @dataclass(frozen=True)
 class Wait:
-    """Not now: leave the message in flight and come back in ``seconds``."""
+    """Not now: leave the message in flight (``requeue``: put the batch back at the head
+    of its queue) and come back in ``seconds``."""
 
     seconds: float
     reason: str
+    requeue: bool = False
 
 
 class Dispatcher:
@@ -73,20 +85,35 @@ class Dispatcher:
         self.destinations = destinations
         self.faults = faults
 
+    def batch_limit(self, name: str) -> int:
+        """How many of a record's waiting events the destination ``name`` takes at once."""
+        destination = self.destinations.get(name)
+        return 1 if destination is None else destination.batch
+
     async def deliver(
-        self, io: BlockingPool, fence: Fence, taken: Taken, event: Event
-    ) -> ApplyResult | Wait:
-        """Send ``event`` once to its destination, or say how long to wait."""
+        self, io: BlockingPool, fence: Fence, taken: Taken, events: list[Event]
+    ) -> list[ApplyResult] | Wait:
+        """Send ``events`` (one, or a batch task's batch: consecutive events of one
+        record) once to their destination, or say how long to wait. The results are those
+        of the first events, in order (fewer than given: the rest go again one by one)."""
+        event = events[0]
         destination = self.destinations.get(event.destination or "")
         if destination is None:
             error = f"no destination named {event.destination!r} on this worker"
-            return await io.store(dead_letter, event, fence, "unknown_destination", 1, error)
-        entry = await io.store(_journal_entry, event)
+            return [await io.store(dead_letter, event, fence, "unknown_destination", 1, error)]
+        entries = await io.store(_journal_entries, events)
+        entry = entries[0]
         if entry is not None and not (event.retry_of and entry.outcome == "dead_lettered"):
-            return ApplyResult("duplicate")
+            return [ApplyResult("duplicate")]
+        events = events[: next((n for n, e in enumerate(entries) if n and e), len(events))]
         config = destination.config
         slot = f"{taken.shard}:{message_digest(taken.raw)}"
         gateway = self.gateway
+        batched = destination.batch > 1
+        due = events[-1].accepted_at + destination.debounce_s
+        first_delivery = taken.deliveries == 1 and not taken.resumed
+        if first_delivery and len(events) < destination.batch and due > time.time():
+            return Wait(due - time.time(), "debounce", requeue=True)
         retries = await io.call(gateway.retries, taken.shard, taken.raw)
         first_attempt = retries + taken.deliveries
         notes = await io.call(self._write_notes, config, taken)
@@ -100,32 +127,33 @@ class Dispatcher:
                 int(config.timeout_s * 1000) + SLOT_MARGIN_MS,
             )
             if wait_s > 0:
-                return Wait(wait_s, why)
+                return Wait(wait_s, why, requeue=batched)
             context = Context(
-                idempotency_key=event.idempotency_key,
+                idempotency_key=_idempotency_key(events),
                 attempt=first_attempt + rerun,
                 deadline=time.time() + config.timeout_s,
                 log=logging.getLogger(f"keylane.destination.{config.name}"),
                 destination=config.name,
                 **notes,
             )
-            outcome = await self._call(io, destination, slot, event, context)
+            outcome = await self._call(io, destination, slot, events, context)
             # A crash here: the call had its effect, the journal does not know it yet.
             if self.faults:
                 await io.call(self.faults.hit, "destination.after_call", event.record_key)
             if not isinstance(outcome, Conflict):
-                return await self._settle(io, fence, taken, event, destination, context, outcome)
+                return await self._settle(io, fence, taken, events, destination, context, outcome)
             log.info("conflict at %s (%s): running again", config.name, outcome.detail)
             if config.versioned:
                 notes = await io.call(self._write_notes, config, taken)
+        runs = self.settings.max_attempts
         return await io.store(
-            dead_letter,
-            event,
+            _dead_letters,
+            events,
             fence,
             "conflict",
-            self.settings.max_attempts,
-            f"{config.name} reported a conflict on each of {self.settings.max_attempts} runs",
-            conflicts=self.settings.max_attempts,
+            runs,
+            f"{config.name} reported a conflict on each of {runs} runs",
+            conflicts=runs,
         )
 
     def _write_notes(self, config: DestinationConfig, taken: Taken) -> dict[str, Any]:
@@ -140,11 +168,19 @@ class Dispatcher:
         }
 
     async def _call(
-        self, io: BlockingPool, destination: Destination, slot: str, event: Event, ctx: Context
+        self,
+        io: BlockingPool,
+        destination: Destination,
+        slot: str,
+        events: list[Event],
+        ctx: Context,
     ) -> Outcome:
         name = destination.config.name
         try:
-            outcome = await destination.call(event, ctx, io.call)
+            if destination.batch > 1:
+                outcome = await destination.call_batch(events, ctx, io.call)
+            else:
+                outcome = await destination.call(events[0], ctx, io.call)
         except Exception:
             await io.call(self.gateway.flow.release, name, slot, "failed")
             raise
@@ -159,19 +195,19 @@ class Dispatcher:
         io: BlockingPool,
         fence: Fence,
         taken: Taken,
-        event: Event,
+        events: list[Event],
         destination: Destination,
         ctx: Context,
         outcome: Outcome,
-    ) -> ApplyResult | Wait:
+    ) -> list[ApplyResult] | Wait:
         if isinstance(outcome, Done):
-            return await io.store(_journal, fence, event, ctx, outcome)
+            return await io.store(_journal, fence, events, ctx, outcome)
         if isinstance(outcome, GiveUp):
             reason = outcome.reason or destination.give_up_reason
-            error = describe_failure(destination, event, ctx, outcome, f"{reason} after")
+            error = describe_failure(destination, events, ctx, outcome, f"{reason} after")
             return await io.store(
-                dead_letter,
-                event,
+                _dead_letters,
+                events,
                 fence,
                 reason,
                 ctx.attempt,
@@ -184,16 +220,16 @@ class Dispatcher:
         retries, failing_s = await io.call(self.gateway.note_retry, taken.shard, taken.raw)
         if failing_s >= config.retry_for_s:
             error = describe_failure(
-                destination, event, ctx, outcome, f"still failing after {failing_s:.0f}s and"
+                destination, events, ctx, outcome, f"still failing after {failing_s:.0f}s and"
             )
             return await io.store(
-                dead_letter, event, fence, "retries_exhausted", ctx.attempt, error
+                _dead_letters, events, fence, "retries_exhausted", ctx.attempt, error
             )
         delay_s = outcome.delay_s
         if delay_s is None:
             delay_s = retry_delay_s(retries, config.max_backoff_s, random.random())
         log.info("%s: %s; calling again in %.1fs", config.name, outcome.detail, delay_s)
-        return Wait(delay_s, "retry")
+        return Wait(delay_s, "retry", requeue=destination.batch > 1)
 
     async def aclose(self) -> None:
         """Close every destination (on the lanes' loop, as they stop)."""
@@ -204,17 +240,58 @@ class Dispatcher:
                 log.debug("closing %s: %s", destination.config.name, exc)
 
 
-def _journal_entry(store: Store, event: Event) -> JournalEntry | None:
-    return store.journal(event.source, event.event_id)
+def _idempotency_key(events: list[Event]) -> str:
+    """The key of one call: its one event's, or one derived from each of the batch's."""
+    if len(events) == 1:
+        return events[0].idempotency_key
+    joined = "\n".join(e.idempotency_key for e in events)
+    return f"batch-{hashlib.sha256(joined.encode()).hexdigest()[:32]}"
 
 
-def _journal(store: Store, fence: Fence, event: Event, ctx: Context, done: Done) -> ApplyResult:
+def _journal_entries(store: Store, events: list[Event]) -> list[JournalEntry | None]:
+    return [store.journal(event.source, event.event_id) for event in events]
+
+
+def _journal(
+    store: Store, fence: Fence, events: list[Event], ctx: Context, done: Done
+) -> list[ApplyResult]:
+    """Journal the events a call delivered: together, or (when one of them already has an
+    outcome) each on its own."""
+    writes = [event_write(event, None, 0, ctx.attempt) for event in events]
     try:
-        store.commit_event(event_write(event, None, 0, ctx.attempt), fence)
+        store.commit_events(writes, fence)
+        results = [ApplyResult("applied", attempts=ctx.attempt)] * len(events)
     except AlreadyApplied:
-        return ApplyResult("duplicate", attempts=ctx.attempt)
-    ctx.log.info("delivered to %s%s", ctx.destination, f": {done.detail}" if done.detail else "")
-    return ApplyResult("applied", attempts=ctx.attempt)
+        results = []
+        for write in writes:
+            try:
+                store.commit_event(write, fence)
+                results.append(ApplyResult("applied", attempts=ctx.attempt))
+            except AlreadyApplied:
+                results.append(ApplyResult("duplicate", attempts=ctx.attempt))
+    what = f"{len(events)} events" if len(events) > 1 else "delivered"
+    ctx.log.info("%s to %s%s", what, ctx.destination, f": {done.detail}" if done.detail else "")
+    return results
+
+
+def _dead_letters(
+    store: Store,
+    events: list[Event],
+    fence: Fence,
+    reason: str,
+    attempts: int,
+    error: str,
+    revision_read: int | None = None,
+    revision_found: int | None = None,
+    conflicts: int = 0,
+) -> list[ApplyResult]:
+    """A dead letter for each of the events one call was for (the same reason and error)."""
+    return [
+        dead_letter(
+            store, e, fence, reason, attempts, error, revision_read, revision_found, conflicts
+        )
+        for e in events
+    ]
 
 
 def _counter(outcome: Outcome) -> str:
@@ -224,15 +301,16 @@ def _counter(outcome: Outcome) -> str:
 
 
 def describe_failure(
-    destination: Destination, event: Event, ctx: Context, outcome: Outcome, what: str
+    destination: Destination, events: list[Event], ctx: Context, outcome: Outcome, what: str
 ) -> str:
     """The text of a destination's dead letter: what was sent, what came back."""
-    request = destination.describe(event, ctx)
+    request = destination.describe(events[0], ctx)
     target = request.get("url") or (
         f"task {request['task']}" if "task" in request else f"the record in {request['resource']}"
     )
     lines = [f"{destination.config.name}: {outcome.detail or type(outcome).__name__}"]
-    lines.append(f"{what} {ctx.attempt} call(s) to {target}")
+    batch = f" (one call for {len(events)} events of the record)" if len(events) > 1 else ""
+    lines.append(f"{what} {ctx.attempt} call(s) to {target}{batch}")
     if outcome.response:
         lines.append(f"response: {outcome.response}")
     return "\n".join(lines)

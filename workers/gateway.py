@@ -92,6 +92,7 @@ class LaneGateway:
         self._release_lease = client.register_script(scripts.RELEASE_LEASE)
         self._take_message = client.register_script(scripts.TAKE_MESSAGE)
         self._ack_message = client.register_script(scripts.ACK_MESSAGE)
+        self._requeue_batch = client.register_script(scripts.REQUEUE_BATCH)
         self._bump_fence = client.register_script(scripts.BUMP_FENCE)
         self._park_message = client.register_script(scripts.PARK_MESSAGE)
         self._unhold_key = client.register_script(scripts.UNHOLD_KEY)
@@ -337,6 +338,14 @@ class LaneGateway:
                 [raw, "head" if at_head else "tail", marker_ttl_ms, self.keys.doorbell, shard],
             )
         )
+
+    def requeue(self, lease: Lease, raws: Sequence[bytes]) -> bool:
+        """Put in-flight messages (a batch, in order) back at the head of the shard's
+        queue as never delivered (see REQUEUE_BATCH); False if the lease is not ours."""
+        k = self.keys
+        keys = [k.lease(lease.shard), k.inflight(lease.shard), self.queue_key(lease.shard)]
+        keys.append(k.deliveries(lease.shard))
+        return bool(run_script(self._requeue_batch, keys, [lease.value, *raws]))
 
     def uncount_delivery(self, shard: int, *raws: bytes) -> None:
         """Take back one delivery count of each message (the attempt failed, or never

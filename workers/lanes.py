@@ -248,12 +248,16 @@ class Lanes:
             return await self._route(lease, taken, batch, step.record)
 
     def _followers(self, taken: Taken, first: Event) -> list[Queued]:
-        """The messages taken behind ``first`` that may be applied together with it: its
-        record's next events, while they parse and the source still batches that many."""
-        source = self.sources.get(first.source)
-        if source is None or first.destination is not None or first.retry_of is not None:
+        """The messages taken behind ``first`` that may be applied (or sent to a batch
+        task) together with it: its record's next events, while they parse and the source
+        (or the task) still takes that many."""
+        if first.retry_of is not None or first.review is not None:
             return []
-        limit = source.batch_limit(self.settings)
+        if first.destination is not None:
+            limit = self.dispatcher.batch_limit(first.destination)
+        else:
+            source = self.sources.get(first.source)
+            limit = 1 if source is None else source.batch_limit(self.settings)
         out: list[Queued] = []
         for raw in taken.batch[: limit - 1]:
             try:
@@ -261,8 +265,12 @@ class Lanes:
                 event = Event.model_validate(message.kwargs.get("event"))
             except (MalformedMessage, ValidationError, TypeError, ValueError):
                 break
-            same = (event.source, event.record_key) == (first.source, first.record_key)
-            if not same or event.destination or event.retry_of or event.review:
+            same = (event.source, event.record_key, event.destination) == (
+                first.source,
+                first.record_key,
+                first.destination,
+            )
+            if not same or event.retry_of or event.review:
                 break
             out.append(Queued(raw, event, message.task_id))
         return out
@@ -336,9 +344,14 @@ class Lanes:
             return None
         if results is None:
             return None  # the lease ran out before the write: the next owner takes it on
-        if isinstance(results, Wait):
-            # waiting is not a failure
-            await self.io.call(self.gateway.uncount_delivery, lease.shard, taken.raw)
+        if isinstance(results, Wait):  # waiting is not a failure
+            if results.requeue:  # a batch: taken together again, with what came meanwhile
+                await self.io.call(self.gateway.requeue, lease, [q.raw for q in batch])
+                asyncio.get_running_loop().call_later(
+                    results.seconds, self.doorbell.ring, lease.shard
+                )
+            else:
+                await self.io.call(self.gateway.uncount_delivery, lease.shard, taken.raw)
             self.ownership.back_off(lease.shard, results.seconds)
             return None
         done = list(zip(batch, results, strict=False))
@@ -372,8 +385,11 @@ class Lanes:
             return None
         try:
             message = parse_message(taken.raw)
-            record = store.read(str(message.kwargs["event"]["record_key"]))
-        except (MalformedMessage, StoreUnavailable, KeyError, TypeError):
+            event = message.kwargs["event"]
+            if event.get("destination"):  # its record is not in keylane's store
+                return Step(taken, message)
+            record = store.read(str(event["record_key"]))
+        except (MalformedMessage, StoreUnavailable, KeyError, TypeError, AttributeError):
             return Step(taken)  # the lane parses it again and meets the error there
         return Step(taken, message, record)
 
@@ -401,8 +417,9 @@ class Lanes:
         if not self.ownership.valid(lease):
             return None
         if event.destination is not None:
-            delivered = await self.dispatcher.deliver(self.io, fence, taken, event)
-            return delivered if isinstance(delivered, Wait) else [delivered]
+            return await self.dispatcher.deliver(
+                self.io, fence, taken, [queued.event for queued in batch]
+            )
         source = self.sources.get(event.source)
         limit_s = self.settings.handler_time_limit_ms / 1000
         handler = self._handler(source)

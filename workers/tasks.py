@@ -3,6 +3,9 @@ record, in order, one at a time.
 
 User code registers a task with ``@keylane.task(key=...)`` in a module the worker imports
 (``keylane worker -A myapp.tasks``, or ``KEYLANE_APP``); the lanes find it here by name.
+A task registered with ``batch=N`` (N > 1) is given a record's waiting events together, as
+a list of up to N in order, and with ``debounce_ms=D`` its lane waits until the record's
+newest waiting event is D ms old (or N are waiting) before it runs it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from typing import Any
 
 from keylane.routing.contract.destinations import check_task_name
 from keylane.routing.contract.errors import ConfigError
+
+#: The most events one call of a batch task is given.
+MAX_TASK_BATCH = 256
 
 #: How a record key is derived from a payload: a function, or a template such as
 #: ``"contact:{email}"`` whose fields are top-level keys of the payload.
@@ -29,6 +35,8 @@ class TaskSpec:
     fn: Callable[..., Any]
     key: KeyRule
     destination: str | None = None  # a [destinations.<name>] of kind task, for its limits
+    batch: int = 1  # > 1: called with a list of a record's waiting events, at most this many
+    debounce_ms: int = 0  # a batch waits until its newest event is this old (or is full)
 
     def record_key(self, payload: Any) -> str:
         """The record key of ``payload`` (``ValueError`` when it has none)."""
@@ -50,7 +58,12 @@ _TASKS: dict[str, TaskSpec] = {}
 
 
 def register(
-    fn: Callable[..., Any], key: KeyRule, name: str | None = None, destination: str | None = None
+    fn: Callable[..., Any],
+    key: KeyRule,
+    name: str | None = None,
+    destination: str | None = None,
+    batch: int = 1,
+    debounce_ms: int = 0,
 ) -> TaskSpec:
     """Register ``fn`` as the task ``name`` (default: the function's name)."""
     task_name = name or fn.__name__
@@ -58,6 +71,12 @@ def register(
         check_task_name(task_name)
     except ValueError as exc:
         raise ConfigError(f"{exc} (give the task a name=...)") from None
+    if not 1 <= batch <= MAX_TASK_BATCH:
+        raise ConfigError(f"task {task_name}: batch must be 1 to {MAX_TASK_BATCH}, not {batch}")
+    if debounce_ms < 0 or (debounce_ms and batch == 1):
+        raise ConfigError(
+            f"task {task_name}: debounce_ms needs a batch (batch=N, N > 1) and is >= 0"
+        )
     if isinstance(key, str):
         fields = [f for _, f, _, _ in string.Formatter().parse(key) if f is not None]
         if not fields:
@@ -65,7 +84,7 @@ def register(
     existing = _TASKS.get(task_name)
     if existing is not None and existing.fn is not fn and _origin(existing.fn) != _origin(fn):
         raise ConfigError(f"two tasks are named {task_name}: {_origin(existing.fn)}, {_origin(fn)}")
-    spec = TaskSpec(task_name, fn, key, destination)
+    spec = TaskSpec(task_name, fn, key, destination, batch, debounce_ms)
     _TASKS[task_name] = spec
     return spec
 

@@ -135,6 +135,21 @@ end
 return nil
 """
 
+# Put a batch that must wait back at the head of its queue, in order, its delivery counts
+# dropped (the next take is their first delivery again, so they are taken together), its
+# retry notes kept. Only what is in flight under the lease moves.
+# KEYS = (lease, inflight, queue, deliveries); ARGV = (lease value, the messages in order).
+REQUEUE_BATCH = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+for i = #ARGV, 2, -1 do
+  if redis.call('LREM', KEYS[2], 1, ARGV[i]) == 1 then
+    redis.call('RPUSH', KEYS[3], ARGV[i])
+    redis.call('HDEL', KEYS[4], redis.sha1hex(ARGV[i]))
+  end
+end
+return 1
+"""
+
 # Park a held key's message (in arrival order), or, when the message is the operator's
 # retry of the very dead letter that holds the key, release the key: its parked messages
 # go back to the head of the queue, to run right after this one.

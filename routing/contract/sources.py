@@ -16,7 +16,8 @@ README "Sources" for a complete example. Per source:
   ``batch_handler`` instead: called once per attempt with a record's waiting events (a
   list, in order) and the record, returning one change (or None) per event;
 * ``batch``: how many waiting events of one record a lane applies with one read and one
-  write (default ``batch_max`` for sources that change keylane's own records, else 1);
+  write (default ``batch_max`` for sources that change keylane's own records), or, for a
+  source that names a batch task, hands to one call of it (default 1);
 * ``task`` / ``destination``: instead of a change to keylane's records, each event goes
   to a registered user task or to a ``[destinations.<name>]`` (see
   :mod:`keylane.routing.contract.destinations`), with the body as its payload and the
@@ -225,8 +226,12 @@ class SourceConfig(BaseModel):
             raise ValueError("a source names a task or a destination, not both")
         if self.records_in is not None:
             raise ValueError("a source forwards (task, destination) or has records_in, not both")
-        if self.on or self.handler or self.batch_handler or (self.batch or 1) > 1:
-            raise ValueError("on, handler and batch apply to sources that change keylane's records")
+        if self.on or self.handler or self.batch_handler:
+            raise ValueError("on and handler apply to sources that change keylane's records")
+        if self.destination is not None and (self.batch or 1) > 1:
+            raise ValueError(
+                "batch applies to sources that change keylane's records or name a task"
+            )
         if self.record_key is None and self.hook is None:
             raise ValueError("a source with a task or destination needs record_key (or a hook)")
         return self
@@ -254,8 +259,11 @@ class SourceConfig(BaseModel):
         return isinstance(self.verify, NoneConfig)
 
     def batch_limit(self, settings: Settings) -> int:
-        """How many waiting events of one record a lane may apply together (1: never
-        batched): only sources that change keylane's own records batch."""
+        """How many waiting events of one record a lane may take together (1: never
+        batched): sources that change keylane's own records (default ``batch_max``) and
+        sources that name a batch task (their ``batch``, default 1)."""
+        if self.task is not None:
+            return self.batch or 1
         if self.forwards or self.records_in is not None:
             return 1
         return self.batch if self.batch is not None else settings.batch_max

@@ -60,3 +60,34 @@ def post_to_hook(event: keylane.Event, ctx: keylane.Context) -> keylane.Done:
     if answer.status_code >= 400:
         raise keylane.GiveUp(f"hook refused: {answer.status_code} {answer.text}")
     return keylane.Done(f"HTTP {answer.status_code}")
+
+
+def _post_batch(events: list[keylane.Event], ctx: keylane.Context) -> keylane.Done:
+    """One call for a record's waiting events: their payloads in order, as one document."""
+    doc = {"id": events[0].event_id, "items": [event.payload for event in events]}
+    headers = {"idempotency-key": ctx.idempotency_key, "keylane-record-key": events[0].record_key}
+    try:
+        answer = _client().post(os.environ["TEST_HOOK_URL"], json=doc, headers=headers)
+    except httpx.TransportError as exc:
+        raise keylane.RetryLater(f"hook unreachable: {exc}") from exc
+    if answer.status_code == 429:
+        raise keylane.RetryLater("hook busy", delay_s=0.2)
+    if answer.status_code >= 500:
+        raise keylane.RetryLater(f"hook answered {answer.status_code}")
+    if answer.status_code >= 400:
+        raise keylane.GiveUp(f"hook refused: {answer.status_code} {answer.text}")
+    return keylane.Done(f"{len(events)} items")
+
+
+@keylane.task(key="list:{list}", batch=10)
+def sync_list(events: list[keylane.Event], ctx: keylane.Context) -> keylane.Done:
+    """A batch task: up to 10 of a list's waiting events in one call (``TEST_HOOK_URL``)."""
+    return _post_batch(events, ctx)
+
+
+@keylane.task(
+    key="draft:{draft}", batch=100, debounce_ms=int(os.environ.get("TEST_DEBOUNCE_MS", "0") or 0)
+)
+def save_draft(events: list[keylane.Event], ctx: keylane.Context) -> keylane.Done:
+    """A debounced batch task: a burst of edits to one draft is saved with one call."""
+    return _post_batch(events, ctx)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from keylane.routing.contract.destinations import DestinationConfig
+from keylane.routing.contract.errors import ConfigError
 from keylane.routing.contract.events import Event
 from keylane.routing.contract.sources import Sources
 
@@ -126,6 +127,10 @@ class Destination(ABC):
 
     #: The dead-letter reason of a :class:`GiveUp`.
     give_up_reason = "gave_up"
+    #: More than 1: it takes a record's waiting events together (:meth:`call_batch`).
+    batch = 1
+    #: Seconds a batch waits after its newest event for more (see the task's debounce).
+    debounce_s = 0.0
 
     def __init__(self, config: DestinationConfig) -> None:
         self.config = config
@@ -138,6 +143,13 @@ class Destination(ABC):
     def deliver(self, event: Event, context: Context) -> Outcome:
         """Call the destination once for ``event``, blocking."""
         raise NotImplementedError(f"{type(self).__name__} is called with call()")
+
+    async def call_batch(
+        self, events: list[Event], context: Context, blocking: Blocking
+    ) -> Outcome:
+        """Call the destination once for consecutive events of one record (``batch`` > 1):
+        the outcome is theirs, all of them."""
+        raise NotImplementedError(f"{type(self).__name__} takes one event at a time")
 
     @abstractmethod
     def describe(self, event: Event, context: Context) -> dict[str, Any]:
@@ -173,4 +185,21 @@ def open_destinations(
             out[config.name] = VersionedDestination(config, sources, max_attempts, env)
         else:
             out[config.name] = HttpForward(config, env)
+    for source in sources.all():
+        found = out.get(source.destination_name or "") if source.task else None
+        if found is None:
+            continue
+        if (source.batch or 1) > 1 and found.batch == 1:
+            raise ConfigError(
+                f"source {source.name}: batch = {source.batch}, but task {source.task} takes "
+                f"one event at a time; register it with @keylane.task(..., batch=N)"
+            )
+        if found.batch > 1 and source.batch is None:
+            logging.getLogger("keylane.destinations").warning(
+                "source %s: task %s takes batches, but the source sets no batch: its events "
+                "reach the task one at a time (set batch = %s on the source)",
+                source.name,
+                source.task,
+                found.batch,
+            )
     return out

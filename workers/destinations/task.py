@@ -18,30 +18,49 @@ from keylane.workers.tasks import TaskSpec, all_tasks, registered
 
 
 class TaskDestination(Destination):
-    """Calls ``task(event, context)`` (or awaits it); what it returns or raises is the
-    outcome."""
+    """Calls ``task(event, context)`` (or awaits it) — a batch task with a list of events
+    instead; what it returns or raises is the outcome."""
 
     def __init__(self, config: DestinationConfig) -> None:
         super().__init__(config)
         assert config.task is not None
         self.spec: TaskSpec = _task(config.name, config.task)
+        self.batch = self.spec.batch
+        self.debounce_s = self.spec.debounce_ms / 1000
 
     async def call(self, event: Event, context: Context, blocking: Blocking) -> Outcome:
-        """Run the task once: an ``async def`` task on the lane's loop (waiting holds no
-        thread), a plain one in the lanes' thread pool."""
+        """Run the task once (see :meth:`_run`)."""
+        return await self._run(event, context, blocking)
+
+    async def call_batch(
+        self, events: list[Event], context: Context, blocking: Blocking
+    ) -> Outcome:
+        """Run a batch task once with ``events`` (see :meth:`_run`)."""
+        return await self._run(events, context, blocking)
+
+    async def _run(
+        self, given: Event | list[Event], context: Context, blocking: Blocking
+    ) -> Outcome:
+        """An ``async def`` task runs on the lane's loop (waiting holds no thread), a
+        plain one in the lanes' thread pool."""
         if not inspect.iscoroutinefunction(self.spec.fn):
-            return await super().call(event, context, blocking)
+            outcome: Outcome = await blocking(self._run_blocking, given, context)
+            return outcome
         try:
-            result = await self.spec.fn(event, context)
+            result = await self.spec.fn(given, context)
         except Outcome as outcome:
             return outcome
         return _outcome(result)
 
     def deliver(self, event: Event, context: Context) -> Outcome:
-        """Run a plain task once. An :class:`Outcome` it raises or returns is the outcome;
-        ``None`` or any other value is :class:`Done` (the value kept as the response)."""
+        """Run a plain task once, blocking (see :meth:`_run_blocking`)."""
+        return self._run_blocking(event, context)
+
+    def _run_blocking(self, given: Event | list[Event], context: Context) -> Outcome:
+        """An :class:`Outcome` the task raises or returns is the outcome; ``None`` or any
+        other value is :class:`Done` (the value kept as the response)."""
         try:
-            result = self.spec.fn(event, context)
+            result = self.spec.fn(given, context)
         except Outcome as outcome:
             return outcome
         return _outcome(result)
