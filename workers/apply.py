@@ -78,10 +78,10 @@ class ApplyResult:
     reason: str | None = None
 
 
-async def apply_event(
+async def apply_events(
     io: BlockingPool,
     commits: GroupCommit,
-    event: Event,
+    events: Sequence[Event],
     fence: Fence | None,
     source: SourceConfig | None,
     max_attempts: int,
@@ -89,22 +89,25 @@ async def apply_event(
     handler: SourceHandler | None = None,
     handler_time_limit_s: float = 10.0,
     read: Record | None = None,
-) -> ApplyResult:
-    """Apply ``event`` once (see the module docstring); the store calls run in ``io``'s
-    threads (its write in ``commits``' next group), an ``async def`` handler on the lane's
-    loop. Raises only for infrastructure
-    errors (:class:`StoreUnavailable`), lost ownership (:class:`StaleFence`) and errors of
-    the source's handler (the lane counts those and retries the delivery)."""
+) -> list[ApplyResult]:
+    """Apply ``events`` (one, or a record's batch: see :func:`apply_batch`) once each (see
+    the module docstring); the results of the first ones, in order. The store calls run in
+    ``io``'s threads (the write in ``commits``' next group), an ``async def`` handler on
+    the lane's loop. Raises only for infrastructure errors (:class:`StoreUnavailable`),
+    lost ownership (:class:`StaleFence`) and errors of the source's handler (the lane
+    counts those and retries the delivery)."""
+    event = events[0]
     if event.review is not None:
         error = REVIEW_ERRORS.get(event.review, event.review)
-        return await io.store(dead_letter, event, fence, event.review, 1, error, close_event=False)
+        row = await io.store(dead_letter, event, fence, event.review, 1, error, close_event=False)
+        return [row]
     if source is None:
         error = f"source {event.source!r} is not configured"
-        return await io.store(dead_letter, event, fence, "unknown_source", 1, error)
-    results = await apply_batch(
+        return [await io.store(dead_letter, event, fence, "unknown_source", 1, error)]
+    return await apply_batch(
         io,
         commits,
-        [event],
+        events,
         fence,
         source,
         max_attempts,
@@ -113,7 +116,6 @@ async def apply_event(
         handler_time_limit_s,
         read,
     )
-    return results[0]
 
 
 async def apply_batch(

@@ -48,8 +48,7 @@ from keylane.workers.alerts import alert_dead_letter
 from keylane.workers.apply import (
     ApplyResult,
     SourceHandler,
-    apply_batch,
-    apply_event,
+    apply_events,
     dead_letter,
 )
 from keylane.workers.blocking import BlockingPool
@@ -421,33 +420,16 @@ class Lanes:
                 self.io, fence, taken, [queued.event for queued in batch]
             )
         source = self.sources.get(event.source)
-        limit_s = self.settings.handler_time_limit_ms / 1000
-        handler = self._handler(source)
-        if source is None or len(batch) == 1:
-            one = await apply_event(
-                self.io,
-                self.commits,
-                event,
-                fence,
-                source,
-                self.settings.max_attempts,
-                self.faults,
-                handler,
-                limit_s,
-                record,
-            )
-            return [one]
-        events = [queued.event for queued in batch]
-        return await apply_batch(
+        return await apply_events(
             self.io,
             self.commits,
-            events,
+            [queued.event for queued in batch],
             fence,
             source,
             self.settings.max_attempts,
             self.faults,
-            handler,
-            limit_s,
+            self._handler(source),
+            self.settings.handler_time_limit_ms / 1000,
             record,
         )
 

@@ -6,7 +6,7 @@
 (b) **End to end**: for each ``--keys`` count, events per second from the first POST
     until the store's journal holds every event, with ``--workers`` worker processes of
     ``--lanes`` lanes, against a baseline that applies the same events in this process
-    with :func:`keylane.workers.apply.apply_event` on a fresh store of the same kind.
+    with a lane's read, change and conditional write on a fresh store of the same kind.
     Afterwards the store is checked exactly: journal size, each record's sum and revision,
     per-record order, no dead letters. Any difference fails the run (exit code 1).
 (c) **Drain** (:mod:`keylane.ops.bench.drain`): the lanes alone. For each ``--keys`` count and
@@ -43,8 +43,9 @@ same run.
 (a) receiver: 202s per second and p50/p99 latency of `keylane serve`, against a
     bare Starlette app served the same way that parses the body and LPUSHes it.
 (b) end to end: events per second from the first POST until the store journal
-    holds them all, once per --keys count, against apply_event in one thread on a
-    fresh store; then journal size, sums, revisions and per-record order are checked.
+    holds them all, once per --keys count, against a lane's read, change and write
+    in one thread on a fresh store; then journal size, sums, revisions and
+    per-record order are checked.
 (c) drain: the lanes alone. The shard queues are filled without HTTP, then
     --drain-workers worker processes (default --workers) start; events per second
     from the moment every shard is owned (and from worker start) until the journal

@@ -326,7 +326,7 @@ class Report:
         return [
             f"(b) end to end: {o['events']} events per row, {o['workers']} worker(s) x "
             f"{o['lanes']} lanes, {o['concurrency']} concurrent clients, store {o['store']}; "
-            "direct = apply_event in one thread on a fresh store, no Redis/HTTP",
+            "direct = read, change, write in one thread on a fresh store, no Redis/HTTP",
             render_table(
                 [
                     "keys",
@@ -373,7 +373,7 @@ class Report:
             "applied/s, cpu ms/ev and cores: from the moment every shard is owned (split "
             "settled) until the journal holds every event, events applied before excluded; "
             "from start/s: from starting the workers (boot and shard acquisition included); "
-            "owned s, done s: seconds after starting the workers; direct = apply_event in "
+            "owned s, done s: seconds after starting the workers; direct = read, change, write in "
             "one thread on a fresh store; ratio = applied/s over direct/s",
             render_table(
                 [
