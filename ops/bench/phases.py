@@ -56,7 +56,8 @@ def _measure(bench: Bench, name: str, proc: Child, url: str, bodies: list[bytes]
     return ReceiverRun(name, load, proc.cpu_s() - cpu0, redis_cpu_s(bench.redis) - redis0)
 
 
-def _receiver(bench: Bench) -> tuple[Child, str]:
+def start_receiver(bench: Bench) -> tuple[Child, str]:
+    """The run's receiver (started on first use) and its URL."""
     if bench.receiver is None:
         port = free_port()
         bench.receiver = bench.start("receiver", keylane_argv("serve", "--port", str(port)))
@@ -68,7 +69,7 @@ def _receiver(bench: Bench) -> tuple[Child, str]:
 def run_receiver_phase(bench: Bench, report: Report) -> None:
     """(a): alternate baseline and keylane ``rounds`` times; keep the best of each."""
     opts = bench.opts
-    receiver, url = _receiver(bench)
+    receiver, url = start_receiver(bench)
     port = free_port()
     baseline = bench.start(
         "baseline",
@@ -105,7 +106,8 @@ def run_receiver_phase(bench: Bench, report: Report) -> None:
     delete_namespace(bench.redis, bench.namespace)
 
 
-def _start_workers(bench: Bench) -> list[Child]:
+def start_workers(bench: Bench) -> list[Child]:
+    """Start ``--workers`` workers of ``--lanes`` lanes; wait until every shard is owned."""
     opts = bench.opts
     workers = [
         bench.start(f"worker-{n}", keylane_argv("worker", "--lanes", str(opts.lanes)))
@@ -140,8 +142,8 @@ def all_shards_owned(bench: Bench, view: DeploymentView, workers: list[Child]) -
 def run_e2e_phase(bench: Bench, report: Report) -> None:
     """(b): for each key count, post the workload and wait until it is applied; then
     check the store exactly and measure the direct baseline."""
-    receiver, url = _receiver(bench)
-    workers = _start_workers(bench)
+    receiver, url = start_receiver(bench)
+    workers = start_workers(bench)
     store = open_store(bench.store_url)
     bench.es.callback(store.close)
     store.migrate()
