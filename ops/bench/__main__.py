@@ -31,7 +31,7 @@ from dataclasses import asdict
 
 import click
 
-from keylane.ops.bench.procs import INTERRUPTS, BenchFailure, BenchOptions, say
+from keylane.ops.bench.procs import INTERRUPTS, BenchFailure, BenchOptions, say, worker_processes
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 MAX_WORKERS = 64
@@ -201,13 +201,7 @@ def main(
     keep_temp: bool,
 ) -> None:
     """Entry point (see the module docstring)."""
-    if workers is None:
-        workers = 1 if store == "sqlite" else 2
-    if store == "sqlite" and max((workers, *drain_workers)) > 1:
-        raise click.UsageError(
-            "SQLite takes one writer process: use --lanes for more concurrency, or "
-            "--store postgres for several worker processes"
-        )
+    workers = worker_processes(store, workers, *drain_workers)
     opts = BenchOptions(
         store,
         redis_url,

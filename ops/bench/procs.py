@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+import click
 import psycopg
 import redis
 from psycopg import sql
@@ -287,6 +288,19 @@ def fresh_store_url(kind: str, tmp: Path, pg_url: str, name: str) -> Iterator[st
 
 SHARD_COUNT = 64
 MAX_ATTEMPTS = 3
+
+
+def worker_processes(store: str, *counts: int | None) -> int:
+    """The worker processes a run may start (the first of ``counts``, default 1 on SQLite
+    and 2 on PostgreSQL); a usage error for several on SQLite, which takes one writer
+    process."""
+    workers = counts[0] or (1 if store == "sqlite" else 2)
+    if store == "sqlite" and max(workers, *(c or 1 for c in counts)) > 1:
+        raise click.UsageError(
+            "SQLite takes one writer process: use --lanes for more concurrency, or "
+            "--store postgres for several worker processes"
+        )
+    return workers
 
 
 @dataclass(frozen=True)

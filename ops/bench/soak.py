@@ -42,6 +42,7 @@ from keylane.ops.bench.procs import (
     descendants,
     say,
     wait_for,
+    worker_processes,
 )
 from keylane.routing.keys import RedisKeys
 from keylane.workers.stores import open_store
@@ -244,12 +245,7 @@ def main(
 ) -> None:
     """Resident memory of the receiver and the workers, and Redis's, over a long run
     (see the module docstring)."""
-    workers = workers or (1 if store == "sqlite" else 2)
-    if store == "sqlite" and workers > 1:
-        raise click.BadParameter(
-            "SQLite takes one writer process: use --store postgres for several workers",
-            param_hint="--workers",
-        )
+    workers = worker_processes(store, workers)
     opts = BenchOptions(
         store=store,
         redis_url=redis_url,

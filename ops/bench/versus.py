@@ -55,6 +55,7 @@ from keylane.ops.bench.procs import (
     namespace_of,
     new_namespace,
     say,
+    worker_processes,
 )
 from keylane.ops.bench.versus_celery import CeleryConfig
 from keylane.ops.bench.versus_report import json_line, render_case
@@ -316,15 +317,10 @@ def main(
     keep_temp: bool,
 ) -> None:
     """Entry point (see the module docstring)."""
-    workers = workers or (1 if store == "sqlite" else 2)
+    workers = worker_processes(store, workers)
     if workers > processes:
         raise click.BadParameter(
             f"{workers} keylane workers would be more processes than the baselines' {processes}",
-            param_hint="--workers",
-        )
-    if store == "sqlite" and workers > 1:
-        raise click.BadParameter(
-            "SQLite takes one writer process: use --store postgres for several workers",
             param_hint="--workers",
         )
     if "keylane-batch" in systems and "keylane" not in systems:
