@@ -109,11 +109,10 @@ class Dispatcher:
         config = destination.config
         slot = f"{taken.shard}:{message_digest(taken.raw)}"
         gateway = self.gateway
-        batched = destination.batch > 1
-        due = events[-1].accepted_at + destination.debounce_s
+        debounce_s = events[-1].accepted_at + destination.debounce_s - time.time()
         first_delivery = taken.deliveries == 1 and not taken.resumed
-        if first_delivery and len(events) < destination.batch and due > time.time():
-            return Wait(due - time.time(), "debounce", requeue=True)
+        if first_delivery and len(events) < destination.batch and debounce_s > 0:
+            return Wait(debounce_s, "debounce", requeue=True)
         retries = await io.call(gateway.retries, taken.shard, taken.raw)
         first_attempt = retries + taken.deliveries
         notes = await io.call(self._write_notes, config, taken)
@@ -127,7 +126,7 @@ class Dispatcher:
                 int(config.timeout_s * 1000) + SLOT_MARGIN_MS,
             )
             if wait_s > 0:
-                return Wait(wait_s, why, requeue=batched)
+                return Wait(wait_s, why, requeue=destination.batched)
             context = Context(
                 idempotency_key=_idempotency_key(events),
                 attempt=first_attempt + rerun,
@@ -177,7 +176,7 @@ class Dispatcher:
     ) -> Outcome:
         name = destination.config.name
         try:
-            if destination.batch > 1:
+            if destination.batched:
                 outcome = await destination.call_batch(events, ctx, io.call)
             else:
                 outcome = await destination.call(events[0], ctx, io.call)
@@ -229,7 +228,7 @@ class Dispatcher:
         if delay_s is None:
             delay_s = retry_delay_s(retries, config.max_backoff_s, random.random())
         log.info("%s: %s; calling again in %.1fs", config.name, outcome.detail, delay_s)
-        return Wait(delay_s, "retry", requeue=destination.batch > 1)
+        return Wait(delay_s, "retry", requeue=destination.batched)
 
     async def aclose(self) -> None:
         """Close every destination (on the lanes' loop, as they stop)."""

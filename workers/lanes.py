@@ -364,13 +364,12 @@ class Lanes:
             acks.append(Ack(queued.raw, result.outcome, result.conflicts, result.attempts, latency))
         rest = [queued.raw for queued in batch[len(done) :]]
         step = None
-        if rest:  # left in flight, to be taken one by one
-            await self.io.call(self.gateway.ack_all, lease, acks)
-            await self.io.call(self.gateway.uncount_delivery, lease.shard, *rest)
-        elif not self._stop.is_set() and self.ownership.keep(lease):
+        if not rest and not self._stop.is_set() and self.ownership.keep(lease):
             step = await self.io.store(self._ack_and_take, lease, acks)
         else:
             await self.io.call(self.gateway.ack_all, lease, acks)
+            if rest:  # left in flight, to be taken one by one
+                await self.io.call(self.gateway.uncount_delivery, lease.shard, *rest)
         if self._on_result is not None:
             runtime = time.monotonic() - started
             for queued, result in done:

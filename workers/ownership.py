@@ -60,6 +60,14 @@ class HeldShard:
     registered: bool = False  # its token is registered with the store: lanes may take
 
 
+def _takeable(held: HeldShard, now: float) -> bool:
+    """Whether lanes may take from ``held`` now (busy or not): registered with the store,
+    not being handed off, within its validity, not backing off."""
+    return (
+        held.registered and not held.releasing and held.valid_until > now and held.not_before <= now
+    )
+
+
 class Ownership:
     """The shards one worker owns. Lanes ask it what they may take; a thread keeps it."""
 
@@ -105,13 +113,7 @@ class Ownership:
             if self._stopping:
                 return []
             ready = {
-                shard: h
-                for shard, h in self._held.items()
-                if h.registered
-                and not h.busy
-                and not h.releasing
-                and h.valid_until > now
-                and h.not_before <= now
+                shard: h for shard, h in self._held.items() if not h.busy and _takeable(h, now)
             }
             if not ready:
                 return []
@@ -135,14 +137,7 @@ class Ownership:
         now = self._clock()
         with self._lock:
             held = self._held.get(lease.shard)
-            if (
-                self._stopping
-                or held is None
-                or held.lease != lease
-                or held.releasing
-                or held.valid_until <= now
-                or held.not_before > now
-            ):
+            if self._stopping or held is None or held.lease != lease or not _takeable(held, now):
                 return False
             held.busy_since = now
             return True

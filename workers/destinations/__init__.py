@@ -144,6 +144,11 @@ class Destination(ABC):
         """Call the destination once for ``event``, blocking."""
         raise NotImplementedError(f"{type(self).__name__} is called with call()")
 
+    @property
+    def batched(self) -> bool:
+        """Whether it takes a record's waiting events together (:meth:`call_batch`)."""
+        return self.batch > 1
+
     async def call_batch(
         self, events: list[Event], context: Context, blocking: Blocking
     ) -> Outcome:
@@ -189,12 +194,12 @@ def open_destinations(
         found = out.get(source.destination_name or "") if source.task else None
         if found is None:
             continue
-        if (source.batch or 1) > 1 and found.batch == 1:
+        if (source.batch or 1) > 1 and not found.batched:
             raise ConfigError(
                 f"source {source.name}: batch = {source.batch}, but task {source.task} takes "
                 f"one event at a time; register it with @keylane.task(..., batch=N)"
             )
-        if found.batch > 1 and source.batch is None:
+        if found.batched and source.batch is None:
             logging.getLogger("keylane.destinations").warning(
                 "source %s: task %s takes batches, but the source sets no batch: its events "
                 "reach the task one at a time (set batch = %s on the source)",
