@@ -123,9 +123,11 @@ class Doorbell:
                 self._stop.wait(1.0)
 
     def _on_message(self, data: object) -> None:
+        if not isinstance(data, bytes | str | int):
+            return
         try:
-            shard = int(data)  # type: ignore[call-overload]
-        except (TypeError, ValueError):
+            shard = int(data)
+        except ValueError:
             return
         if self._is_mine(shard):
             self.ring(shard)

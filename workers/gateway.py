@@ -23,10 +23,11 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
-from redis.client import Pipeline
+from redis.client import Pipeline, PubSub
+from redis.typing import EncodableT, FieldT
 
 from keylane.routing import ShardMap
 from keylane.routing.contract import redis_scripts as scripts
@@ -163,7 +164,7 @@ class LaneGateway:
 
     def log_lease_event(self, event: str, lease: Lease, worker_id: str) -> None:
         """Record a lease event seen only by the worker (e.g. ``lost``)."""
-        fields = {
+        fields: dict[FieldT, EncodableT] = {
             "event": event,
             "shard": lease.shard,
             "worker": worker_id,
@@ -171,7 +172,7 @@ class LaneGateway:
             "restored": 0,
             "expired": "",
         }
-        _do(lambda: self.client.xadd(self.keys.lease_log, fields, maxlen=LEASE_LOG_MAXLEN))  # type: ignore[arg-type]
+        _do(lambda: self.client.xadd(self.keys.lease_log, fields, maxlen=LEASE_LOG_MAXLEN))
 
     def bump_fence(self, shard: int, at_least: int) -> int:
         """Raise the shard's fencing counter to ``at_least`` (after Redis lost data)."""
@@ -429,7 +430,9 @@ class LaneGateway:
         """A pub/sub subscription to the doorbell channel (shard numbers of queues that
         just got a message); the caller reads it with ``get_message`` and closes it."""
         with broker_errors():
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            # Typed through a cast: redis-py left pubsub() untyped before 8.2.
+            open_pubsub = cast("Callable[..., PubSub]", self.client.pubsub)
+            pubsub = open_pubsub(ignore_subscribe_messages=True)
             pubsub.subscribe(self.keys.doorbell)
         return pubsub
 
