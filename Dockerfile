@@ -7,19 +7,18 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Dependencies first, from pyproject.toml alone (an empty package stands in for the code),
-# so a code change does not reinstall them. README.md is optional here: the glob copies it
-# when present, and setuptools only warns when it is not.
-COPY pyproject.toml README.m[d] /tmp/src/
-RUN mkdir /tmp/src/keylane && touch /tmp/src/keylane/__init__.py \
-    && pip install /tmp/src \
-    && pip uninstall --yes keylane \
-    && rm -r /tmp/src/keylane
+# Dependencies first, from pyproject.toml alone (its [project] dependencies, with their
+# ranges, as `pip install keylane` resolves them), so a code change does not reinstall them.
+COPY pyproject.toml /tmp/src/
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/src/pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
 
 # The project itself, installed exactly as users install it and as the test suite checks
-# (tests/test_install.py): `pip install .`, no extras, not editable. keylane/ links the
-# four folders in as keylane.routing, .producers, .workers and .ops; the source tree is
-# removed afterwards, so nothing can shadow the installed package.
+# (tests/test_install.py): `pip install .`, no extras, not editable. pyproject.toml maps
+# the four folders in as keylane.routing, .producers, .workers and .ops; the source tree
+# is removed afterwards, so nothing can shadow the installed package.
+COPY README.md /tmp/src/
 COPY keylane /tmp/src/keylane
 COPY producers /tmp/src/producers
 COPY routing /tmp/src/routing

@@ -1,82 +1,98 @@
 """keylane as users install it: the wheel, a clean virtual environment, no extras.
 
-The dev environment has every test dependency installed, which can hide a dependency
-that the package forgets to declare (kombu's Redis transport needs ``packaging``, which
-only kombu's ``redis`` extra declares). This test installs the wheel plainly into a new
-venv, as ``pip install keylane`` and the Docker image do, and runs ``keylane up`` from
-it outside the source tree.
+The dev environment installs exactly the versions ops/dev.lock names. Users do not: `pip
+install keylane` resolves pyproject.toml's ranges afresh, today and on every later day, so
+this test does too, twice:
+
+* ``newest``: plain ``pip install <wheel>``, as users and the Docker image install; a new
+  release of a dependency that breaks keylane fails here first;
+* ``lowest``: ``uv pip install --resolution lowest-direct``, each direct dependency at the
+  lowest version its range allows: the lower bounds are true.
+
+Each installs the wheel into a new venv and runs ``keylane up`` from it outside the source
+tree; a failing test's report starts with the versions that install resolved.
+The dev environment has every test dependency installed, which could also hide a
+dependency the package forgets to declare (kombu's Redis transport needs ``packaging``,
+which only kombu's ``redis`` extra declares); a clean venv cannot.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import urllib.request
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from keylane.ops.embedded_redis import free_port
-from tests.support.stack import REPO, wait_until
+from tests.support.packaging import build_wheel, direct_requirements, shipped_copy
+from tests.support.stack import wait_until
 
 pytestmark = pytest.mark.slow
 
-
-#: What the wheel is built from (what the Dockerfile copies).
-SHIPPED = ("pyproject.toml", "README.md", "keylane", "routing", "producers", "workers", "ops")
+#: How each install resolves keylane's ranges.
+RESOLUTIONS = ("newest", "lowest")
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """keylane's wheel, built from a clean copy of this checkout's shipped files (a
-    ``build/`` directory left in the checkout could carry modules that no longer exist)."""
-    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
-    junk = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in SHIPPED:
-        if (REPO / name).is_dir():
-            shutil.copytree(REPO / name, src / name, symlinks=True, ignore=junk)
-        else:
-            shutil.copy2(REPO / name, src / name)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(src)],
-        check=True,
-        capture_output=True,
+    """keylane's wheel, built from a clean copy of this checkout's shipped files."""
+    src = shipped_copy(tmp_path_factory.mktemp("src"))
+    return build_wheel(src, tmp_path_factory.mktemp("wheel"))
+
+
+def _install(venv: Path, wheel: Path, resolution: str) -> None:
+    if resolution == "newest":
+        argv = [venv / "bin" / "pip", "install", "--quiet", "--disable-pip-version-check", wheel]
+    else:
+        # uv comes with the dev environment (ops/dev.lock), beside this interpreter.
+        uv = Path(sys.executable).parent / "uv"
+        argv = [uv, "pip", "install", "--quiet", "--resolution", "lowest-direct"]
+        argv += ["--python", venv / "bin" / "python", wheel]
+    done = subprocess.run([str(a) for a in argv], capture_output=True, text=True)
+    assert done.returncode == 0, f"{resolution} install failed:\n{done.stdout}\n{done.stderr}"
+
+
+def _resolved(venv: Path) -> str:
+    """``name==version`` of each of keylane's direct dependencies in ``venv``."""
+    code = (
+        "import sys, importlib.metadata as m\n"
+        "for name in sys.argv[1:]:\n"
+        "    try: print(f'{name}=={m.version(name)}')\n"
+        "    except m.PackageNotFoundError: print(f'{name}: not installed')\n"
     )
-    (built,) = out.glob("keylane-*.whl")
-    return built
+    listed = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code, *direct_requirements()],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return listed.stdout
 
 
-@pytest.fixture(scope="module")
-def clean_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A new virtual environment with only ``pip install <wheel>`` (no extras)."""
-    venv = tmp_path_factory.mktemp("venv")
+@pytest.fixture(scope="module", params=RESOLUTIONS)
+def installed(
+    request: pytest.FixtureRequest, wheel: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, str]:
+    """A new virtual environment holding only the wheel and what it resolved (no extras),
+    and the versions of keylane's direct dependencies it resolved."""
+    venv = tmp_path_factory.mktemp(f"venv-{request.param}")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run(
-        [venv / "bin" / "pip", "install", "--quiet", "--disable-pip-version-check", str(wheel)],
-        check=True,
-        capture_output=True,
-    )
+    _install(venv, wheel, request.param)
+    return venv, f"{request.param} install resolved:\n{_resolved(venv)}"
+
+
+@pytest.fixture
+def clean_venv(installed: tuple[Path, str]) -> Path:
+    """The clean install; its resolved versions head the test's report if it fails."""
+    venv, versions = installed
+    print(versions)
     return venv
-
-
-def test_the_wheel_ships_one_package_and_no_tests_or_benchmarks(wheel: Path) -> None:
-    # Given the wheel
-    names = zipfile.ZipFile(wheel).namelist()
-    tops = {name.split("/")[0] for name in names}
-    # Then everything is under the one import name (and the wheel's metadata)
-    assert {t for t in tops if not t.endswith(".dist-info")} == {"keylane"}
-    # And no test or benchmark module is inside it
-    assert not [n for n in names if "/tests/" in n or n.startswith("tests/")]
-    assert not [n for n in names if "/bench" in n]
-    # And the parts users run are there
-    for module in ("keylane/ops/cli.py", "keylane/workers/lanes.py", "keylane/py.typed"):
-        assert module in names
 
 
 def _clean_env() -> dict[str, str]:
