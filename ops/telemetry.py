@@ -12,7 +12,7 @@ import redis
 
 from keylane.routing import ShardMap
 from keylane.routing.contract.destinations import FlowState, flow_states, queue_flow_reads
-from keylane.routing.contract.redis_calls import broker_errors, reply_text
+from keylane.routing.contract.redis_calls import broker_errors, reply_int, reply_text
 from keylane.routing.keys import RedisKeys
 
 
@@ -39,13 +39,13 @@ class DeploymentView:
         """The lease value (``worker/token``) of every held shard, by shard."""
         names = [self.keys.lease(s) for s in range(self.shards.count)]
         with broker_errors():
-            values = self.client.mget(names)
+            values: Any = self.client.mget(names)
         return {s: reply_text(v) for s, v in enumerate(values) if v is not None}
 
     def depth(self, shard: int) -> int:
         """Messages waiting in the shard queue (not counting the one in flight)."""
         with broker_errors():
-            return int(self.client.llen(self.keys.queue(self.shards.queue_name(shard))))
+            return reply_int(self.client.llen(self.keys.queue(self.shards.queue_name(shard))))
 
     def shard_states(self) -> list[dict[str, Any]]:
         """Per shard: lease holder, fencing counter, depth, in-flight message, head message."""
@@ -83,7 +83,9 @@ class DeploymentView:
         k = self.keys
         with broker_errors():
             entries: Any = self.client.zrange(k.members, 0, -1, withscores=True)
-            infos = [self.client.hget(k.member(reply_text(m)), "info") for m, _ in entries]
+            infos: list[Any] = [
+                self.client.hget(k.member(reply_text(m)), "info") for m, _ in entries
+            ]
         return [
             {
                 "worker": reply_text(member),
@@ -114,7 +116,8 @@ class DeploymentView:
     def destinations(self) -> list[FlowState]:
         """Every destination's flow control: calls in flight, limits, next token, counters."""
         with broker_errors():
-            names = sorted(reply_text(n) for n in self.client.smembers(self.keys.destinations))
+            members: Any = self.client.smembers(self.keys.destinations)
+            names = sorted(reply_text(n) for n in members)
             pipe = self.client.pipeline(transaction=False)
             queue_flow_reads(pipe, self.keys, names)
             return flow_states(pipe.execute(), names)

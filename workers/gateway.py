@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
-from redis.client import Pipeline, PubSub
+from redis.client import Pipeline
 from redis.typing import EncodableT, FieldT
 
 from keylane.routing import ShardMap
@@ -291,7 +291,9 @@ class LaneGateway:
 
     def hold(self, record_key: str, dead_letter_id: int) -> bool:
         """Hold ``record_key`` behind a dead letter (unless it is already held)."""
-        return bool(_do(lambda: self.client.hsetnx(self.keys.held, record_key, dead_letter_id)))
+        return bool(
+            _do(lambda: self.client.hsetnx(self.keys.held, record_key, str(dead_letter_id)))
+        )
 
     def held_by(self, record_key: str) -> int | None:
         """The dead letter holding ``record_key``, if any."""
@@ -430,8 +432,8 @@ class LaneGateway:
         """A pub/sub subscription to the doorbell channel (shard numbers of queues that
         just got a message); the caller reads it with ``get_message`` and closes it."""
         with broker_errors():
-            # Typed through a cast: redis-py left pubsub() untyped before 8.2.
-            open_pubsub = cast("Callable[..., PubSub]", self.client.pubsub)
+            # Typed through a cast: redis-py left pubsub() and PubSub untyped before 8.2.
+            open_pubsub = cast("Callable[..., Any]", self.client.pubsub)
             pubsub = open_pubsub(ignore_subscribe_messages=True)
             pubsub.subscribe(self.keys.doorbell)
         return pubsub

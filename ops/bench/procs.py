@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import click
 import psycopg
@@ -240,16 +241,18 @@ def namespace_of(client: redis.Redis, namespace: str) -> Iterator[str]:
 
 def redis_cpu_s(client: redis.Redis) -> float:
     """CPU seconds the Redis server has used (all of its clients, not just ours)."""
-    info = client.info("cpu")
+    info: Any = client.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def redis_profile(client: redis.Redis) -> dict[str, str]:
     """Version and persistence settings: they decide what an enqueue costs."""
-    out = {"version": str(client.info("server")["redis_version"])}
+    server: Any = client.info("server")
+    out = {"version": str(server["redis_version"])}
     for name in ("appendonly", "appendfsync"):
         try:
-            value = client.config_get(name).get(name, "?")
+            config: Any = client.config_get(name)
+            value = config.get(name, "?")
         except redis.ResponseError:  # CONFIG disabled (managed Redis)
             value = "?"
         out[name] = str(value)

@@ -27,6 +27,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 import redis
@@ -44,6 +45,7 @@ from keylane.ops.bench.procs import (
     wait_for,
     worker_processes,
 )
+from keylane.routing.contract.redis_calls import reply_int
 from keylane.routing.keys import RedisKeys
 from keylane.workers.stores import open_store
 from keylane.workers.stores.base import Store
@@ -81,7 +83,8 @@ def rss_mib(pid: int) -> float:
 
 def used_memory(client: redis.Redis) -> int:
     """Redis's ``used_memory``, in bytes."""
-    return int(client.info("memory")["used_memory"])
+    memory: Any = client.info("memory")
+    return int(memory["used_memory"])
 
 
 def bodies(start: int, count: int, keys: int) -> list[bytes]:
@@ -127,7 +130,7 @@ def dedupe_key_bytes(client: redis.Redis, keys: RedisKeys) -> float:
     """Mean ``MEMORY USAGE`` of up to :data:`MEMORY_SAMPLE` of the run's dedupe keys."""
     sizes = []
     for key in client.scan_iter(match=f"{keys.prefix}seen:*", count=1000):
-        sizes.append(int(client.memory_usage(key, samples=0) or 0))
+        sizes.append(reply_int(client.memory_usage(key, samples=0)))
         if len(sizes) >= MEMORY_SAMPLE:
             break
     return sum(sizes) / len(sizes) if sizes else 0.0

@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -46,6 +46,7 @@ from keylane.ops.bench.versus_work import Delivery, Effects, Workload, check_eff
 from keylane.ops.embedded_redis import free_port
 from keylane.ops.telemetry import DeploymentView
 from keylane.routing import ShardMap
+from keylane.routing.contract.redis_calls import reply_int
 from keylane.routing.keys import RedisKeys
 from keylane.workers.stores import open_store
 from keylane.workers.stores.base import DeadLetterFilter
@@ -355,7 +356,7 @@ class CelerySystem:
         def answered() -> bool:
             if not all(c.alive() for c in self.children):
                 raise BenchFailure(f"a {self.name} process exited:\n{self.bench.logs_tail()}")
-            return int(self.redis.hlen(ready)) == len(queues)
+            return reply_int(self.redis.hlen(ready)) == len(queues)
 
         wait_for(answered, 180, f"{self.name} to consume its queues", self.bench.logs_tail, 0.2)
 
@@ -384,7 +385,7 @@ class CelerySystem:
         cpu0 = _cpu_s(self.children)
         sent = send_all(work, SENDERS, lambda: publisher(publish))
         _wait_until(
-            lambda: int(self.redis.hlen(done)) >= len(work.deliveries),
+            lambda: reply_int(self.redis.hlen(done)) >= len(work.deliveries),
             case.timeout_s(self.processes),
         )
         cpu_s = _cpu_s(self.children) - cpu0
@@ -393,7 +394,7 @@ class CelerySystem:
     def _collect(self, case: Case, sent: Sent, done: str, retries: str, cpu_s: float) -> SystemRun:
         work = case.work
         applied_at: list[float | None] = [None] * work.events
-        marks: dict[bytes, bytes] = self.redis.hgetall(done)  # type: ignore[assignment]
+        marks = cast("dict[bytes, bytes]", self.redis.hgetall(done))
         for delivery_index, at in marks.items():
             seq = work.deliveries[int(delivery_index)].seq
             first = applied_at[seq]
@@ -410,5 +411,5 @@ class CelerySystem:
         if self.kind == "hashed":
             extra["busiest queue ev"] = case.busiest(lambda key: queue_for(key, self.processes))
         if self.kind == "lock":
-            extra["lock retries"] = int(self.redis.get(retries) or 0)
+            extra["lock retries"] = reply_int(self.redis.get(retries))
         return SystemRun(self.name, case, sent, applied_at, effects, cpu_s, extra)

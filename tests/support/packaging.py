@@ -102,6 +102,11 @@ def package_folders() -> set[str]:
 
 
 def direct_requirements() -> list[str]:
-    """The names of keylane's direct dependencies, from pyproject.toml."""
+    """keylane's direct dependencies as pyproject.toml declares them (name, extras, range)."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return [re.split(r"[\[<>=~!; ]", spec, maxsplit=1)[0] for spec in project["dependencies"]]
+    return list(project["dependencies"])
+
+
+def requirement_name(spec: str) -> str:
+    """The distribution name of a requirement (``celery[redis]~=5.7.0`` -> ``celery``)."""
+    return re.split(r"[\[<>=~!; ]", spec, maxsplit=1)[0]
