@@ -25,9 +25,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from keylane.producers.sender import Sender, Sent
-from keylane.routing.contract.destinations import TASK_PREFIX
-from keylane.routing.contract.errors import (
+from .producers.sender import Sender, Sent
+from .routing.contract.destinations import TASK_PREFIX
+from .routing.contract.errors import (
     ChangeNotApplicable,
     ConfigError,
     FieldNotOwned,
@@ -35,13 +35,13 @@ from keylane.routing.contract.errors import (
     KeylaneError,
     VersionConflict,
 )
-from keylane.routing.contract.events import Change, Event
-from keylane.routing.contract.settings import Settings, load_settings
-from keylane.routing.contract.sources import FieldOwnership, load_sources
-from keylane.workers.destinations import Conflict, Context, Done, GiveUp, Outcome, RetryLater
-from keylane.workers.resources import open_resource
-from keylane.workers.tasks import KeyRule, TaskSpec, register
-from keylane.workers.versioned import (
+from .routing.contract.events import Change, Event
+from .routing.contract.settings import Settings, load_settings
+from .routing.contract.sources import FieldOwnership, load_sources
+from .workers.destinations import Conflict, Context, Done, GiveUp, Outcome, RetryLater
+from .workers.resources import open_resource
+from .workers.tasks import KeyRule, TaskSpec, register
+from .workers.versioned import (
     Review,
     Snapshot,
     VersionedResource,

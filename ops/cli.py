@@ -10,7 +10,9 @@ import signal
 
 import click
 
-from keylane.ops.cli_common import (
+from ..routing.contract.errors import KeylaneError
+from ..routing.contract.settings import Settings
+from .cli_common import (
     accept_deployment_options,
     cli_store,
     deployment_params,
@@ -18,11 +20,9 @@ from keylane.ops.cli_common import (
     setting_option,
     settings_of,
 )
-from keylane.ops.cli_dlq import dlq
-from keylane.ops.cli_records import records
-from keylane.ops.observability import init_sentry
-from keylane.routing.contract.errors import KeylaneError
-from keylane.routing.contract.settings import Settings
+from .cli_dlq import dlq
+from .cli_records import records
+from .observability import init_sentry
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -79,7 +79,7 @@ def main() -> None:
 @click.pass_context
 def up(ctx: click.Context, no_flower: bool, check: bool) -> None:
     """Run receiver, workers and Flower (and an embedded Redis if none is configured)."""
-    from keylane.ops.up import Supervisor, UpOptions
+    from .up import Supervisor, UpOptions
 
     settings = settings_of(ctx)
     if check:
@@ -97,7 +97,7 @@ def serve(ctx: click.Context) -> None:
     """Run the webhook receiver only."""
     import uvicorn
 
-    from keylane.producers.receiver import create_receiver
+    from ..producers.receiver import create_receiver
 
     settings = settings_of(ctx)
     init_sentry(settings, "receiver")  # before the app exists: the integration wraps it
@@ -126,8 +126,8 @@ def serve(ctx: click.Context) -> None:
 @click.pass_context
 def worker(ctx: click.Context) -> None:
     """Run one worker process: it joins the others and takes its share of the shards."""
-    from keylane.workers.service import check_worker_config
-    from keylane.workers.worker import run_worker
+    from ..workers.service import check_worker_config
+    from ..workers.worker import run_worker
 
     settings = settings_of(ctx)
     check_worker_config(settings)  # a task or destination that cannot work stops it here
@@ -141,7 +141,7 @@ def worker(ctx: click.Context) -> None:
 @click.pass_context
 def flower(ctx: click.Context) -> None:
     """Run Flower on this deployment's Celery app."""
-    from keylane.workers.app import create_app
+    from ..workers.app import create_app
 
     settings = settings_of(ctx)
     app = create_app(settings)
@@ -159,9 +159,9 @@ def flower(ctx: click.Context) -> None:
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """Shards (owner, fencing token, depth, oldest message, in flight) and workers."""
-    from keylane.ops.status import collect_status
-    from keylane.ops.tables import render_table
-    from keylane.ops.telemetry import DeploymentView
+    from .status import collect_status
+    from .tables import render_table
+    from .telemetry import DeploymentView
 
     settings = settings_of(ctx)
     view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)
@@ -204,7 +204,7 @@ def check_command(ctx: click.Context, receiver_url: str | None, max_age: str | N
 
     Exit code 0 when everything is healthy, 1 otherwise.
     """
-    from keylane.ops.triage import parse_age
+    from .triage import parse_age
 
     _exit_with_checks(settings_of(ctx), receiver_url, parse_age(max_age) if max_age else None)
 
@@ -212,7 +212,7 @@ def check_command(ctx: click.Context, receiver_url: str | None, max_age: str | N
 def _exit_with_checks(
     settings: Settings, receiver_url: str | None, max_age_s: float | None = None
 ) -> None:
-    from keylane.ops.health import run_checks
+    from .health import run_checks
 
     results = run_checks(settings, receiver_url, max_age_s)
     for result in results:
@@ -228,8 +228,8 @@ def audit(ctx: click.Context, as_json: bool) -> None:
 
     Exit code 0 when both are clean, 1 when a problem is found.
     """
-    from keylane.ops.audit import audit_journal, audit_lease_log
-    from keylane.ops.telemetry import DeploymentView
+    from .audit import audit_journal, audit_lease_log
+    from .telemetry import DeploymentView
 
     settings = settings_of(ctx)
     view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)

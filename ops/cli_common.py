@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 
 import click
 
-from keylane.routing.contract.logcontext import configure_logging
-from keylane.routing.contract.settings import Settings, env_var, load_settings
-from keylane.workers.stores import open_store
-from keylane.workers.stores.base import Store
+from ..routing.contract.logcontext import configure_logging
+from ..routing.contract.settings import Settings, env_var, load_settings
+from ..workers.stores import open_store
+from ..workers.stores.base import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -17,13 +17,13 @@ from typing import Any, TypeVar
 
 import click
 
-from keylane.ops.cli_common import age, cli_store, emit_json, settings_of, when
-from keylane.ops.tables import render_table
-from keylane.ops.triage import Done, Triage, field_diffs, parse_age, record_now, stats_summary
-from keylane.routing.contract.errors import KeylaneError
-from keylane.routing.contract.sources import load_sources
-from keylane.workers.gateway import LaneGateway
-from keylane.workers.stores.base import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter, Store
+from ..routing.contract.errors import KeylaneError
+from ..routing.contract.sources import load_sources
+from ..workers.gateway import LaneGateway
+from ..workers.stores.base import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter, Store
+from .cli_common import age, cli_store, emit_json, settings_of, when
+from .tables import render_table
+from .triage import Done, Triage, field_diffs, parse_age, record_now, stats_summary
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -6,8 +6,8 @@ import json
 
 import click
 
-from keylane.ops.cli_common import cli_store, emit_json, settings_of, when
-from keylane.ops.records import edit_record, parse_assignment, record_json
+from .cli_common import cli_store, emit_json, settings_of, when
+from .records import edit_record, parse_assignment, record_json
 
 
 @click.group()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-from keylane.routing.contract.errors import ConfigError
+from ..routing.contract.errors import ConfigError
 
 
 def redis_binary() -> str:

@@ -13,10 +13,10 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from keylane.ops.status import collect_status
-from keylane.ops.telemetry import DeploymentView
-from keylane.routing.contract.settings import Settings
-from keylane.workers.stores import open_store
+from ..routing.contract.settings import Settings
+from ..workers.stores import open_store
+from .status import collect_status
+from .telemetry import DeploymentView
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import sentry_sdk
 from sentry_sdk.integrations.logging import LoggingIntegration
 from sentry_sdk.integrations.redis import RedisIntegration
 
-from keylane.routing.contract.settings import Settings
+from ..routing.contract.settings import Settings
 
 FILTERED = "[Filtered]"
 
@@ -68,7 +68,7 @@ def _secrets(settings: Settings, environ: Mapping[str, str]) -> list[str]:
     and the credentials in its URLs."""
     values: list[str] = []
     with contextlib.suppress(Exception):
-        from keylane.routing.contract.sources import load_sources
+        from ..routing.contract.sources import load_sources
 
         for source in load_sources(settings).all():
             for name in getattr(source.verify, "secrets_env", ()):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from keylane.routing.contract.errors import KeylaneError, VersionConflict
-from keylane.workers.stores.base import Record, Store
+from ..routing.contract.errors import KeylaneError, VersionConflict
+from ..workers.stores.base import Record, Store
 
 MAX_EDIT_ATTEMPTS = 20
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from keylane.ops.telemetry import DeploymentView
-from keylane.routing.contract.message import MalformedMessage, parse_message
-from keylane.routing.contract.settings import Settings
+from ..routing.contract.message import MalformedMessage, parse_message
+from ..routing.contract.settings import Settings
+from .telemetry import DeploymentView
 
 
 def collect_status(settings: Settings, view: DeploymentView) -> dict[str, Any]:

@@ -10,10 +10,10 @@ from typing import Any
 
 import redis
 
-from keylane.routing import ShardMap
-from keylane.routing.contract.destinations import FlowState, flow_states, queue_flow_reads
-from keylane.routing.contract.redis_calls import broker_errors, reply_int, reply_text
-from keylane.routing.keys import RedisKeys
+from ..routing import ShardMap
+from ..routing.contract.destinations import FlowState, flow_states, queue_flow_reads
+from ..routing.contract.redis_calls import broker_errors, reply_int, reply_text
+from ..routing.keys import RedisKeys
 
 
 class DeploymentView:

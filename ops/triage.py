@@ -17,14 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from keylane.routing.contract.errors import KeylaneError
-from keylane.routing.contract.events import Event, parse_changes
-from keylane.routing.contract.message import build_apply_message, build_unhold_message
-from keylane.routing.contract.sources import Sources
-from keylane.workers.changes import apply_changes
-from keylane.workers.gateway import LaneGateway
-from keylane.workers.resources import open_resource
-from keylane.workers.stores.base import DeadLetter, DeadLetterStatus, Store
+from ..routing.contract.errors import KeylaneError
+from ..routing.contract.events import Event, parse_changes
+from ..routing.contract.message import build_apply_message, build_unhold_message
+from ..routing.contract.sources import Sources
+from ..workers.changes import apply_changes
+from ..workers.gateway import LaneGateway
+from ..workers.resources import open_resource
+from ..workers.stores.base import DeadLetter, DeadLetterStatus, Store
 
 #: Reasons whose event cannot be applied by retrying it as it is.
 NOT_RETRYABLE = {

@@ -22,13 +22,13 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from keylane.ops.embedded_redis import EmbeddedRedis
-from keylane.producers.signatures import verifiers_of
-from keylane.routing.contract.errors import ConfigError
-from keylane.routing.contract.settings import Settings, settings_environ
-from keylane.routing.contract.sources import load_sources
-from keylane.workers.service import check_worker_config
-from keylane.workers.stores import open_store
+from ..producers.signatures import verifiers_of
+from ..routing.contract.errors import ConfigError
+from ..routing.contract.settings import Settings, settings_environ
+from ..routing.contract.sources import load_sources
+from ..workers.service import check_worker_config
+from ..workers.stores import open_store
+from .embedded_redis import EmbeddedRedis
 
 log = logging.getLogger("keylane.up")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from keylane.routing.contract.errors import InvalidEvent
+from ..routing.contract.errors import InvalidEvent
 
 MAX_JSON_DEPTH = 32
 #: The most of a refused body that is read and thrown away; a sender of more than this

@@ -20,13 +20,13 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from keylane.routing import ShardMap
-from keylane.routing.contract import redis_scripts as scripts
-from keylane.routing.contract.destinations import FlowState, flow_states, queue_flow_reads
-from keylane.routing.contract.events import Event
-from keylane.routing.contract.message import build_apply_message
-from keylane.routing.contract.redis_calls import broker_errors, reply_text
-from keylane.routing.keys import RedisKeys
+from ..routing import ShardMap
+from ..routing.contract import redis_scripts as scripts
+from ..routing.contract.destinations import FlowState, flow_states, queue_flow_reads
+from ..routing.contract.events import Event
+from ..routing.contract.message import build_apply_message
+from ..routing.contract.redis_calls import broker_errors, reply_text
+from ..routing.keys import RedisKeys
 
 Verdict = Literal["accepted", "duplicate", "reused", "full"]
 

@@ -17,9 +17,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from keylane.producers.signatures import Verified
-from keylane.routing.contract.errors import InvalidEvent
-from keylane.routing.contract.events import (
+from ..routing.contract.errors import InvalidEvent
+from ..routing.contract.events import (
     MAX_ID_CHARS,
     MAX_KEY_CHARS,
     Change,
@@ -27,8 +26,9 @@ from keylane.routing.contract.events import (
     check_text,
     parse_changes,
 )
-from keylane.routing.contract.mapping import MISSING, Delivery, render, resolve
-from keylane.routing.contract.sources import Hook, SourceConfig
+from ..routing.contract.mapping import MISSING, Delivery, render, resolve
+from ..routing.contract.sources import Hook, SourceConfig
+from .signatures import Verified
 
 KEYLESS_PREFIX = "keyless:"
 

@@ -34,17 +34,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from keylane.producers.body import discard_body, parse_json, read_body
-from keylane.producers.gateway import EnqueueResult, ReceiverGateway, accepted_answer
-from keylane.producers.intake import Ignored, Intake, take_in
-from keylane.producers.signatures import verifiers_of
-from keylane.producers.telemetry import QueueWatch, ReceiverMetrics
-from keylane.routing.contract.errors import BrokerUnavailable, InvalidEvent, SignatureError
-from keylane.routing.contract.events import Event
-from keylane.routing.contract.faults import Faults
-from keylane.routing.contract.logcontext import event_context
-from keylane.routing.contract.settings import Settings
-from keylane.routing.contract.sources import SourceConfig, Sources, load_sources
+from ..routing.contract.errors import BrokerUnavailable, InvalidEvent, SignatureError
+from ..routing.contract.events import Event
+from ..routing.contract.faults import Faults
+from ..routing.contract.logcontext import event_context
+from ..routing.contract.settings import Settings
+from ..routing.contract.sources import SourceConfig, Sources, load_sources
+from .body import discard_body, parse_json, read_body
+from .gateway import EnqueueResult, ReceiverGateway, accepted_answer
+from .intake import Ignored, Intake, take_in
+from .signatures import verifiers_of
+from .telemetry import QueueWatch, ReceiverMetrics
 
 log = logging.getLogger("keylane.receiver")
 

@@ -18,11 +18,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from keylane.producers.gateway import ReceiverGateway, accepted_answer
-from keylane.producers.intake import KEYLESS_PREFIX
-from keylane.routing.contract.errors import BrokerUnavailable, InvalidEvent
-from keylane.routing.contract.events import MAX_ID_CHARS, MAX_KEY_CHARS, Event, check_json_value
-from keylane.routing.contract.settings import Settings
+from ..routing.contract.errors import BrokerUnavailable, InvalidEvent
+from ..routing.contract.events import MAX_ID_CHARS, MAX_KEY_CHARS, Event, check_json_value
+from ..routing.contract.settings import Settings
+from .gateway import ReceiverGateway, accepted_answer
+from .intake import KEYLESS_PREFIX
 
 SEND_TIMEOUT_S = 30.0
 

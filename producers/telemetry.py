@@ -22,10 +22,10 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from keylane.producers.gateway import MetricSnapshot, ReceiverGateway
-from keylane.routing.contract.errors import BrokerUnavailable
-from keylane.routing.contract.message import MalformedMessage, parse_message
-from keylane.routing.keys import LATENCY_BUCKETS_S
+from ..routing.contract.errors import BrokerUnavailable
+from ..routing.contract.message import MalformedMessage, parse_message
+from ..routing.keys import LATENCY_BUCKETS_S
+from .gateway import MetricSnapshot, ReceiverGateway
 
 log = logging.getLogger("keylane.telemetry")
 

@@ -1,6 +1,6 @@
 """Pure routing: record key -> shard -> queue name. No I/O lives here."""
 
-from keylane.routing.hashing import stable_hash
-from keylane.routing.shards import DEFAULT_SHARD_COUNT, QUEUE_PREFIX, ShardMap
+from .hashing import stable_hash
+from .shards import DEFAULT_SHARD_COUNT, QUEUE_PREFIX, ShardMap
 
 __all__ = ["DEFAULT_SHARD_COUNT", "QUEUE_PREFIX", "ShardMap", "stable_hash"]

@@ -14,7 +14,7 @@ with few shards per member the balancing can move more).
 
 from collections.abc import Iterable
 
-from keylane.routing.hashing import stable_hash
+from .hashing import stable_hash
 
 
 def assign_shards(shard_count: int, members: Iterable[str]) -> dict[str, list[int]]:

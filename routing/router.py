@@ -3,7 +3,7 @@
 from collections.abc import Mapping
 from typing import Any
 
-from keylane.routing.shards import ShardMap
+from .shards import ShardMap
 
 APPLY_TASK = "keylane.apply"
 #: Control message: unhold a record key held behind a dead letter (run by the lanes).

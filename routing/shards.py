@@ -8,7 +8,7 @@ depths) and restarting everything with the new count.
 
 from dataclasses import dataclass
 
-from keylane.routing.hashing import stable_hash
+from .hashing import stable_hash
 
 DEFAULT_SHARD_COUNT = 64
 MAX_SHARD_COUNT = 4096

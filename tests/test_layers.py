@@ -52,17 +52,30 @@ def layer(module: str) -> str:
 
 
 def imports(path: Path) -> list[str]:
-    """The absolute module names ``path`` imports (anywhere in the file)."""
+    """The absolute module names ``path`` imports (anywhere in the file); a relative
+    import is resolved against the package the file is in."""
+    package = PACKAGES[path].split(".")
     names = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.append(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1]
+            if node.module:
+                names.append(".".join([*base, node.module]))
+            else:  # from . import a, b: each name may be a module of the package
+                names += [".".join([*base, alias.name]) for alias in node.names]
     return names
 
 
 MODULES = modules()
+#: The package each module's relative imports start from.
+PACKAGES = {
+    path: module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for module, path in MODULES.items()
+}
 
 
 def test_every_folder_is_found() -> None:

@@ -7,8 +7,8 @@ import logging
 
 import sentry_sdk
 
-from keylane.routing.contract.events import Event
-from keylane.workers.apply import ApplyResult
+from ..routing.contract.events import Event
+from .apply import ApplyResult
 
 log = logging.getLogger("keylane.alerts")
 

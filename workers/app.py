@@ -15,12 +15,12 @@ from celery import Celery
 from celery.exceptions import Ignore
 from kombu.entity import Queue
 
-from keylane.routing.contract.errors import NotOwner
-from keylane.routing.contract.events import Event
-from keylane.routing.contract.message import build_apply_message, build_unhold_message
-from keylane.routing.contract.settings import Settings
-from keylane.routing.router import APPLY_TASK, UNHOLD_TASK, ShardRouter
-from keylane.workers.gateway import LaneGateway
+from ..routing.contract.errors import NotOwner
+from ..routing.contract.events import Event
+from ..routing.contract.message import build_apply_message, build_unhold_message
+from ..routing.contract.settings import Settings
+from ..routing.router import APPLY_TASK, UNHOLD_TASK, ShardRouter
+from .gateway import LaneGateway
 
 log = logging.getLogger("keylane.app")
 

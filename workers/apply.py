@@ -24,20 +24,20 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from keylane.routing.contract.errors import (
+from ..routing.contract.errors import (
     AlreadyApplied,
     ChangeNotApplicable,
     FieldNotOwned,
     KeylaneError,
     VersionConflict,
 )
-from keylane.routing.contract.events import Change, Event, parse_changes
-from keylane.routing.contract.faults import NO_FAULTS, Faults
-from keylane.routing.contract.sources import SourceConfig
-from keylane.workers.blocking import BlockingPool
-from keylane.workers.changes import apply_changes
-from keylane.workers.group_commit import GroupCommit
-from keylane.workers.stores.base import DeadLetterDraft, EventWrite, Fence, Record, Store
+from ..routing.contract.events import Change, Event, parse_changes
+from ..routing.contract.faults import NO_FAULTS, Faults
+from ..routing.contract.sources import SourceConfig
+from .blocking import BlockingPool
+from .changes import apply_changes
+from .group_commit import GroupCommit
+from .stores.base import DeadLetterDraft, EventWrite, Fence, Record, Store
 
 ApplyOutcome = Literal["applied", "duplicate", "dead_lettered"]
 

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, ParamSpec, TypeVar
 
-from keylane.routing.contract.errors import StoreUnavailable
-from keylane.workers.stores.base import Store
+from ..routing.contract.errors import StoreUnavailable
+from .stores.base import Store
 
 log = logging.getLogger("keylane.lanes")
 

@@ -11,9 +11,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from keylane.routing.contract.errors import ChangeNotApplicable, FieldNotOwned
-from keylane.routing.contract.events import Change
-from keylane.routing.contract.sources import ALL_FIELDS, FieldOwnership
+from ..routing.contract.errors import ChangeNotApplicable, FieldNotOwned
+from ..routing.contract.events import Change
+from ..routing.contract.sources import ALL_FIELDS, FieldOwnership
 
 
 def apply_changes(

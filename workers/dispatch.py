@@ -34,15 +34,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from keylane.routing.contract.destinations import DestinationConfig, retry_delay_s
-from keylane.routing.contract.errors import AlreadyApplied
-from keylane.routing.contract.events import Event
-from keylane.routing.contract.faults import NO_FAULTS, Faults
-from keylane.routing.contract.settings import Settings
-from keylane.routing.keys import message_digest
-from keylane.workers.apply import ApplyResult, dead_letter, event_write
-from keylane.workers.blocking import BlockingPool
-from keylane.workers.destinations import (
+from ..routing.contract.destinations import DestinationConfig, retry_delay_s
+from ..routing.contract.errors import AlreadyApplied
+from ..routing.contract.events import Event
+from ..routing.contract.faults import NO_FAULTS, Faults
+from ..routing.contract.settings import Settings
+from ..routing.keys import message_digest
+from .apply import ApplyResult, dead_letter, event_write
+from .blocking import BlockingPool
+from .destinations import (
     Conflict,
     Context,
     Destination,
@@ -51,8 +51,8 @@ from keylane.workers.destinations import (
     Outcome,
     RetryLater,
 )
-from keylane.workers.gateway import LaneGateway, Taken
-from keylane.workers.stores.base import Fence, JournalEntry, Store
+from .gateway import LaneGateway, Taken
+from .stores.base import Fence, JournalEntry, Store
 
 log = logging.getLogger("keylane.dispatch")
 

@@ -21,7 +21,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from keylane.workers.gateway import LaneGateway
+from .gateway import LaneGateway
 
 log = logging.getLogger("keylane.doorbell")
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from keylane.routing.contract import redis_scripts as scripts
-from keylane.routing.contract.redis_calls import reply_text, run_script
-from keylane.routing.keys import RedisKeys
+from ..routing.contract import redis_scripts as scripts
+from ..routing.contract.redis_calls import reply_text, run_script
+from ..routing.keys import RedisKeys
 
 
 class DestinationFlow:

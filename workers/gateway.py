@@ -29,11 +29,11 @@ import redis
 from redis.client import Pipeline
 from redis.typing import EncodableT, FieldT
 
-from keylane.routing import ShardMap
-from keylane.routing.contract import redis_scripts as scripts
-from keylane.routing.contract.redis_calls import broker_errors, reply_text, run_script
-from keylane.routing.keys import RedisKeys, latency_bucket, message_digest
-from keylane.workers.flow import DestinationFlow
+from ..routing import ShardMap
+from ..routing.contract import redis_scripts as scripts
+from ..routing.contract.redis_calls import broker_errors, reply_text, run_script
+from ..routing.keys import RedisKeys, latency_bucket, message_digest
+from .flow import DestinationFlow
 
 LEASE_LOG_MAXLEN = 100_000
 

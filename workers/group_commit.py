@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from keylane.workers.blocking import BlockingPool
-from keylane.workers.stores.base import Commit, CommitRefused, EventWrite, Fence, Store
+from .blocking import BlockingPool
+from .stores.base import Commit, CommitRefused, EventWrite, Fence, Store
 
 #: Commits in one transaction at most (a bound on how long its locks are held).
 GROUP_MAX = 64

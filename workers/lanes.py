@@ -36,28 +36,28 @@ from dataclasses import dataclass
 import sentry_sdk
 from pydantic import ValidationError
 
-from keylane.routing.contract.errors import BrokerUnavailable, StaleFence, StoreUnavailable
-from keylane.routing.contract.events import Event
-from keylane.routing.contract.faults import Faults
-from keylane.routing.contract.logcontext import event_context
-from keylane.routing.contract.message import MalformedMessage, TaskMessage, parse_message
-from keylane.routing.contract.settings import Settings
-from keylane.routing.contract.sources import SourceConfig, Sources
-from keylane.routing.router import APPLY_TASK, UNHOLD_TASK
-from keylane.workers.alerts import alert_dead_letter
-from keylane.workers.apply import (
+from ..routing.contract.errors import BrokerUnavailable, StaleFence, StoreUnavailable
+from ..routing.contract.events import Event
+from ..routing.contract.faults import Faults
+from ..routing.contract.logcontext import event_context
+from ..routing.contract.message import MalformedMessage, TaskMessage, parse_message
+from ..routing.contract.settings import Settings
+from ..routing.contract.sources import SourceConfig, Sources
+from ..routing.router import APPLY_TASK, UNHOLD_TASK
+from .alerts import alert_dead_letter
+from .apply import (
     ApplyResult,
     SourceHandler,
     apply_events,
     dead_letter,
 )
-from keylane.workers.blocking import BlockingPool
-from keylane.workers.dispatch import Dispatcher, Wait
-from keylane.workers.doorbell import Doorbell
-from keylane.workers.gateway import Ack, LaneGateway, Lease, Taken
-from keylane.workers.group_commit import GroupCommit
-from keylane.workers.ownership import Ownership
-from keylane.workers.stores.base import DeadLetterDraft, DeadLetterFilter, Fence, Record, Store
+from .blocking import BlockingPool
+from .dispatch import Dispatcher, Wait
+from .doorbell import Doorbell
+from .gateway import Ack, LaneGateway, Lease, Taken
+from .group_commit import GroupCommit
+from .ownership import Ownership
+from .stores.base import DeadLetterDraft, DeadLetterFilter, Fence, Record, Store
 
 log = logging.getLogger("keylane.lanes")
 

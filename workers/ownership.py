@@ -31,12 +31,12 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from keylane.routing.assignment import assign_shards
-from keylane.routing.contract.errors import BrokerUnavailable, StoreUnavailable
-from keylane.routing.contract.settings import Settings
-from keylane.workers.gateway import LaneGateway, Lease
-from keylane.workers.stores.base import Store
-from keylane.workers.writer import EXIT_NOT_THE_WRITER, StoreWriter
+from ..routing.assignment import assign_shards
+from ..routing.contract.errors import BrokerUnavailable, StoreUnavailable
+from ..routing.contract.settings import Settings
+from .gateway import LaneGateway, Lease
+from .stores.base import Store
+from .writer import EXIT_NOT_THE_WRITER, StoreWriter
 
 log = logging.getLogger("keylane.ownership")
 

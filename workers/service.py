@@ -10,18 +10,18 @@ import time
 import uuid
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-from keylane.routing.contract.faults import Faults
-from keylane.routing.contract.settings import Settings
-from keylane.routing.contract.sources import Sources, load_sources
-from keylane.workers.destinations import Destination, open_destinations
-from keylane.workers.dispatch import Dispatcher
-from keylane.workers.gateway import LaneGateway
-from keylane.workers.lanes import Lanes, ResultCallback
-from keylane.workers.ownership import Ownership
-from keylane.workers.stores import open_store
-from keylane.workers.stores.base import Store
-from keylane.workers.tasks import import_app
-from keylane.workers.writer import StoreWriter
+from ..routing.contract.faults import Faults
+from ..routing.contract.settings import Settings
+from ..routing.contract.sources import Sources, load_sources
+from .destinations import Destination, open_destinations
+from .dispatch import Dispatcher
+from .gateway import LaneGateway
+from .lanes import Lanes, ResultCallback
+from .ownership import Ownership
+from .stores import open_store
+from .stores.base import Store
+from .tasks import import_app
+from .writer import StoreWriter
 
 log = logging.getLogger("keylane.worker")
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from keylane.routing.contract.destinations import check_task_name
-from keylane.routing.contract.errors import ConfigError
+from ..routing.contract.destinations import check_task_name
+from ..routing.contract.errors import ConfigError
 
 #: The most events one call of a batch task is given.
 MAX_TASK_BATCH = 256

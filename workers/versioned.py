@@ -31,15 +31,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from keylane.routing.contract.errors import (
+from ..routing.contract.errors import (
     ChangeNotApplicable,
     FieldNotOwned,
     KeylaneError,
     StoreUnavailable,
 )
-from keylane.routing.contract.events import Change
-from keylane.routing.contract.sources import ALL_FIELDS, FieldOwnership
-from keylane.workers.changes import apply_changes
+from ..routing.contract.events import Change
+from ..routing.contract.sources import ALL_FIELDS, FieldOwnership
+from .changes import apply_changes
 
 #: A resource's version of a record: an integer revision, an ETag, a timestamp, a digest.
 Version = int | str

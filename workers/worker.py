@@ -17,15 +17,15 @@ from celery import bootsteps
 from celery.worker.control import control_command, inspect_command
 from kombu.entity import Queue
 
-from keylane.routing.contract.events import Event
-from keylane.routing.contract.settings import Settings
-from keylane.routing.router import APPLY_TASK
-from keylane.routing.shards import QUEUE_PREFIX
-from keylane.workers.app import CONTROL_QUEUE, create_app
-from keylane.workers.apply import ApplyResult
-from keylane.workers.gateway import LaneGateway
-from keylane.workers.service import LaneService, new_worker_id
-from keylane.workers.writer import StoreWriter
+from ..routing.contract.events import Event
+from ..routing.contract.settings import Settings
+from ..routing.router import APPLY_TASK
+from ..routing.shards import QUEUE_PREFIX
+from .app import CONTROL_QUEUE, create_app
+from .apply import ApplyResult
+from .gateway import LaneGateway
+from .service import LaneService, new_worker_id
+from .writer import StoreWriter
 
 log = logging.getLogger("keylane.worker")
 

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from keylane.routing.contract.errors import ConfigError
-from keylane.routing.contract.settings import Settings
-from keylane.workers.gateway import LaneGateway
+from ..routing.contract.errors import ConfigError
+from ..routing.contract.settings import Settings
+from .gateway import LaneGateway
 
 log = logging.getLogger("keylane.writer")
 

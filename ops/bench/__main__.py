@@ -31,7 +31,7 @@ from dataclasses import asdict
 
 import click
 
-from keylane.ops.bench.procs import INTERRUPTS, BenchFailure, BenchOptions, say, worker_processes
+from .procs import INTERRUPTS, BenchFailure, BenchOptions, say, worker_processes
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 MAX_WORKERS = 64
@@ -59,10 +59,10 @@ end; stops every process it starts. Exit code 1 if an invariant does not hold.
 
 def run_bench(opts: BenchOptions) -> int:
     """Run the benchmark, print the table and the JSON line; the exit code."""
-    from keylane.ops.bench.drain import run_drain_phase
-    from keylane.ops.bench.phases import run_e2e_phase, run_receiver_phase
-    from keylane.ops.bench.procs import Bench, redis_profile
-    from keylane.ops.bench.report import Report
+    from .drain import run_drain_phase
+    from .phases import run_e2e_phase, run_receiver_phase
+    from .procs import Bench, redis_profile
+    from .report import Report
 
     with INTERRUPTS.installed(), ExitStack() as es:
         bench = Bench(opts, es)

@@ -38,7 +38,18 @@ from dataclasses import dataclass
 
 import redis
 
-from keylane.ops.bench.e2e import (
+from ...producers.body import parse_json
+from ...producers.intake import Intake, take_in
+from ...producers.signatures import verifiers_of
+from ...routing import ShardMap
+from ...routing.contract.events import Event
+from ...routing.contract.message import build_apply_message
+from ...routing.contract.sources import DEMO, Sources
+from ...routing.keys import RedisKeys
+from ...workers.stores import open_store
+from ...workers.stores.base import Store
+from ..telemetry import DeploymentView
+from .e2e import (
     DirectRun,
     Workload,
     apply_direct,
@@ -46,8 +57,8 @@ from keylane.ops.bench.e2e import (
     push_order,
     workload,
 )
-from keylane.ops.bench.phases import all_shards_owned, run_audit
-from keylane.ops.bench.procs import (
+from .phases import all_shards_owned, run_audit
+from .procs import (
     SHARD_COUNT,
     Bench,
     BenchFailure,
@@ -59,18 +70,7 @@ from keylane.ops.bench.procs import (
     redis_cpu_s,
     say,
 )
-from keylane.ops.bench.report import DrainRun, Report
-from keylane.ops.telemetry import DeploymentView
-from keylane.producers.body import parse_json
-from keylane.producers.intake import Intake, take_in
-from keylane.producers.signatures import verifiers_of
-from keylane.routing import ShardMap
-from keylane.routing.contract.events import Event
-from keylane.routing.contract.message import build_apply_message
-from keylane.routing.contract.sources import DEMO, Sources
-from keylane.routing.keys import RedisKeys
-from keylane.workers.stores import open_store
-from keylane.workers.stores.base import Store
+from .report import DrainRun, Report
 
 #: ``LPUSH``es per pipeline while filling the queues.
 FILL_BATCH = 500

@@ -17,13 +17,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from keylane.routing import ShardMap
-from keylane.routing.contract.events import Envelope, Event
-from keylane.routing.contract.sources import DEMO
-from keylane.workers.apply import event_write
-from keylane.workers.changes import apply_changes
-from keylane.workers.stores import open_store
-from keylane.workers.stores.base import DeadLetterFilter, Fence, Store
+from ...routing import ShardMap
+from ...routing.contract.events import Envelope, Event
+from ...routing.contract.sources import DEMO
+from ...workers.apply import event_write
+from ...workers.changes import apply_changes
+from ...workers.stores import open_store
+from ...workers.stores.base import DeadLetterFilter, Fence, Store
 
 EVENT_TYPE = "bench.increment"
 

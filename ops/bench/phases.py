@@ -9,9 +9,16 @@ import subprocess
 import sys
 import time
 
-from keylane.ops.bench.e2e import apply_direct, check_store, workload
-from keylane.ops.bench.load import run_load
-from keylane.ops.bench.procs import (
+from ...routing import ShardMap
+from ...routing.assignment import assign_shards
+from ...routing.keys import RedisKeys
+from ...workers.stores import open_store
+from ...workers.stores.base import Store
+from ..embedded_redis import free_port
+from ..telemetry import DeploymentView
+from .e2e import apply_direct, check_store, workload
+from .load import run_load
+from .procs import (
     REPO,
     SHARD_COUNT,
     Bench,
@@ -24,14 +31,7 @@ from keylane.ops.bench.procs import (
     say,
     wait_for,
 )
-from keylane.ops.bench.report import E2eRun, ReceiverRun, Report
-from keylane.ops.embedded_redis import free_port
-from keylane.ops.telemetry import DeploymentView
-from keylane.routing import ShardMap
-from keylane.routing.assignment import assign_shards
-from keylane.routing.keys import RedisKeys
-from keylane.workers.stores import open_store
-from keylane.workers.stores.base import Store
+from .report import E2eRun, ReceiverRun, Report
 
 WARMUP_REQUESTS = 100
 

@@ -398,7 +398,7 @@ class Bench:
 
     def wait_http(self, proc: Child, url: str) -> None:
         """Wait until ``url`` answers 200; fail if ``proc`` exits first."""
-        from keylane.ops.bench.load import get_ok
+        from .load import get_ok
 
         wait_for(lambda: get_ok(url) or not proc.alive(), 30, f"{proc.name} at {url}")
         if not proc.alive():

@@ -8,9 +8,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from keylane.ops.bench.e2e import DirectRun
-from keylane.ops.bench.load import LoadResult
-from keylane.ops.tables import render_table
+from ..tables import render_table
+from .e2e import DirectRun
+from .load import LoadResult
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,13 @@ from typing import Any
 import click
 import redis
 
-from keylane.ops.bench.load import run_load
-from keylane.ops.bench.phases import start_receiver, start_workers
-from keylane.ops.bench.procs import (
+from ...routing.contract.redis_calls import reply_int
+from ...routing.keys import RedisKeys
+from ...workers.stores import open_store
+from ...workers.stores.base import Store
+from .load import run_load
+from .phases import start_receiver, start_workers
+from .procs import (
     INTERRUPTS,
     Bench,
     BenchFailure,
@@ -45,10 +49,6 @@ from keylane.ops.bench.procs import (
     wait_for,
     worker_processes,
 )
-from keylane.routing.contract.redis_calls import reply_int
-from keylane.routing.keys import RedisKeys
-from keylane.workers.stores import open_store
-from keylane.workers.stores.base import Store
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 #: Dedupe keys whose MEMORY USAGE is averaged.

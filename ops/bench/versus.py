@@ -45,7 +45,7 @@ from typing import Any
 
 import click
 
-from keylane.ops.bench.procs import (
+from .procs import (
     INTERRUPTS,
     SHARD_COUNT,
     Bench,
@@ -57,10 +57,10 @@ from keylane.ops.bench.procs import (
     say,
     worker_processes,
 )
-from keylane.ops.bench.versus_celery import CeleryConfig
-from keylane.ops.bench.versus_report import json_line, render_case
-from keylane.ops.bench.versus_systems import Case, CelerySystem, KeylaneSystem, SystemRun
-from keylane.ops.bench.versus_work import WORKLOADS, make_workload
+from .versus_celery import CeleryConfig
+from .versus_report import json_line, render_case
+from .versus_systems import Case, CelerySystem, KeylaneSystem, SystemRun
+from .versus_work import WORKLOADS, make_workload
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 

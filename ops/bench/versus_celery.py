@@ -32,8 +32,8 @@ from typing import Any
 import redis
 from celery import Celery
 
-from keylane.ops.bench.versus_dest import Table, read_sleep_write
-from keylane.routing import stable_hash
+from ...routing import stable_hash
+from .versus_dest import Table, read_sleep_write
 
 RMW_TASK = "versus.rmw"
 LOCKED_TASK = "versus.rmw_locked"

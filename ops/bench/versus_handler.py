@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from keylane.routing.contract.events import Event
-from keylane.workers.stores.base import Record
+from ...routing.contract.events import Event
+from ...workers.stores.base import Record
 
 TYPE_PREFIX = "versus.rmw."
 

@@ -7,8 +7,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from keylane.ops.bench.versus_systems import Case, SystemRun
-from keylane.ops.tables import render_table
+from ..tables import render_table
+from .versus_systems import Case, SystemRun
 
 HEADERS = (
     "system",

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from keylane.ops.bench.versus_work import Delivery, Workload, sender_of
+from .versus_work import Delivery, Workload, sender_of
 
 #: Sends one delivery; returns the number of retries it took, raises :class:`SendFailed`.
 SendOne = Callable[[Delivery], int]

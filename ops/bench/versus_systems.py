@@ -19,15 +19,22 @@ from typing import Any, cast
 
 import redis
 
-from keylane.ops.bench.phases import all_shards_owned, run_audit
-from keylane.ops.bench.procs import (
+from ...routing import ShardMap
+from ...routing.contract.redis_calls import reply_int
+from ...routing.keys import RedisKeys
+from ...workers.stores import open_store
+from ...workers.stores.base import DeadLetterFilter
+from ..embedded_redis import free_port
+from ..telemetry import DeploymentView
+from .phases import all_shards_owned, run_audit
+from .procs import (
     Bench,
     BenchFailure,
     Child,
     keylane_argv,
     wait_for,
 )
-from keylane.ops.bench.versus_celery import (
+from .versus_celery import (
     LOCKED_TASK,
     PING_TASK,
     PLAIN_QUEUE,
@@ -39,17 +46,10 @@ from keylane.ops.bench.versus_celery import (
     queue_for,
     worker_argv,
 )
-from keylane.ops.bench.versus_dest import Table, table_name
-from keylane.ops.bench.versus_handler import event_type
-from keylane.ops.bench.versus_send import Sent, http_sender, publisher, send_all
-from keylane.ops.bench.versus_work import Delivery, Effects, Workload, check_effects
-from keylane.ops.embedded_redis import free_port
-from keylane.ops.telemetry import DeploymentView
-from keylane.routing import ShardMap
-from keylane.routing.contract.redis_calls import reply_int
-from keylane.routing.keys import RedisKeys
-from keylane.workers.stores import open_store
-from keylane.workers.stores.base import DeadLetterFilter
+from .versus_dest import Table, table_name
+from .versus_handler import event_type
+from .versus_send import Sent, http_sender, publisher, send_all
+from .versus_work import Delivery, Effects, Workload, check_effects
 
 SOURCE = "versus"
 BATCH_SOURCE = "versus-batch"

@@ -9,10 +9,7 @@ and per delivery, before anything else reads the body::
     verified = verifier.verify(request.headers, body, now=time.time())  # or SignatureError
 """
 
-from keylane.producers.signatures.base import Verified, Verifier
-from keylane.producers.signatures.factory import build_verifier, verifier_from_environ, verifiers_of
-from keylane.producers.signatures.keys import SecretInput
-from keylane.routing.contract.signing import (
+from ...routing.contract.signing import (
     GithubConfig,
     HmacConfig,
     NoneConfig,
@@ -23,6 +20,9 @@ from keylane.routing.contract.signing import (
     load_secrets,
     parse_verify_config,
 )
+from .base import Verified, Verifier
+from .factory import build_verifier, verifier_from_environ, verifiers_of
+from .keys import SecretInput
 
 __all__ = [
     "GithubConfig",

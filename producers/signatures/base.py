@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from keylane.routing.contract.errors import SignatureError
+from ...routing.contract.errors import SignatureError
 
 # Whole Unix seconds in ASCII digits only: ``\d`` would also take other scripts' digits,
 # which ``int()`` accepts. Twelve digits reach past the year 30000 and keep ``int()`` cheap.

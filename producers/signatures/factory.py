@@ -5,16 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import assert_never
 
-from keylane.producers.signatures.base import Verifier
-from keylane.producers.signatures.generic import HmacSpec, HmacVerifier
-from keylane.producers.signatures.github import github_verifier
-from keylane.producers.signatures.keys import SecretInput
-from keylane.producers.signatures.shopify import shopify_verifier
-from keylane.producers.signatures.standard_webhooks import StandardWebhooksVerifier
-from keylane.producers.signatures.stripe import StripeVerifier
-from keylane.producers.signatures.unsigned import UnsignedVerifier
-from keylane.routing.contract.errors import ConfigError
-from keylane.routing.contract.signing import (
+from ...routing.contract.errors import ConfigError
+from ...routing.contract.signing import (
     GithubConfig,
     HmacConfig,
     NoneConfig,
@@ -24,7 +16,15 @@ from keylane.routing.contract.signing import (
     VerifyConfig,
     load_secrets,
 )
-from keylane.routing.contract.sources import Sources
+from ...routing.contract.sources import Sources
+from .base import Verifier
+from .generic import HmacSpec, HmacVerifier
+from .github import github_verifier
+from .keys import SecretInput
+from .shopify import shopify_verifier
+from .standard_webhooks import StandardWebhooksVerifier
+from .stripe import StripeVerifier
+from .unsigned import UnsignedVerifier
 
 
 def build_verifier(config: VerifyConfig, secrets: Sequence[SecretInput]) -> Verifier:

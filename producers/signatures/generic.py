@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from keylane.producers.signatures.base import (
+from ...routing.contract.signing import (
+    Algorithm,
+    Encoding,
+    HmacConfig,
+    check_signed_payload,
+    compile_template,
+    placeholders,
+)
+from .base import (
     Verified,
     check_tolerance,
     lower_headers,
@@ -20,19 +28,11 @@ from keylane.producers.signatures.base import (
     parse_timestamp,
     require_header,
 )
-from keylane.producers.signatures.keys import (
+from .keys import (
     SecretInput,
     SigningKeys,
     decode_signature,
     utf8_key,
-)
-from keylane.routing.contract.signing import (
-    Algorithm,
-    Encoding,
-    HmacConfig,
-    check_signed_payload,
-    compile_template,
-    placeholders,
 )
 
 

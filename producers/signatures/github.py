@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from keylane.producers.signatures.generic import HmacSpec, HmacVerifier
-from keylane.producers.signatures.keys import SecretInput
+from .generic import HmacSpec, HmacVerifier
+from .keys import SecretInput
 
 GITHUB = HmacSpec(
     header="x-hub-signature-256",

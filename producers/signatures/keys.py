@@ -14,8 +14,8 @@ from typing import TypeAlias
 
 from pydantic import SecretBytes, SecretStr
 
-from keylane.routing.contract.errors import ConfigError
-from keylane.routing.contract.signing import Algorithm, Encoding
+from ...routing.contract.errors import ConfigError
+from ...routing.contract.signing import Algorithm, Encoding
 
 SecretInput: TypeAlias = str | bytes | SecretStr | SecretBytes
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from keylane.producers.signatures.generic import HmacSpec, HmacVerifier
-from keylane.producers.signatures.keys import SecretInput
+from .generic import HmacSpec, HmacVerifier
+from .keys import SecretInput
 
 SHOPIFY = HmacSpec(
     header="x-shopify-hmac-sha256",

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from keylane.producers.signatures.base import (
+from ...routing.contract.errors import ConfigError
+from ...routing.contract.signing import whsec_key
+from .base import (
     Verified,
     check_tolerance,
     lower_headers,
@@ -22,9 +24,7 @@ from keylane.producers.signatures.base import (
     parse_timestamp,
     require_header,
 )
-from keylane.producers.signatures.keys import SecretInput, SigningKeys, decode_signature, reveal
-from keylane.routing.contract.errors import ConfigError
-from keylane.routing.contract.signing import whsec_key
+from .keys import SecretInput, SigningKeys, decode_signature, reveal
 
 ID_HEADER = "webhook-id"
 TIMESTAMP_HEADER = "webhook-timestamp"

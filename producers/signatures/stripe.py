@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from keylane.producers.signatures.base import (
+from .base import (
     Verified,
     check_tolerance,
     lower_headers,
@@ -21,7 +21,7 @@ from keylane.producers.signatures.base import (
     parse_timestamp,
     require_header,
 )
-from keylane.producers.signatures.keys import SecretInput, SigningKeys, decode_signature, utf8_key
+from .keys import SecretInput, SigningKeys, decode_signature, utf8_key
 
 HEADER = "stripe-signature"
 DEFAULT_TOLERANCE_S = 300

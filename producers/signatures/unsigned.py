@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from keylane.producers.signatures.base import Verified
+from .base import Verified
 
 
 class UnsignedVerifier:

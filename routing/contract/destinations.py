@@ -42,9 +42,10 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from keylane.routing.contract.errors import ConfigError
-from keylane.routing.contract.redis_calls import reply_text
-from keylane.routing.contract.resources import (
+from ..keys import RedisKeys
+from .errors import ConfigError
+from .redis_calls import reply_text
+from .resources import (
     RESOURCE_KINDS,
     PgTableResourceConfig,
     ResourceConfig,
@@ -53,7 +54,6 @@ from keylane.routing.contract.resources import (
     env_names_of,
     parse_resource,
 )
-from keylane.routing.keys import RedisKeys
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 #: Prefix of the destinations keylane makes for a source's ``task = "..."``.

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from keylane.routing.contract.settings import FaultSpec
+from .settings import FaultSpec
 
 
 class InjectedFault(RuntimeError):

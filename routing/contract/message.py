@@ -20,8 +20,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from keylane.routing.contract.events import Event
-from keylane.routing.router import APPLY_TASK, UNHOLD_TASK
+from ..router import APPLY_TASK, UNHOLD_TASK
+from .events import Event
 
 _ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from keylane.routing.contract.errors import BrokerUnavailable
+from .errors import BrokerUnavailable
 
 
 @contextlib.contextmanager

@@ -42,8 +42,8 @@ from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from keylane.routing.contract.errors import ConfigError
-from keylane.routing.contract.events import check_field_name
+from .errors import ConfigError
+from .events import check_field_name
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")

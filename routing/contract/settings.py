@@ -14,9 +14,9 @@ from urllib.parse import urlparse
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from keylane.routing import DEFAULT_SHARD_COUNT, ShardMap
-from keylane.routing.contract.errors import ConfigError
-from keylane.routing.keys import RedisKeys
+from .. import DEFAULT_SHARD_COUNT, ShardMap
+from ..keys import RedisKeys
+from .errors import ConfigError
 
 THREE_DAYS_S = 3 * 24 * 3600
 

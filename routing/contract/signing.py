@@ -35,7 +35,7 @@ from pydantic import (
     model_validator,
 )
 
-from keylane.routing.contract.errors import ConfigError
+from .errors import ConfigError
 
 Algorithm: TypeAlias = Literal["sha1", "sha256", "sha512"]
 Encoding: TypeAlias = Literal["hex", "base64"]

@@ -42,16 +42,16 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from keylane.routing.contract.destinations import (
+from .destinations import (
     DestinationConfig,
     check_task_name,
     task_destination,
 )
-from keylane.routing.contract.errors import ConfigError
-from keylane.routing.contract.events import OPS, check_field_name
-from keylane.routing.contract.mapping import check_reference, check_template, is_reference
-from keylane.routing.contract.settings import Settings
-from keylane.routing.contract.signing import NoneConfig, VerifyConfig
+from .errors import ConfigError
+from .events import OPS, check_field_name
+from .mapping import check_reference, check_template, is_reference
+from .settings import Settings
+from .signing import NoneConfig, VerifyConfig
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 DAY_S = 24 * 3600

@@ -32,10 +32,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from keylane.routing.contract.destinations import DestinationConfig
-from keylane.routing.contract.errors import ConfigError
-from keylane.routing.contract.events import Event
-from keylane.routing.contract.sources import Sources
+from ...routing.contract.destinations import DestinationConfig
+from ...routing.contract.errors import ConfigError
+from ...routing.contract.events import Event
+from ...routing.contract.sources import Sources
 
 
 class Outcome(Exception):
@@ -174,9 +174,9 @@ def open_destinations(
     """Every destination of ``sources`` plus one per registered task, ready to call;
     ``ConfigError`` says clearly what cannot work (an unknown task, a missing secret, a
     table without the columns it names)."""
-    from keylane.workers.destinations.http_forward import HttpForward
-    from keylane.workers.destinations.task import TaskDestination, task_destinations
-    from keylane.workers.destinations.versioned import VersionedDestination
+    from .http_forward import HttpForward
+    from .task import TaskDestination, task_destinations
+    from .versioned import VersionedDestination
 
     env = dict(os.environ if environ is None else environ)
     configs = sources.destinations

@@ -22,10 +22,10 @@ from typing import Any
 
 import httpx
 
-from keylane.routing.contract.destinations import EXCERPT_CHARS, DestinationConfig
-from keylane.routing.contract.events import Event
-from keylane.routing.contract.signing import standard_webhooks_signature, whsec_key
-from keylane.workers.destinations import (
+from ...routing.contract.destinations import EXCERPT_CHARS, DestinationConfig
+from ...routing.contract.events import Event
+from ...routing.contract.signing import standard_webhooks_signature, whsec_key
+from . import (
     Blocking,
     Context,
     Destination,

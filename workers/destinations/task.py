@@ -6,15 +6,15 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from keylane.routing.contract.destinations import (
+from ...routing.contract.destinations import (
     EXCERPT_CHARS,
     DestinationConfig,
     task_destination,
 )
-from keylane.routing.contract.errors import ConfigError
-from keylane.routing.contract.events import Event
-from keylane.workers.destinations import Blocking, Context, Destination, Done, Outcome
-from keylane.workers.tasks import TaskSpec, all_tasks, registered
+from ...routing.contract.errors import ConfigError
+from ...routing.contract.events import Event
+from ..tasks import TaskSpec, all_tasks, registered
+from . import Blocking, Context, Destination, Done, Outcome
 
 
 class TaskDestination(Destination):

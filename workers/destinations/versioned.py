@@ -13,12 +13,11 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from keylane.routing.contract.destinations import DestinationConfig
-from keylane.routing.contract.events import Event
-from keylane.routing.contract.sources import ALL_FIELDS, FieldOwnership, Sources
-from keylane.workers.destinations import Context, Destination, Done, GiveUp, Outcome, RetryLater
-from keylane.workers.resources import open_resource
-from keylane.workers.versioned import (
+from ...routing.contract.destinations import DestinationConfig
+from ...routing.contract.events import Event
+from ...routing.contract.sources import ALL_FIELDS, FieldOwnership, Sources
+from ..resources import open_resource
+from ..versioned import (
     ResourceUnavailable,
     Review,
     Snapshot,
@@ -28,6 +27,7 @@ from keylane.workers.versioned import (
     apply_versioned,
     revision_of,
 )
+from . import Context, Destination, Done, GiveUp, Outcome, RetryLater
 
 #: How much of a review's two bodies is kept in the dead letter's error text.
 DETAIL_CHARS = 8000

@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from keylane.routing.contract.resources import (
+from ...routing.contract.resources import (
     EtagResourceConfig,
     PgTableResourceConfig,
     ResourceConfig,
 )
-from keylane.routing.contract.sources import ALL_FIELDS, FieldOwnership
-from keylane.workers.versioned import VersionedResource
+from ...routing.contract.sources import ALL_FIELDS, FieldOwnership
+from ..versioned import VersionedResource
 
 
 def open_resource(
@@ -35,13 +35,13 @@ def open_resource(
     source's owned fields)."""
     env = os.environ if environ is None else environ
     if isinstance(config, EtagResourceConfig):
-        from keylane.workers.resources.etag import EtagResource
+        from .etag import EtagResource
 
         return EtagResource(config, env)
     if isinstance(config, PgTableResourceConfig):
-        from keylane.workers.resources.pg_table import PgTableResource
+        from .pg_table import PgTableResource
 
         return PgTableResource(config, env)
-    from keylane.workers.resources.stamped import StampedResource
+    from .stamped import StampedResource
 
     return StampedResource(config, env, compare)

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from keylane.routing.contract.resources import EtagResourceConfig
-from keylane.workers.resources.http import Answer, HttpRecords
-from keylane.workers.versioned import ResourceRefused, Snapshot, Version
+from ...routing.contract.resources import EtagResourceConfig
+from ..versioned import ResourceRefused, Snapshot, Version
+from .http import Answer, HttpRecords
 
 
 class EtagResource:

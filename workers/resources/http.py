@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 
-from keylane.routing.contract.resources import HttpResourceConfig
-from keylane.workers.versioned import (
+from ...routing.contract.resources import HttpResourceConfig
+from ..versioned import (
     ResourceRefused,
     ResourceUnavailable,
     Snapshot,

@@ -29,9 +29,9 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from keylane.routing.contract.errors import ConfigError
-from keylane.routing.contract.resources import PgTableResourceConfig, render_key_template
-from keylane.workers.versioned import (
+from ...routing.contract.errors import ConfigError
+from ...routing.contract.resources import PgTableResourceConfig, render_key_template
+from ..versioned import (
     ResourceRefused,
     ResourceUnavailable,
     Snapshot,

@@ -25,10 +25,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from keylane.routing.contract.resources import StampedResourceConfig
-from keylane.routing.contract.sources import ALL_FIELDS, FieldOwnership
-from keylane.workers.resources.http import HttpRecords
-from keylane.workers.versioned import ResourceRefused, Snapshot, Version, WriteConflict
+from ...routing.contract.resources import StampedResourceConfig
+from ...routing.contract.sources import ALL_FIELDS, FieldOwnership
+from ..versioned import ResourceRefused, Snapshot, Version, WriteConflict
+from .http import HttpRecords
 
 
 class StampedResource:

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlparse
 
-from keylane.routing.contract.errors import ConfigError
-from keylane.workers.stores.base import Store
-from keylane.workers.stores.sql import SqlStore
+from ...routing.contract.errors import ConfigError
+from .base import Store
+from .sql import SqlStore
 
 
 def open_store(
@@ -18,14 +18,14 @@ def open_store(
     """Open a store from ``sqlite:///path`` or ``postgresql://...``."""
     scheme = urlparse(url).scheme
     if scheme == "sqlite":
-        from keylane.workers.stores.sqlite import SqliteDialect
+        from .sqlite import SqliteDialect
 
         path = url[len("sqlite://") :]
         return SqlStore(
             SqliteDialect(Path(path), timeout_ms=timeout_ms, synchronous=sqlite_synchronous)
         )
     if scheme in ("postgres", "postgresql"):
-        from keylane.workers.stores.postgres import PostgresDialect
+        from .postgres import PostgresDialect
 
         return SqlStore(PostgresDialect(url, timeout_ms=timeout_ms))
     raise ConfigError(f"unsupported store URL scheme {scheme!r}: use sqlite:/// or postgresql://")

@@ -7,13 +7,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from keylane.workers.stores.base import (
+from .base import (
     DeadLetter,
     DeadLetterDraft,
     DeadLetterFilter,
     DeadLetterStatus,
 )
-from keylane.workers.stores.dialect import Cursor, Dialect, dump_json
+from .dialect import Cursor, Dialect, dump_json
 
 _COLUMNS = (
     "id, created_at, source, event_id, record_key, shard, reason, {event}, {change}, "

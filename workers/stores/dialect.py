@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from keylane.workers.stores.schema import ColumnTypes
+from .schema import ColumnTypes
 
 
 class Cursor(Protocol):

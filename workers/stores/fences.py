@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from keylane.routing.contract.errors import StaleFence
-from keylane.workers.stores.base import Fence
-from keylane.workers.stores.dialect import Cursor, Dialect
+from ...routing.contract.errors import StaleFence
+from .base import Fence
+from .dialect import Cursor, Dialect
 
 
 def stored_token(cur: Cursor, shard: int, lock: str = "") -> int:

@@ -7,9 +7,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from keylane.routing.contract.errors import AlreadyApplied
-from keylane.workers.stores.base import Fence, JournalEntry, JournalOutcome
-from keylane.workers.stores.dialect import Cursor
+from ...routing.contract.errors import AlreadyApplied
+from .base import Fence, JournalEntry, JournalOutcome
+from .dialect import Cursor
 
 _SELECT = (
     "SELECT source, event_id, record_key, shard, outcome, revision, attempts, "

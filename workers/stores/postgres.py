@@ -16,9 +16,9 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from keylane.routing.contract.errors import StoreUnavailable
-from keylane.workers.stores.dialect import Cursor
-from keylane.workers.stores.schema import ColumnTypes
+from ...routing.contract.errors import StoreUnavailable
+from .dialect import Cursor
+from .schema import ColumnTypes
 
 # Serializes concurrent migrations (two workers starting at once) on a fixed lock id.
 _MIGRATION_LOCK = 0x6B65796C616E65

@@ -6,9 +6,9 @@ import json
 import time
 from typing import Any
 
-from keylane.routing.contract.errors import VersionConflict
-from keylane.workers.stores.base import Record
-from keylane.workers.stores.dialect import Cursor, Dialect, dump_json
+from ...routing.contract.errors import VersionConflict
+from .base import Record
+from .dialect import Cursor, Dialect, dump_json
 
 
 def read_record(d: Dialect, cur: Cursor, record_key: str) -> Record:

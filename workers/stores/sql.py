@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from keylane.routing.contract.errors import AlreadyApplied, StaleFence, VersionConflict
-from keylane.workers.stores.base import (
+from ...routing.contract.errors import AlreadyApplied, StaleFence, VersionConflict
+from .base import (
     Commit,
     CommitRefused,
     DeadLetter,
@@ -23,18 +23,18 @@ from keylane.workers.stores.base import (
     Record,
     Store,
 )
-from keylane.workers.stores.dead_letters import (
+from .dead_letters import (
     count_dead_letters,
     find_dead_letter,
     insert_dead_letter,
     list_dead_letters,
     move_dead_letter,
 )
-from keylane.workers.stores.dialect import Cursor, Dialect
-from keylane.workers.stores.fences import check_fence, lock_fence, stored_token, upsert_fence
-from keylane.workers.stores.journal import count_entries, find_entry, list_entries, record_outcome
-from keylane.workers.stores.records import keys_with_prefix, read_record, write_record
-from keylane.workers.stores.schema import schema_ddl
+from .dialect import Cursor, Dialect
+from .fences import check_fence, lock_fence, stored_token, upsert_fence
+from .journal import count_entries, find_entry, list_entries, record_outcome
+from .records import keys_with_prefix, read_record, write_record
+from .schema import schema_ddl
 
 
 class SqlStore(Store):

@@ -13,9 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-from keylane.routing.contract.errors import StoreUnavailable
-from keylane.workers.stores.dialect import Cursor
-from keylane.workers.stores.schema import ColumnTypes
+from ...routing.contract.errors import StoreUnavailable
+from .dialect import Cursor
+from .schema import ColumnTypes
 
 
 class SqliteDialect:
