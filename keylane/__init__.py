@@ -39,15 +39,15 @@ from .routing.contract.events import Change, Event
 from .routing.contract.settings import Settings, load_settings
 from .routing.contract.sources import FieldOwnership, load_sources
 from .workers.destinations import Conflict, Context, Done, GiveUp, Outcome, RetryLater
-from .workers.resources import open_resource
-from .workers.tasks import KeyRule, TaskSpec, register
-from .workers.versioned import (
+from .workers.resource import (
     Review,
     Snapshot,
     VersionedResource,
     Written,
     apply_versioned,
 )
+from .workers.resources import open_resource
+from .workers.tasks import KeyRule, TaskSpec, register
 
 __version__ = "0.1.0"
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..routing.contract.message import MalformedMessage, parse_message
+from ..routing.contract.errors import MalformedMessage
+from ..routing.contract.message import parse_message
 from ..routing.contract.settings import Settings
 from .telemetry import DeploymentView
 

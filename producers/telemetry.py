@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from ..routing.contract.errors import BrokerUnavailable
-from ..routing.contract.message import MalformedMessage, parse_message
+from ..routing.contract.errors import BrokerUnavailable, MalformedMessage
+from ..routing.contract.message import parse_message
 from ..routing.keys import LATENCY_BUCKETS_S
 from .gateway import MetricSnapshot, ReceiverGateway
 

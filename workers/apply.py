@@ -28,7 +28,8 @@ from ..routing.contract.errors import (
     AlreadyApplied,
     ChangeNotApplicable,
     FieldNotOwned,
-    KeylaneError,
+    HandlerTimeout,
+    InvalidHandlerResult,
     VersionConflict,
 )
 from ..routing.contract.events import Change, Event, parse_changes
@@ -232,14 +233,6 @@ def event_write(
         attempts=attempts,
         retry_of=event.retry_of,
     )
-
-
-class HandlerTimeout(RuntimeError):
-    """The source's handler ran past ``handler_time_limit_ms``."""
-
-
-class InvalidHandlerResult(KeylaneError):
-    """The source's handler returned something that is not a change."""
 
 
 #: The dead-letter reason of a change that cannot apply to the record as read (first match).

@@ -36,11 +36,16 @@ from dataclasses import dataclass
 import sentry_sdk
 from pydantic import ValidationError
 
-from ..routing.contract.errors import BrokerUnavailable, StaleFence, StoreUnavailable
+from ..routing.contract.errors import (
+    BrokerUnavailable,
+    MalformedMessage,
+    StaleFence,
+    StoreUnavailable,
+)
 from ..routing.contract.events import Event
 from ..routing.contract.faults import Faults
 from ..routing.contract.logcontext import event_context
-from ..routing.contract.message import MalformedMessage, TaskMessage, parse_message
+from ..routing.contract.message import TaskMessage, parse_message
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import SourceConfig, Sources
 from ..routing.router import APPLY_TASK, UNHOLD_TASK

@@ -1,4 +1,33 @@
-"""keylane's one exception tree. Driver, Redis and Celery errors are mapped at the boundary."""
+"""keylane's one exception tree. Driver, Redis and Celery errors are mapped at the boundary.
+
+::
+
+    KeylaneError
+    ├── ConfigError                 settings or a sources file that cannot work
+    ├── InvalidEvent                a delivery answered 4xx
+    │   (SignatureError is answered 401)
+    ├── SignatureError
+    ├── ChangeNotApplicable, FieldNotOwned       a change that cannot apply
+    ├── StoreError
+    │   ├── StoreUnavailable
+    │   │   └── ResourceUnavailable (also a ResourceError)
+    │   ├── VersionConflict
+    │   └── AlreadyApplied
+    ├── ResourceError               a record that lives elsewhere (keylane.workers.resource)
+    │   ├── WriteConflict, WriteOutcomeUnknown, ResourceRefused
+    │   └── ResourceUnavailable
+    ├── HandlerError                a source's handler
+    │   ├── HandlerTimeout
+    │   └── InvalidHandlerResult
+    ├── NotOwner
+    │   └── StaleFence
+    ├── BrokerUnavailable
+    ├── MalformedMessage            bytes in a shard queue that are not a keylane message
+    └── InjectedFault               a test's fault point (KEYLANE_FAULTS)
+
+The outcomes a task or destination returns or raises (``Done``, ``RetryLater``, ``Conflict``,
+``GiveUp``) are not errors: they are in :mod:`keylane.workers.destinations`.
+"""
 
 
 class KeylaneError(Exception):
@@ -87,3 +116,52 @@ class BrokerUnavailable(KeylaneError):
 
 class SignatureError(KeylaneError):
     """A delivery whose signature does not verify (answered 401)."""
+
+
+class MalformedMessage(KeylaneError, ValueError):
+    """Bytes in a shard queue that are not a keylane task message."""
+
+
+class InjectedFault(KeylaneError):
+    """Raised by a ``raise`` fault (:mod:`keylane.routing.contract.faults`)."""
+
+
+class HandlerError(KeylaneError):
+    """A source's handler did not give a change."""
+
+
+class HandlerTimeout(HandlerError):
+    """The source's handler ran past ``handler_time_limit_ms``."""
+
+
+class InvalidHandlerResult(HandlerError):
+    """The source's handler returned something that is not a change."""
+
+
+class ResourceError(KeylaneError):
+    """A versioned resource (a record that lives elsewhere) did not do what was asked."""
+
+
+class WriteConflict(ResourceError):
+    """The record is no longer at the version read (or, for a create, exists already)."""
+
+
+class WriteOutcomeUnknown(ResourceError):
+    """The write was sent but its answer was lost: it may or may not have happened."""
+
+
+class ResourceRefused(ResourceError):
+    """The resource refused the request for good (a 4xx, a constraint): not retried."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ResourceUnavailable(ResourceError, StoreUnavailable):
+    """The resource cannot be reached or asks to wait; nothing was written, so the event
+    may be tried again later as it is."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

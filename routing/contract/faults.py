@@ -18,11 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .errors import InjectedFault
 from .settings import FaultSpec
-
-
-class InjectedFault(RuntimeError):
-    """Raised by a ``raise`` fault."""
 
 
 class Faults:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..router import APPLY_TASK, UNHOLD_TASK
+from .errors import MalformedMessage
 from .events import Event
 
 _ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
@@ -42,10 +43,6 @@ class TaskMessage:
     kwargs: dict[str, Any]
     headers: dict[str, Any]
     redelivered: bool
-
-
-class MalformedMessage(ValueError):
-    """Bytes in a shard queue that are not a keylane task message."""
 
 
 def build_apply_message(

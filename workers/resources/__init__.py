@@ -1,5 +1,5 @@
 """Versioned resources: where a record lives outside keylane, behind one interface
-(:class:`keylane.workers.versioned.VersionedResource`), one file per kind:
+(:class:`keylane.workers.resource.VersionedResource`), one file per kind:
 
 * :mod:`~keylane.workers.resources.etag` — HTTP with ETags (``If-Match``, ``If-None-Match``);
 * :mod:`~keylane.workers.resources.pg_table` — the user's own PostgreSQL table;
@@ -21,7 +21,7 @@ from ...routing.contract.resources import (
     ResourceConfig,
 )
 from ...routing.contract.sources import ALL_FIELDS, FieldOwnership
-from ..versioned import VersionedResource
+from ..resource import VersionedResource
 
 
 def open_resource(

@@ -15,13 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ...routing.contract.errors import ResourceRefused
 from ...routing.contract.resources import EtagResourceConfig
-from ..versioned import ResourceRefused, Snapshot, Version
+from ..resource import Snapshot, Version
 from .http import Answer, HttpRecords
 
 
 class EtagResource:
-    """A :class:`~keylane.workers.versioned.VersionedResource` over HTTP with ETags."""
+    """A :class:`~keylane.workers.resource.VersionedResource` over HTTP with ETags."""
 
     def __init__(self, config: EtagResourceConfig, environ: Mapping[str, str]) -> None:
         self.config = config

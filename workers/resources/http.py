@@ -1,6 +1,6 @@
 """Records at URLs, as JSON documents: the one module that imports httpx.
 
-Answers become the discipline's errors (:mod:`keylane.workers.versioned`):
+Answers become the discipline's errors (:mod:`keylane.workers.resource`):
 
 * a read: 404 is an absent record; 429, a 5xx or no connection is
   :class:`ResourceUnavailable`; any other 4xx is :class:`ResourceRefused`;
@@ -20,15 +20,14 @@ from typing import Any
 
 import httpx
 
-from ...routing.contract.resources import HttpResourceConfig
-from ..versioned import (
+from ...routing.contract.errors import (
     ResourceRefused,
     ResourceUnavailable,
-    Snapshot,
-    Version,
     WriteConflict,
     WriteOutcomeUnknown,
 )
+from ...routing.contract.resources import HttpResourceConfig
+from ..resource import Snapshot, Version
 
 #: Errors raised before a request left this machine: it cannot have had an effect.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)

@@ -29,16 +29,15 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from ...routing.contract.errors import ConfigError
-from ...routing.contract.resources import PgTableResourceConfig, render_key_template
-from ..versioned import (
+from ...routing.contract.errors import (
+    ConfigError,
     ResourceRefused,
     ResourceUnavailable,
-    Snapshot,
-    Version,
     WriteConflict,
     WriteOutcomeUnknown,
 )
+from ...routing.contract.resources import PgTableResourceConfig, render_key_template
+from ..resource import Snapshot, Version
 
 _INTEGER_TYPES = ("smallint", "integer", "bigint", "numeric")
 _TIMESTAMP_TYPES = ("timestamp with time zone", "timestamp without time zone")
@@ -58,7 +57,7 @@ WHERE i.indrelid = %(table)s::regclass AND i.indisunique AND i.indnkeyatts = 1
 
 
 class PgTableResource:
-    """A :class:`~keylane.workers.versioned.VersionedResource` in a PostgreSQL table."""
+    """A :class:`~keylane.workers.resource.VersionedResource` in a PostgreSQL table."""
 
     def __init__(
         self,

@@ -25,14 +25,15 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from ...routing.contract.errors import ResourceRefused, WriteConflict
 from ...routing.contract.resources import StampedResourceConfig
 from ...routing.contract.sources import ALL_FIELDS, FieldOwnership
-from ..versioned import ResourceRefused, Snapshot, Version, WriteConflict
+from ..resource import Snapshot, Version
 from .http import HttpRecords
 
 
 class StampedResource:
-    """A :class:`~keylane.workers.versioned.VersionedResource` over an HTTP API that has
+    """A :class:`~keylane.workers.resource.VersionedResource` over an HTTP API that has
     no versions (see the module docstring for what that costs)."""
 
     def __init__(

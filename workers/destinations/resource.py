@@ -1,5 +1,5 @@
 """A destination that holds the records: the event's change is written where the record
-lives, with the write discipline of :mod:`keylane.workers.versioned` (fresh read, owned
+lives, with the write discipline of :mod:`keylane.workers.resource` (fresh read, owned
 fields only, write only if still the version read, bounded re-reads, else a review row).
 
 A source names it with ``records_in``. Its events are changes, exactly as for keylane's own
@@ -14,11 +14,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...routing.contract.destinations import DestinationConfig
+from ...routing.contract.errors import ResourceUnavailable
 from ...routing.contract.events import Event
 from ...routing.contract.sources import ALL_FIELDS, FieldOwnership, Sources
-from ..resources import open_resource
-from ..versioned import (
-    ResourceUnavailable,
+from ..resource import (
     Review,
     Snapshot,
     VersionedResource,
@@ -27,13 +26,14 @@ from ..versioned import (
     apply_versioned,
     revision_of,
 )
+from ..resources import open_resource
 from . import Context, Destination, Done, GiveUp, Outcome, RetryLater
 
 #: How much of a review's two bodies is kept in the dead letter's error text.
 DETAIL_CHARS = 8000
 
 
-class VersionedDestination(Destination):
+class ResourceDestination(Destination):
     """Applies each event's change to the record where it lives (one resource connection
     per lane thread: a resource holds one connection)."""
 

@@ -23,19 +23,13 @@ import psycopg
 import pytest
 
 from keylane.routing.contract.destinations import DestinationConfig
-from keylane.routing.contract.errors import ConfigError
+from keylane.routing.contract.errors import ConfigError, WriteConflict
 from keylane.routing.contract.events import Change, Event, parse_changes
 from keylane.routing.contract.resources import parse_resource
 from keylane.routing.contract.sources import FieldOwnership, parse_sources
+from keylane.workers.resource import Review, VersionedResource, Written, apply_versioned
 from keylane.workers.resources import open_resource
 from keylane.workers.stores.base import DeadLetterDraft
-from keylane.workers.versioned import (
-    Review,
-    VersionedResource,
-    WriteConflict,
-    Written,
-    apply_versioned,
-)
 from tests.support.etag_server import EtagServer
 
 OWNS = FieldOwnership.of(["count", "tags", "status"])

@@ -1,8 +1,16 @@
-"""The write discipline for a record that lives outside keylane, in any versioned resource.
+"""Resources: records that live outside keylane, and the write discipline for them.
 
-This is :mod:`keylane.workers.apply`'s discipline (invariants 5 and 6) for a destination
-that holds the record itself, written once for every kind of resource
-(:mod:`keylane.workers.resources`):
+One concept under one name. A *resource* is a place that holds records with versions (an
+HTTP API with ETags, the user's own PostgreSQL table, an API with a last-edited stamp): the
+interface is :class:`VersionedResource` here, one file per kind in
+:mod:`keylane.workers.resources`, their configuration in
+:mod:`keylane.routing.contract.resources` (``[destinations.X]`` with ``kind = "etag"``,
+``"pg_table"`` or ``"stamped"``), and the lane reaches them through
+:mod:`keylane.workers.destinations.resource` (a source names one with ``records_in``;
+user code with ``keylane.resource(name)``).
+
+The discipline is :mod:`keylane.workers.apply`'s (invariants 5 and 6), written once for
+every kind of resource:
 
 1. **fresh read**: the record's fields and the version the resource gives them;
 2. **change**: the event's operations applied to what was read, owned fields only; a change
@@ -34,8 +42,12 @@ from typing import Any, Protocol
 from ..routing.contract.errors import (
     ChangeNotApplicable,
     FieldNotOwned,
-    KeylaneError,
+    ResourceError,
+    ResourceRefused,
+    ResourceUnavailable,
     StoreUnavailable,
+    WriteConflict,
+    WriteOutcomeUnknown,
 )
 from ..routing.contract.events import Change
 from ..routing.contract.sources import ALL_FIELDS, FieldOwnership
@@ -78,35 +90,6 @@ class VersionedResource(Protocol):
 
     def close(self) -> None:
         """Release connections."""
-
-
-class ResourceError(KeylaneError):
-    """A versioned resource did not do what was asked."""
-
-
-class WriteConflict(ResourceError):
-    """The record is no longer at the version read (or, for a create, exists already)."""
-
-
-class WriteOutcomeUnknown(ResourceError):
-    """The write was sent but its answer was lost: it may or may not have happened."""
-
-
-class ResourceRefused(ResourceError):
-    """The resource refused the request for good (a 4xx, a constraint): not retried."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class ResourceUnavailable(StoreUnavailable):
-    """The resource cannot be reached or asks to wait; nothing was written, so the event
-    may be tried again later as it is."""
-
-    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)
