@@ -21,162 +21,40 @@ and ``keylane worker -A myapp.tasks`` runs the tasks. The packages below it are 
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from typing import Any
+import os as _os
 
-from .producers.sender import Sender, Sent
-from .routing.contract.destinations import TASK_PREFIX
+# In a checkout, keylane/'s four folders are links to routing/, producers/, workers/ and
+# ops/ at the top of the tree: load them from there, so tracebacks, debuggers (a breakpoint
+# on workers/lanes.py:120) and coverage name each file where it is in the tree. An
+# installed keylane has real folders and is left as it is.
+if _os.path.islink(_os.path.join(__path__[0], "workers")):
+    __path__.insert(0, _os.path.dirname(_os.path.realpath(_os.path.join(__path__[0], "workers"))))
+
+from .api import Task, TaskFunction, configure, resource, task
+from .producers.sender import Sent
 from .routing.contract.errors import (
+    BrokerUnavailable,
     ChangeNotApplicable,
     ConfigError,
     FieldNotOwned,
     InvalidEvent,
     KeylaneError,
+    ResourceError,
+    ResourceRefused,
+    ResourceUnavailable,
     VersionConflict,
+    WriteConflict,
+    WriteOutcomeUnknown,
 )
 from .routing.contract.events import Change, Event
-from .routing.contract.settings import Settings, load_settings
-from .routing.contract.sources import FieldOwnership, load_sources
+from .routing.contract.sources import FieldOwnership
 from .workers.destinations import Conflict, Context, Done, GiveUp, Outcome, RetryLater
-from .workers.resource import (
-    Review,
-    Snapshot,
-    VersionedResource,
-    Written,
-    apply_versioned,
-)
-from .workers.resources import open_resource
-from .workers.tasks import KeyRule, TaskSpec, register
+from .workers.resource import Review, Snapshot, VersionedResource, Written, apply_versioned
 
 __version__ = "0.1.0"
 
-#: What a task function looks like: it gets the event and its context, and returns
-#: (or raises) an outcome; returning None means done. A batch task (``batch=N``) gets a
-#: list of its record's waiting events instead, in order, and its outcome is theirs.
-TaskFunction = Callable[[Event, Context], Any] | Callable[[list[Event], Context], Any]
-
-_lock = threading.Lock()
-_sender: Sender | None = None
-_settings: Settings | None = None
-
-
-def configure(**settings: Any) -> None:
-    """Point ``send`` at a deployment (``redis_url=...``, ``namespace=...``, any setting);
-    without it, the ``KEYLANE_*`` environment decides, as for the ``keylane`` command."""
-    global _sender, _settings
-    with _lock:
-        if _sender is not None:
-            _sender.close()
-        _sender, _settings = None, load_settings(**settings)
-
-
-def _get_sender() -> Sender:
-    global _sender
-    with _lock:
-        if _sender is None:
-            _sender = Sender(_settings or load_settings())
-        return _sender
-
-
-class Task:
-    """A registered task: call it like the function, or ``send`` it an event."""
-
-    def __init__(self, spec: TaskSpec) -> None:
-        self.spec = spec
-        self.name = spec.name
-        self.__doc__ = spec.fn.__doc__
-        self.__wrapped__ = spec.fn
-
-    def __call__(self, event: Event | list[Event], context: Context) -> Any:
-        return self.spec.fn(event, context)
-
-    def __repr__(self) -> str:
-        return f"<keylane task {self.name}>"
-
-    @property
-    def destination(self) -> str:
-        """The destination its events go to: its own, or ``task:<name>``."""
-        return self.spec.destination or f"{TASK_PREFIX}{self.name}"
-
-    def send(self, payload: Any, *, event_id: str | None = None, event_type: str = "event") -> Sent:
-        """Queue ``payload`` for this task, on the lane of its record key. With an
-        ``event_id``, a second send of the same id is a duplicate and runs nothing (the
-        receiver's dedupe); ``InvalidEvent`` if that id came with another payload."""
-        return _get_sender().send(**self._event(payload, event_id, event_type))
-
-    async def send_async(
-        self, payload: Any, *, event_id: str | None = None, event_type: str = "event"
-    ) -> Sent:
-        """:meth:`send` for async code."""
-        return await _get_sender().send_async(**self._event(payload, event_id, event_type))
-
-    def _event(self, payload: Any, event_id: str | None, event_type: str) -> dict[str, Any]:
-        try:
-            record_key = self.spec.record_key(payload)
-        except ValueError as exc:
-            raise InvalidEvent(str(exc)) from None
-        return {
-            "source": self.name,
-            "destination": self.destination,
-            "payload": payload,
-            "record_key": record_key,
-            "event_id": event_id,
-            "event_type": event_type,
-            "batch": self.spec.batch,
-        }
-
-
-_resources = threading.local()
-
-
-def resource(name: str) -> VersionedResource:
-    """The version-checked destination ``name`` (an ``etag``, ``pg_table`` or ``stamped``
-    ``[destinations.X]`` of the sources file), opened for this thread, for a task to write
-    through :func:`apply_versioned`::
-
-        crm = keylane.resource("crm")
-        keylane.apply_versioned(crm, event.record_key, {"plan": keylane.Change(op="set", value=p)})
-    """
-    opened: dict[str, VersionedResource] = _resources.__dict__.setdefault("by_name", {})
-    if name not in opened:
-        config = load_sources(_settings or load_settings()).destinations.get(name)
-        if config is None or config.resource is None:
-            raise ConfigError(f"no version-checked [destinations.{name}] in the sources file")
-        opened[name] = open_resource(config.resource)
-    return opened[name]
-
-
-def task(
-    key: KeyRule,
-    *,
-    name: str | None = None,
-    destination: str | None = None,
-    batch: int = 1,
-    debounce_ms: int = 0,
-) -> Callable[[TaskFunction], Task]:
-    """Register a function as a keylane task.
-
-    ``key`` derives the record key from a payload: a template over its top-level fields
-    (``"contact:{email}"``) or a function. ``name`` defaults to the function's name; a
-    source's ``task = "..."`` refers to it. ``destination`` names a ``[destinations.X]``
-    table of ``kind = "task"`` whose limits (calls in flight, calls per second) apply.
-
-    ``batch=N`` (N > 1): the function is given a list of its record's waiting events (1 to
-    N, in order) instead of one event, and what it returns or raises is the outcome of them
-    all: one call to the system it writes to for a burst of edits. ``debounce_ms=D`` (with a
-    batch): the lane waits until the record's newest waiting event is D ms old, or N are
-    waiting, before it calls the function. A source that names the task sets ``batch = N``
-    too (the receiver marks its events so that a lane can take them together).
-    """
-
-    def decorate(fn: TaskFunction) -> Task:
-        return Task(register(fn, key, name, destination, batch, debounce_ms))
-
-    return decorate
-
-
 __all__ = [
+    "BrokerUnavailable",
     "Change",
     "ChangeNotApplicable",
     "ConfigError",
@@ -190,6 +68,9 @@ __all__ = [
     "InvalidEvent",
     "KeylaneError",
     "Outcome",
+    "ResourceError",
+    "ResourceRefused",
+    "ResourceUnavailable",
     "RetryLater",
     "Review",
     "Sent",
@@ -198,6 +79,8 @@ __all__ = [
     "TaskFunction",
     "VersionConflict",
     "VersionedResource",
+    "WriteConflict",
+    "WriteOutcomeUnknown",
     "Written",
     "__version__",
     "apply_versioned",

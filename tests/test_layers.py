@@ -33,6 +33,9 @@ PURE_FORBIDDEN = ("redis", "celery", "kombu", "psycopg", "sqlite3", "starlette",
 def modules() -> dict[str, Path]:
     """Every keylane module, by dotted name."""
     found = {"keylane": REPO / "keylane" / "__init__.py"}
+    for path in (REPO / "keylane").glob("*.py"):
+        if path.stem != "__init__":
+            found[f"keylane.{path.stem}"] = path
     for folder, package in FOLDERS.items():
         for path in (REPO / folder).rglob("*.py"):
             parts = path.relative_to(REPO / folder).with_suffix("").parts
@@ -44,7 +47,7 @@ def modules() -> dict[str, Path]:
 
 def layer(module: str) -> str:
     """The layer a keylane module belongs to."""
-    if module == "keylane":
+    if module == "keylane" or module.split(".")[1] not in FOLDERS:
         return "public"
     if module.startswith("keylane.routing.contract"):
         return "contract"

@@ -1,0 +1,152 @@
+"""What ``import keylane`` gives user code, as behaviour: registering tasks and sending them
+events, pointing the process at a deployment, opening a resource for a task.
+
+The names are re-exported by :mod:`keylane`; this module holds what they do. It sits on top
+of the house (it may use producers, workers and ops, and nothing inside keylane imports it).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .producers.sender import Sender, Sent
+from .routing.contract.destinations import TASK_PREFIX
+from .routing.contract.errors import (
+    ConfigError,
+    InvalidEvent,
+)
+from .routing.contract.events import Event
+from .routing.contract.settings import Settings, load_settings
+from .routing.contract.sources import load_sources
+from .workers.destinations import Context
+from .workers.resource import (
+    VersionedResource,
+)
+from .workers.resources import open_resource
+from .workers.tasks import KeyRule, TaskSpec, register
+
+#: What a task function looks like: it gets the event and its context, and returns
+#: (or raises) an outcome; returning None means done. A batch task (``batch=N``) gets a
+#: list of its record's waiting events instead, in order, and its outcome is theirs.
+TaskFunction = Callable[[Event, Context], Any] | Callable[[list[Event], Context], Any]
+
+_lock = threading.Lock()
+_sender: Sender | None = None
+_settings: Settings | None = None
+
+
+def configure(**settings: Any) -> None:
+    """Point ``send`` at a deployment (``redis_url=...``, ``namespace=...``, any setting);
+    without it, the ``KEYLANE_*`` environment decides, as for the ``keylane`` command."""
+    global _sender, _settings
+    with _lock:
+        if _sender is not None:
+            _sender.close()
+        _sender, _settings = None, load_settings(**settings)
+
+
+def _get_sender() -> Sender:
+    global _sender
+    with _lock:
+        if _sender is None:
+            _sender = Sender(_settings or load_settings())
+        return _sender
+
+
+class Task:
+    """A registered task: call it like the function, or ``send`` it an event."""
+
+    def __init__(self, spec: TaskSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.__doc__ = spec.fn.__doc__
+        self.__wrapped__ = spec.fn
+
+    def __call__(self, event: Event | list[Event], context: Context) -> Any:
+        return self.spec.fn(event, context)
+
+    def __repr__(self) -> str:
+        return f"<keylane task {self.name}>"
+
+    @property
+    def destination(self) -> str:
+        """The destination its events go to: its own, or ``task:<name>``."""
+        return self.spec.destination or f"{TASK_PREFIX}{self.name}"
+
+    def send(self, payload: Any, *, event_id: str | None = None, event_type: str = "event") -> Sent:
+        """Queue ``payload`` for this task, on the lane of its record key. With an
+        ``event_id``, a second send of the same id is a duplicate and runs nothing (the
+        receiver's dedupe); ``InvalidEvent`` if that id came with another payload."""
+        return _get_sender().send(**self._event(payload, event_id, event_type))
+
+    async def send_async(
+        self, payload: Any, *, event_id: str | None = None, event_type: str = "event"
+    ) -> Sent:
+        """:meth:`send` for async code."""
+        return await _get_sender().send_async(**self._event(payload, event_id, event_type))
+
+    def _event(self, payload: Any, event_id: str | None, event_type: str) -> dict[str, Any]:
+        try:
+            record_key = self.spec.record_key(payload)
+        except ValueError as exc:
+            raise InvalidEvent(str(exc)) from None
+        return {
+            "source": self.name,
+            "destination": self.destination,
+            "payload": payload,
+            "record_key": record_key,
+            "event_id": event_id,
+            "event_type": event_type,
+            "batch": self.spec.batch,
+        }
+
+
+_resources = threading.local()
+
+
+def resource(name: str) -> VersionedResource:
+    """The version-checked destination ``name`` (an ``etag``, ``pg_table`` or ``stamped``
+    ``[destinations.X]`` of the sources file), opened for this thread, for a task to write
+    through :func:`apply_versioned`::
+
+        crm = keylane.resource("crm")
+        keylane.apply_versioned(crm, event.record_key, {"plan": keylane.Change(op="set", value=p)})
+    """
+    opened: dict[str, VersionedResource] = _resources.__dict__.setdefault("by_name", {})
+    if name not in opened:
+        config = load_sources(_settings or load_settings()).destinations.get(name)
+        if config is None or config.resource is None:
+            raise ConfigError(f"no version-checked [destinations.{name}] in the sources file")
+        opened[name] = open_resource(config.resource)
+    return opened[name]
+
+
+def task(
+    key: KeyRule,
+    *,
+    name: str | None = None,
+    destination: str | None = None,
+    batch: int = 1,
+    debounce_ms: int = 0,
+) -> Callable[[TaskFunction], Task]:
+    """Register a function as a keylane task.
+
+    ``key`` derives the record key from a payload: a template over its top-level fields
+    (``"contact:{email}"``) or a function. ``name`` defaults to the function's name; a
+    source's ``task = "..."`` refers to it. ``destination`` names a ``[destinations.X]``
+    table of ``kind = "task"`` whose limits (calls in flight, calls per second) apply.
+
+    ``batch=N`` (N > 1): the function is given a list of its record's waiting events (1 to
+    N, in order) instead of one event, and what it returns or raises is the outcome of them
+    all: one call to the system it writes to for a burst of edits. ``debounce_ms=D`` (with a
+    batch): the lane waits until the record's newest waiting event is D ms old, or N are
+    waiting, before it calls the function. A source that names the task sets ``batch = N``
+    too (the receiver marks its events so that a lane can take them together).
+    """
+
+    def decorate(fn: TaskFunction) -> Task:
+        return Task(register(fn, key, name, destination, batch, debounce_ms))
+
+    return decorate
