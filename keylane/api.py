@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .ops.embedded_redis import with_embedded_redis
 from .producers.sender import Sender, Sent
 from .routing.contract.destinations import TASK_PREFIX
 from .routing.contract.errors import (
@@ -44,14 +45,14 @@ def configure(**settings: Any) -> None:
     with _lock:
         if _sender is not None:
             _sender.close()
-        _sender, _settings = None, load_settings(**settings)
+        _sender, _settings = None, with_embedded_redis(load_settings(**settings))
 
 
 def _get_sender() -> Sender:
     global _sender
     with _lock:
         if _sender is None:
-            _sender = Sender(_settings or load_settings())
+            _sender = Sender(_settings or with_embedded_redis(load_settings()))
         return _sender
 
 

@@ -23,6 +23,7 @@ from ..routing.contract.logcontext import configure_logging
 from ..routing.contract.settings import Settings, env_var, load_settings
 from ..workers.stores import open_store
 from ..workers.stores.base import Store
+from .embedded_redis import with_embedded_redis
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -111,7 +112,7 @@ def settings_of(ctx: click.Context) -> Settings:
     by the options given (built once; logging is configured from them)."""
     root = ctx.find_root()
     if _SETTINGS not in root.meta:
-        settings = load_settings(**root.meta.get(_OVERRIDES, {}))
+        settings = with_embedded_redis(load_settings(**root.meta.get(_OVERRIDES, {})))
         configure_logging(settings.log_level, settings.log_format)
         root.meta[_SETTINGS] = settings
     settings = root.meta[_SETTINGS]

@@ -19,8 +19,10 @@ import time
 from pathlib import Path
 
 import redis
+from pydantic import SecretStr
 
 from ..routing.contract.errors import ConfigError
+from ..routing.contract.settings import Settings
 
 
 def redis_binary() -> str:
@@ -47,6 +49,18 @@ def _alive(url: str) -> bool:
         return bool(redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1).ping())
     except redis.RedisError:
         return False
+
+
+def with_embedded_redis(settings: Settings) -> Settings:
+    """``settings`` with the Redis URL filled in from the data directory's embedded Redis
+    (the URL file ``keylane up`` writes, when that server answers) if ``KEYLANE_REDIS_URL``
+    is unset; as they are otherwise."""
+    if settings.redis_url is not None:
+        return settings
+    url = EmbeddedRedis(settings.data_dir).running_url()
+    if url is None:
+        return settings
+    return settings.model_copy(update={"redis_url": SecretStr(url)})
 
 
 class EmbeddedRedis:

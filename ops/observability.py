@@ -6,7 +6,7 @@ died. Nothing a sender sent leaves the process: request bodies are never attache
 local variables are captured, request headers (signatures), cookies and query strings are
 dropped, and every configured secret is replaced wherever it appears. Events about one
 webhook carry its source, event id, record key and shard as tags
-(:func:`keylane.routing.contract.logcontext.event_context`).
+(:func:`keylane.routing.contract.logcontext.event_context`, added here as the event is sent).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import sentry_sdk
 from sentry_sdk.integrations.logging import LoggingIntegration
 from sentry_sdk.integrations.redis import RedisIntegration
 
+from ..routing.contract.logcontext import current_event
 from ..routing.contract.settings import Settings
 
 FILTERED = "[Filtered]"
@@ -52,7 +53,7 @@ def init_sentry(
         include_local_variables=False,
         traces_sample_rate=0.0,
         server_name=None,
-        before_send=lambda event, hint: scrub(event, secrets),
+        before_send=lambda event, hint: scrub(with_event_tags(event), secrets),
         before_breadcrumb=lambda crumb, hint: scrub(crumb, secrets),
         # Every take and ack is a Redis call: as breadcrumbs they would bury the few
         # that explain an error.
@@ -61,6 +62,18 @@ def init_sentry(
     )
     sentry_sdk.set_tag("keylane.component", component)
     return True
+
+
+def with_event_tags(event: Any) -> Any:
+    """Tag a Sentry event captured while a webhook event was handled with that event's
+    fields (``keylane.source``, ``keylane.event_id``, ...); tags already set win."""
+    fields = current_event()
+    fields.pop("attempt", None)
+    if fields and isinstance(event, dict):
+        tags = event.setdefault("tags", {})
+        for name, value in fields.items():
+            tags.setdefault(f"keylane.{name}", str(value))
+    return event
 
 
 def _secrets(settings: Settings, environ: Mapping[str, str]) -> list[str]:

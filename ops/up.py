@@ -20,8 +20,8 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from ..producers.intake import load_hook
 from ..producers.signatures import verifiers_of
 from ..routing.contract.errors import ConfigError
 from ..routing.contract.settings import Settings, settings_environ
@@ -103,7 +103,7 @@ class Supervisor:
         verifiers_of(sources, os.environ)
         check_worker_config(s)  # the app's tasks and every destination, before any child
         for source in sources.all():
-            source.load_hook()
+            load_hook(source)
             if source.unsigned and source.name != "demo":
                 log.warning(
                     "source %s accepts UNSIGNED deliveries (verify.scheme = none)", source.name
@@ -234,9 +234,4 @@ def _report_exit(child: Child, code: int) -> None:
         sentry_sdk.capture_message(f"keylane {child.name} died ({how}); restarting", level="error")
 
 
-def data_dir_redis(data_dir: Path) -> str | None:
-    """The URL of the embedded Redis running for ``data_dir``, if any."""
-    return EmbeddedRedis(data_dir).running_url()
-
-
-__all__ = ["ConfigError", "Supervisor", "UpOptions", "data_dir_redis"]
+__all__ = ["ConfigError", "Supervisor", "UpOptions"]

@@ -14,6 +14,8 @@ event that survives a Redis crash.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -23,9 +25,10 @@ from redis.exceptions import RedisError
 from ..routing import ShardMap
 from ..routing.contract import redis_scripts as scripts
 from ..routing.contract.destinations import FlowState, flow_states, queue_flow_reads
+from ..routing.contract.errors import BrokerUnavailable
 from ..routing.contract.events import Event
 from ..routing.contract.message import build_apply_message
-from ..routing.contract.redis_calls import broker_errors, reply_text
+from ..routing.contract.replies import reply_text
 from ..routing.keys import RedisKeys
 
 Verdict = Literal["accepted", "duplicate", "reused", "full"]
@@ -220,3 +223,13 @@ class ReceiverGateway:
     async def _run(script: Any, keys: list[str], args: list[Any]) -> Any:
         with broker_errors():
             return await script(keys=keys, args=args)
+
+
+@contextlib.contextmanager
+def broker_errors() -> Iterator[None]:
+    """Turn any Redis error raised inside the block (sync or ``await``-ed) into
+    :class:`BrokerUnavailable`: the receiver answers 503 for a Redis outage."""
+    try:
+        yield
+    except RedisError as exc:
+        raise BrokerUnavailable(f"Redis: {exc}") from exc

@@ -10,14 +10,15 @@ to this delivery, so a missing id can never make two different events look like 
 from __future__ import annotations
 
 import hashlib
+import pkgutil
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 
-from ..routing.contract.errors import InvalidEvent
+from ..routing.contract.errors import ConfigError, InvalidEvent
 from ..routing.contract.events import (
     MAX_ID_CHARS,
     MAX_KEY_CHARS,
@@ -193,3 +194,17 @@ def describe(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in err["loc"]) or "body"
         parts.append(f"{where}: {err['msg']}")
     return "; ".join(parts)
+
+
+def load_hook(source: SourceConfig) -> Hook | None:
+    """The source's mapping hook (``hook = "module:function"``), imported from the user's
+    code; ``ConfigError`` says why it cannot be."""
+    if source.hook is None:
+        return None
+    try:
+        hook = pkgutil.resolve_name(source.hook)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"source {source.name}: cannot load hook {source.hook}: {exc}") from exc
+    if not callable(hook):
+        raise ConfigError(f"source {source.name}: hook {source.hook} is not callable")
+    return cast("Hook", hook)

@@ -42,7 +42,7 @@ from ..routing.contract.settings import Settings
 from ..routing.contract.sources import SourceConfig, Sources, load_sources
 from .body import discard_body, parse_json, read_body
 from .gateway import EnqueueResult, ReceiverGateway, accepted_answer
-from .intake import Ignored, Intake, take_in
+from .intake import Ignored, Intake, load_hook, take_in
 from .signatures import verifiers_of
 from .telemetry import QueueWatch, ReceiverMetrics
 
@@ -70,7 +70,7 @@ class Receiver:
         self.metrics = ReceiverMetrics(self.watch, gateway)
         self.faults = Faults(settings.faults)
         self.verifiers = verifiers_of(sources, os.environ if environ is None else environ)
-        self.hooks = {s.name: s.load_hook() for s in sources.all()}
+        self.hooks = {s.name: load_hook(s) for s in sources.all()}
         for source in sources.all():
             if source.unsigned and source.name != "demo":
                 log.warning(

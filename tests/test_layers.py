@@ -24,7 +24,6 @@ REDIS_IMPORTERS = {
     "keylane.workers.gateway",
     "keylane.ops.telemetry",
     "keylane.ops.embedded_redis",
-    "keylane.routing.contract.redis_calls",
 }
 #: What the bottom layers may not import: I/O clients and frameworks.
 PURE_FORBIDDEN = ("redis", "celery", "kombu", "psycopg", "sqlite3", "starlette", "httpx")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import pkgutil
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import Any, Literal
 from ..routing.contract.errors import (
     AlreadyApplied,
     ChangeNotApplicable,
+    ConfigError,
     FieldNotOwned,
     HandlerTimeout,
     InvalidHandlerResult,
@@ -59,6 +61,21 @@ class SourceHandler:
 
     fn: Handler | BatchHandler
     batched: bool = False
+
+
+def load_source_handler(source: SourceConfig) -> SourceHandler | None:
+    """The source's ``handler`` or ``batch_handler`` (``"module:function"``), imported from
+    the user's code; ``ConfigError`` says why it cannot be."""
+    path = source.batch_handler or source.handler
+    if path is None:
+        return None
+    try:
+        fn = pkgutil.resolve_name(path)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"source {source.name}: cannot load handler {path}: {exc}") from exc
+    if not callable(fn):
+        raise ConfigError(f"source {source.name}: handler {path} is not callable")
+    return SourceHandler(fn, batched=source.batch_handler is not None)
 
 
 REVIEW_ERRORS = {

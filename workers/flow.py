@@ -6,18 +6,20 @@ Redis's clock. Part of the lanes' Redis gateway (``LaneGateway.flow``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..routing.contract import redis_scripts as scripts
-from ..routing.contract.redis_calls import reply_text, run_script
+from ..routing.contract.replies import reply_text
 from ..routing.keys import RedisKeys
 
 
 class DestinationFlow:
     """Typed access to the flow scripts, on the lane gateway's connection pool."""
 
-    def __init__(self, client: Any, keys: RedisKeys) -> None:
+    def __init__(self, client: Any, keys: RedisKeys, run_script: Callable[..., Any]) -> None:
         self.keys = keys
+        self._run = run_script  # the gateway's: Redis errors as BrokerUnavailable
         self._acquire = client.register_script(scripts.FLOW_ACQUIRE)
         self._release = client.register_script(scripts.FLOW_RELEASE)
 
@@ -33,7 +35,7 @@ class DestinationFlow:
         ``(0, "ok")`` holds ``slot`` until :meth:`release`, else the seconds to wait and
         why (``paused``, ``in_flight``, ``rate``)."""
         k = self.keys
-        ok, wait_ms, why = run_script(
+        ok, wait_ms, why = self._run(
             self._acquire,
             [
                 k.flow_calls(destination),
@@ -49,7 +51,7 @@ class DestinationFlow:
         """The call in ``slot`` ended with ``outcome`` (counted); ``pause_s`` pauses the
         destination for every worker (a ``Retry-After``)."""
         k = self.keys
-        run_script(
+        self._run(
             self._release,
             [k.flow_calls(destination), k.flow_bucket(destination), k.flow_counters(destination)],
             [slot, outcome, int(pause_s * 1000)],

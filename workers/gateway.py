@@ -19,9 +19,10 @@ The queue itself stays an ordinary Celery queue (kombu's list at ``<ns>:<queue>`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -31,11 +32,28 @@ from redis.typing import EncodableT, FieldT
 
 from ..routing import ShardMap
 from ..routing.contract import redis_scripts as scripts
-from ..routing.contract.redis_calls import broker_errors, reply_text, run_script
+from ..routing.contract.errors import BrokerUnavailable
+from ..routing.contract.replies import reply_text
 from ..routing.keys import RedisKeys, latency_bucket, message_digest
 from .flow import DestinationFlow
 
 LEASE_LOG_MAXLEN = 100_000
+
+
+@contextlib.contextmanager
+def broker_errors() -> Iterator[None]:
+    """Turn any Redis error raised inside the block (sync or ``await``-ed) into
+    :class:`BrokerUnavailable`: the rest of keylane sees one error for a Redis outage."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise BrokerUnavailable(f"Redis: {exc}") from exc
+
+
+def run_script(script: Any, keys: list[str], args: list[Any]) -> Any:
+    """Run a registered Lua script, Redis errors as :class:`BrokerUnavailable`."""
+    with broker_errors():
+        return script(keys=keys, args=args)
 
 
 @dataclass(frozen=True)
@@ -103,7 +121,7 @@ class LaneGateway:
         self._claim_or_renew = client.register_script(scripts.CLAIM_OR_RENEW)
         self._release_claim = client.register_script(scripts.RELEASE_CLAIM)
         #: Destinations' flow control, shared by every worker (its own module).
-        self.flow = DestinationFlow(client, keys)
+        self.flow = DestinationFlow(client, keys, run_script)
 
     @classmethod
     def from_url(cls, url: str, keys: RedisKeys, shards: ShardMap) -> LaneGateway:

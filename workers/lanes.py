@@ -55,6 +55,7 @@ from .apply import (
     SourceHandler,
     apply_events,
     dead_letter,
+    load_source_handler,
 )
 from .blocking import BlockingPool
 from .dispatch import Dispatcher, Wait
@@ -441,15 +442,7 @@ class Lanes:
         if source is None:
             return None
         if source.name not in self._handlers:
-            batch_fn = source.load_batch_handler()
-            fn = source.load_handler()
-            self._handlers[source.name] = (
-                SourceHandler(batch_fn, batched=True)
-                if batch_fn is not None
-                else None
-                if fn is None
-                else SourceHandler(fn)
-            )
+            self._handlers[source.name] = load_source_handler(source)
         return self._handlers[source.name]
 
     async def _after(self, event: Event, result: ApplyResult) -> None:

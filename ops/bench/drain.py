@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import redis
 
 from ...producers.body import parse_json
-from ...producers.intake import Intake, take_in
+from ...producers.intake import Intake, load_hook, take_in
 from ...producers.signatures import verifiers_of
 from ...routing import ShardMap
 from ...routing.contract.events import Event
@@ -102,7 +102,7 @@ def receiver_messages(
     """Events ``start..stop`` of ``work`` as (queue name, message), built as
     ``keylane.producers.receiver`` builds them for a delivery to ``/webhooks/demo``."""
     verifier = verifiers_of(Sources([DEMO]), {})[DEMO.name]
-    hook = DEMO.load_hook()
+    hook = load_hook(DEMO)
     out = []
     for body in work.bodies[start:stop]:
         now = time.time()

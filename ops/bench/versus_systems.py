@@ -20,7 +20,7 @@ from typing import Any, cast
 import redis
 
 from ...routing import ShardMap
-from ...routing.contract.redis_calls import reply_int
+from ...routing.contract.replies import reply_int
 from ...routing.keys import RedisKeys
 from ...workers.stores import open_store
 from ...workers.stores.base import DeadLetterFilter

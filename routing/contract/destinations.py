@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..keys import RedisKeys
 from .errors import ConfigError
-from .redis_calls import reply_text
+from .replies import reply_text
 from .resources import (
     RESOURCE_KINDS,
     PgTableResourceConfig,

@@ -1,8 +1,10 @@
 """Log lines that say which event they are about, as text or JSON.
 
 A line logged inside :func:`event_context` carries the event's ``source``, ``event_id``,
-``record_key``, ``shard`` and ``attempt``; so does a Sentry event captured there (as
-tags). The ``log_format`` setting (``KEYLANE_LOG_FORMAT=json``) switches to JSON lines.
+``record_key``, ``shard`` and ``attempt`` (and ``batch``, for a record's batch); Sentry,
+where it is on, adds them to an event captured there as tags (:func:`current_event`, read
+by :mod:`keylane.ops.observability`). The ``log_format`` setting
+(``KEYLANE_LOG_FORMAT=json``) switches to JSON lines.
 """
 
 from __future__ import annotations
@@ -15,12 +17,10 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-import sentry_sdk
-
 _EVENT_CONTEXT: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "keylane_event", default=None
 )
-CONTEXT_FIELDS = ("source", "event_id", "record_key", "shard", "attempt")
+CONTEXT_FIELDS = ("source", "event_id", "record_key", "shard", "attempt", "batch")
 
 
 @contextlib.contextmanager
@@ -29,13 +29,14 @@ def event_context(**fields: Any) -> Iterator[None]:
     merged = {**(_EVENT_CONTEXT.get() or {}), **fields}
     token = _EVENT_CONTEXT.set(merged)
     try:
-        with sentry_sdk.new_scope() as scope:
-            for name, value in merged.items():
-                if name != "attempt":
-                    scope.set_tag(f"keylane.{name}", str(value))
-            yield
+        yield
     finally:
         _EVENT_CONTEXT.reset(token)
+
+
+def current_event() -> dict[str, Any]:
+    """The fields of the event being handled here (empty outside :func:`event_context`)."""
+    return dict(_EVENT_CONTEXT.get() or {})
 
 
 class EventFields(logging.Filter):

@@ -164,12 +164,11 @@ class Settings(BaseSettings):
         return f"sqlite:///{self.sqlite_path.resolve()}"
 
     def redis_dsn(self) -> str:
-        """The Redis URL: ``KEYLANE_REDIS_URL``, else the embedded server of the data directory."""
+        """The Redis URL (``KEYLANE_REDIS_URL``; the ``keylane`` command and ``import
+        keylane`` fill it in with the data directory's embedded Redis when it is unset:
+        :func:`keylane.ops.embedded_redis.with_embedded_redis`)."""
         if self.redis_url is not None:
             return self.redis_url.get_secret_value()
-        marker = self.data_dir / "redis" / "url"
-        if marker.exists():
-            return marker.read_text().strip()
         raise ConfigError(
             "no Redis configured: set KEYLANE_REDIS_URL, or run `keylane up`, which starts an "
             f"embedded Redis in {self.data_dir}"

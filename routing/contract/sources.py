@@ -32,7 +32,6 @@ README "Sources" for a complete example. Per source:
 
 from __future__ import annotations
 
-import importlib
 import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -273,29 +272,6 @@ class SourceConfig(BaseModel):
         return self.retention_s or PROVIDER_RETENTION_S.get(
             _scheme(self), settings.dedupe_retention_s
         )
-
-    def load_hook(self) -> Hook | None:
-        """The receiver's mapping hook, imported (ConfigError when it cannot be)."""
-        return None if self.hook is None else _import(self.name, self.hook)
-
-    def load_handler(self) -> Callable[..., Any] | None:
-        """The lane's handler, imported (ConfigError when it cannot be)."""
-        return None if self.handler is None else _import(self.name, self.handler)
-
-    def load_batch_handler(self) -> Callable[..., Any] | None:
-        """The lane's batch handler, imported (ConfigError when it cannot be)."""
-        return None if self.batch_handler is None else _import(self.name, self.batch_handler)
-
-
-def _import(source: str, path: str) -> Callable[..., Any]:
-    module_name, func_name = path.split(":")
-    try:
-        fn = getattr(importlib.import_module(module_name), func_name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"source {source}: cannot load hook {path}: {exc}") from exc
-    if not callable(fn):
-        raise ConfigError(f"source {source}: hook {path} is not callable")
-    return fn  # type: ignore[no-any-return]
 
 
 def _scheme(source: SourceConfig) -> str:
