@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from keylane.producers.intake import KEYLESS_PREFIX, Ignored, Intake, take_in
+from keylane.producers.intake import KEYLESS_PREFIX, Ignored, Intake, load_hook, take_in
 from keylane.producers.signatures import Verified, verifiers_of
 from keylane.routing.contract.errors import ConfigError, InvalidEvent
 from keylane.routing.contract.events import Change
@@ -182,7 +182,7 @@ def test_absent_mapped_fields_are_left_out() -> None:
 def test_hook_maps_or_ignores_and_its_errors_are_400() -> None:
     shopify = parse_sources(EXAMPLE.read_text()).get("shopify")
     assert shopify is not None
-    hook = shopify.load_hook()
+    hook = load_hook(shopify)
     order = {
         "id": 820982911946154508,
         "total_price": "10.50",
@@ -201,7 +201,7 @@ def test_hook_maps_or_ignores_and_its_errors_are_400() -> None:
 def test_a_hook_that_cannot_be_imported_is_a_start_up_error() -> None:
     source = _source(format="mapped", hook="nowhere.module:fn")
     with pytest.raises(ConfigError, match="cannot load hook"):
-        source.load_hook()
+        load_hook(source)
 
 
 def test_sources_lookup() -> None:

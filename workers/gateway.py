@@ -32,6 +32,7 @@ from redis.typing import EncodableT, FieldT
 
 from ..routing import ShardMap
 from ..routing.contract import redis_scripts as scripts
+from ..routing.contract.destinations import EXCERPT_CHARS
 from ..routing.contract.errors import BrokerUnavailable
 from ..routing.contract.replies import reply_text
 from ..routing.keys import RedisKeys, latency_bucket, message_digest
@@ -378,7 +379,7 @@ class LaneGateway:
 
     def note_failure(self, shard: int, raw: bytes, error: str) -> None:
         """Remember why the last delivery failed (shown when it becomes a dead letter)."""
-        self._note(shard, raw, "error", error[:2000])
+        self._note(shard, raw, "error", error[:EXCERPT_CHARS])
 
     def last_failure(self, shard: int, raw: bytes) -> str:
         """The error of the last failed delivery, if any."""

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import sentry_sdk
 from pydantic import ValidationError
 
+from ..routing.contract.destinations import EXCERPT_CHARS
 from ..routing.contract.errors import (
     BrokerUnavailable,
     MalformedMessage,
@@ -472,7 +473,7 @@ class Lanes:
             revision_read=None,
             revision_found=None,
             attempts=1,
-            error=error[:2000],
+            error=error[:EXCERPT_CHARS],
         )
         fence = Fence(lease.shard, lease.token)
         try:

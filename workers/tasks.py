@@ -18,9 +18,7 @@ from typing import Any
 
 from ..routing.contract.destinations import check_task_name
 from ..routing.contract.errors import ConfigError
-
-#: The most events one call of a batch task is given.
-MAX_TASK_BATCH = 256
+from ..routing.contract.settings import MAX_BATCH
 
 #: How a record key is derived from a payload: a function, or a template such as
 #: ``"contact:{email}"`` whose fields are top-level keys of the payload.
@@ -71,8 +69,8 @@ def register(
         check_task_name(task_name)
     except ValueError as exc:
         raise ConfigError(f"{exc} (give the task a name=...)") from None
-    if not 1 <= batch <= MAX_TASK_BATCH:
-        raise ConfigError(f"task {task_name}: batch must be 1 to {MAX_TASK_BATCH}, not {batch}")
+    if not 1 <= batch <= MAX_BATCH:
+        raise ConfigError(f"task {task_name}: batch must be 1 to {MAX_BATCH}, not {batch}")
     if debounce_ms < 0 or (debounce_ms and batch == 1):
         raise ConfigError(
             f"task {task_name}: debounce_ms needs a batch (batch=N, N > 1) and is >= 0"

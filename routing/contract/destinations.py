@@ -35,7 +35,6 @@ Flow control is shared by every worker through Redis (the flow script in
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -44,55 +43,62 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..keys import RedisKeys
 from .errors import ConfigError
+from .names import TABLE_NAME
 from .replies import reply_text
 from .resources import (
     RESOURCE_KINDS,
     PgTableResourceConfig,
     ResourceConfig,
+    ResourceKind,
     check_env_name,
     check_headers,
     env_names_of,
     parse_resource,
 )
 
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 #: Prefix of the destinations keylane makes for a source's ``task = "..."``.
 TASK_PREFIX = "task:"
 #: Headers keylane sets on every forward: a destination's own headers may not replace them.
 RESERVED_HEADERS = frozenset(
     {"content-type", "idempotency-key", "webhook-id", "webhook-timestamp", "webhook-signature"}
 )
-#: How much of a destination's answer is kept (journal, dead letters).
+#: How much of a destination's answer, or of an error, is kept (journal, dead letters).
 EXCERPT_CHARS = 2000
-#: The keys every kind of destination takes; a version-checked kind's other keys describe
-#: where its records live (its ``resource``).
-FLOW_KEYS = ("name", "kind", "max_in_flight", "rate_per_s", "retry_for_s", "max_backoff_s")
 
 
 def check_task_name(name: str) -> str:
     """A task name: what sources and destinations refer to (``ValueError`` if invalid)."""
-    if not _NAME.match(name):
+    if not TABLE_NAME.fullmatch(name):
         raise ValueError(f"task names are lowercase [a-z0-9_.-], 1..64 chars: {name!r}")
     return name
 
 
-class DestinationConfig(BaseModel):
-    """One destination, as declared (or, for a source's ``task``, implied)."""
+class _FlowKeys(BaseModel):
+    """The keys every kind of destination takes: its name, its kind and its flow control.
+    A version-checked kind's other keys describe where its records live (its resource)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    kind: Literal["http", "task", "etag", "pg_table", "stamped"]
+    kind: Literal["http", "task"] | ResourceKind
+    max_in_flight: int | None = Field(None, ge=1, le=10_000)
+    rate_per_s: float | None = Field(None, gt=0, le=100_000)
+    retry_for_s: float = Field(3600.0, ge=0)
+    max_backoff_s: float = Field(60.0, gt=0, le=3600)
+
+
+FLOW_KEYS = tuple(_FlowKeys.model_fields)
+
+
+class DestinationConfig(_FlowKeys):
+    """One destination, as declared (or, for a source's ``task``, implied)."""
+
     resource: ResourceConfig | None = None  # a version-checked kind's records
     url: str | None = None
     task: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     secret_env: str | None = None
     timeout_s: float = Field(10.0, gt=0, le=300)
-    max_in_flight: int | None = Field(None, ge=1, le=10_000)
-    rate_per_s: float | None = Field(None, gt=0, le=100_000)
-    retry_for_s: float = Field(3600.0, ge=0)
-    max_backoff_s: float = Field(60.0, gt=0, le=3600)
 
     @model_validator(mode="before")
     @classmethod
@@ -116,7 +122,7 @@ class DestinationConfig(BaseModel):
         if name.startswith(TASK_PREFIX):
             check_task_name(name.removeprefix(TASK_PREFIX))
             return name
-        if not _NAME.match(name):
+        if not TABLE_NAME.fullmatch(name):
             raise ValueError(f"destination names are lowercase [a-z0-9_.-], 1..64 chars: {name!r}")
         return name
 

@@ -11,12 +11,12 @@ Operations: ``set``, ``unset``, ``increment``, ``append``, ``add`` and ``remove`
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Op = Literal["set", "unset", "increment", "append", "add", "remove"]
-OPS: tuple[str, ...] = ("set", "unset", "increment", "append", "add", "remove")
+OPS: tuple[str, ...] = get_args(Op)
 
 MAX_ID_CHARS = 255
 MAX_KEY_CHARS = 512

@@ -37,16 +37,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ConfigError
 from .events import check_field_name
+from .names import ENV_NAME, HEADER_NAME
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _KEY_PART = re.compile(r"^key(?:\.(\d{1,2}))?$")
@@ -134,11 +133,11 @@ def check_headers(headers: dict[str, str], reserved: Collection[str]) -> dict[st
     """``headers`` of a destination table, if every name is a header name that keylane does
     not set itself (``reserved``, lowercase) and every ``env:`` value names a variable."""
     for name, value in headers.items():
-        if not _HEADER_NAME.match(name):
+        if not HEADER_NAME.fullmatch(name):
             raise ValueError(f"not a header name: {name!r}")
         if name.lower() in reserved:
             raise ValueError(f"header {name} is set by keylane on every call")
-        if _is_env(value) and not _ENV_NAME.match(value[len(ENV_PREFIX) :]):
+        if _is_env(value) and not ENV_NAME.fullmatch(value[len(ENV_PREFIX) :]):
             raise ValueError(f"header {name}: env: names an environment variable")
     return headers
 
@@ -150,7 +149,7 @@ def env_names_of(headers: Mapping[str, str]) -> list[str]:
 
 def check_env_name(name: str | None, what: str) -> str | None:
     """``name`` if it can be an environment variable's name (``ValueError`` if not)."""
-    if name is not None and not _ENV_NAME.match(name):
+    if name is not None and not ENV_NAME.fullmatch(name):
         raise ValueError(f"{what} names an environment variable, got {name!r}")
     return name
 
@@ -209,7 +208,7 @@ class PgTableResourceConfig(_Strict):
     @field_validator("url_env")
     @classmethod
     def _check_env(cls, name: str) -> str:
-        if not _ENV_NAME.match(name):
+        if not ENV_NAME.fullmatch(name):
             raise ValueError(f"url_env names an environment variable, got {name!r}")
         return name
 
@@ -259,7 +258,9 @@ ResourceConfig = Annotated[
     EtagResourceConfig | PgTableResourceConfig | StampedResourceConfig,
     Field(discriminator="kind"),
 ]
-RESOURCE_KINDS = ("etag", "pg_table", "stamped")
+#: The kinds of destination that hold records (one resource class each).
+ResourceKind = Literal["etag", "pg_table", "stamped"]
+RESOURCE_KINDS: tuple[str, ...] = get_args(ResourceKind)
 
 
 class _OneResource(_Strict):

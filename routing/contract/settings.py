@@ -16,7 +16,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .. import DEFAULT_SHARD_COUNT, ShardMap
 from ..keys import RedisKeys
+from ..shards import MAX_SHARD_COUNT
 from .errors import ConfigError
+
+#: The most events of one record taken together (a source's batch, a task's batch).
+MAX_BATCH = 256
 
 THREE_DAYS_S = 3 * 24 * 3600
 
@@ -42,7 +46,7 @@ class Settings(BaseSettings):
     namespace: str = "keylane"
 
     # Lanes
-    shard_count: int = Field(DEFAULT_SHARD_COUNT, ge=1, le=4096)
+    shard_count: int = Field(DEFAULT_SHARD_COUNT, ge=1, le=MAX_SHARD_COUNT)
     max_attempts: int = Field(3, ge=1, le=100)
     max_deliveries: int = Field(5, ge=1, le=1000)
     # Shards in flight at once per worker process (coroutines: an async task or an HTTP
@@ -52,7 +56,7 @@ class Settings(BaseSettings):
     lane_threads: int = Field(8, ge=1, le=256)
     # Events of one record a lane applies in one transaction when several are waiting
     # (sources that change keylane's own records; a source's ``batch`` overrides it).
-    batch_max: int = Field(32, ge=1, le=256)
+    batch_max: int = Field(32, ge=1, le=MAX_BATCH)
     worker_processes: int | None = Field(None, ge=1, le=64)  # what `keylane up` starts
     lease_ttl_ms: int = Field(10_000, ge=200)
     heartbeat_ms: int = Field(2_000, ge=50)

@@ -36,15 +36,14 @@ from pydantic import (
 )
 
 from .errors import ConfigError
+from .names import ENV_NAME, HEADER_NAME
 
 Algorithm: TypeAlias = Literal["sha1", "sha256", "sha512"]
 Encoding: TypeAlias = Literal["hex", "base64"]
 
 PLACEHOLDERS = ("body", "timestamp", "event_id")
 _PLACEHOLDER = re.compile(r"\{(body|timestamp|event_id)\}")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # RFC 9110 token characters: what a header name may be made of.
-_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
 
 # An hour at most: a wider window lets a captured delivery be replayed for longer and
 # hides clock trouble; providers re-sign every retry with a fresh timestamp anyway.
@@ -75,7 +74,7 @@ class SignedConfig(BaseModel):
     @classmethod
     def _check_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
         for name in names:
-            if not _ENV_NAME.fullmatch(name):
+            if not ENV_NAME.fullmatch(name):
                 raise ValueError(f"not an environment variable name: {name!r}")
         return names
 
@@ -122,7 +121,7 @@ class HmacConfig(SignedConfig):
     @field_validator("header", "timestamp_header", "event_id_header")
     @classmethod
     def _check_header(cls, name: str | None) -> str | None:
-        if name is not None and not _HEADER_NAME.fullmatch(name):
+        if name is not None and not HEADER_NAME.fullmatch(name):
             raise ValueError(f"not a header name: {name!r}")
         return None if name is None else name.lower()
 

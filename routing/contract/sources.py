@@ -49,10 +49,10 @@ from .destinations import (
 from .errors import ConfigError
 from .events import OPS, check_field_name
 from .mapping import check_reference, check_template, is_reference
-from .settings import Settings
+from .names import TABLE_NAME
+from .settings import MAX_BATCH, Settings
 from .signing import NoneConfig, VerifyConfig
 
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 DAY_S = 24 * 3600
 
 #: Dedupe retention by scheme: each provider's longest automatic retry window, plus margin.
@@ -146,7 +146,7 @@ class SourceConfig(BaseModel):
     hook: str | None = None
     handler: str | None = None
     batch_handler: str | None = None
-    batch: int | None = Field(None, ge=1, le=256)
+    batch: int | None = Field(None, ge=1, le=MAX_BATCH)
     task: str | None = None
     destination: str | None = None
     records_in: str | None = None
@@ -157,7 +157,7 @@ class SourceConfig(BaseModel):
     @field_validator("name")
     @classmethod
     def _check_name(cls, name: str) -> str:
-        if not _NAME.match(name):
+        if not TABLE_NAME.fullmatch(name):
             raise ValueError(f"source names are lowercase [a-z0-9_.-], 1..64 chars: {name!r}")
         return name
 

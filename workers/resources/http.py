@@ -31,7 +31,8 @@ from ..resource import Snapshot, Version
 
 #: Errors raised before a request left this machine: it cannot have had an effect.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
-EXCERPT_CHARS = 300
+#: How much of an answer's body an error message quotes.
+QUOTED_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ def _unavailable(method: str, key: str, response: httpx.Response) -> ResourceUna
 
 
 def _describe(method: str, key: str, response: httpx.Response) -> str:
-    excerpt = response.text[:EXCERPT_CHARS]
+    excerpt = response.text[:QUOTED_CHARS]
     return f"{method} {key}: {response.status_code} {response.reason_phrase} {excerpt}".rstrip()
 
 

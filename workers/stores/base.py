@@ -19,13 +19,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from ...routing.contract.errors import AlreadyApplied, StaleFence, VersionConflict
 
 JournalOutcome = Literal["applied", "dead_lettered"]
 DeadLetterStatus = Literal["open", "retried", "discarded", "resolved"]
-DEAD_LETTER_STATUSES: tuple[str, ...] = ("open", "retried", "discarded", "resolved")
+DEAD_LETTER_STATUSES: tuple[str, ...] = get_args(DeadLetterStatus)
 
 
 @dataclass(frozen=True)
