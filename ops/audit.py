@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from ..workers.stores.base import JournalEntry
+from ..workers.store import JournalEntry
 
 
 def audit_lease_log(events: Iterable[dict[str, str]]) -> list[str]:

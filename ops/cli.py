@@ -159,9 +159,9 @@ def flower(ctx: click.Context) -> None:
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """Shards (owner, fencing token, depth, oldest message, in flight) and workers."""
+    from .deployment_view import DeploymentView
     from .status import collect_status
     from .tables import render_table
-    from .telemetry import DeploymentView
 
     settings = settings_of(ctx)
     view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)
@@ -229,7 +229,7 @@ def audit(ctx: click.Context, as_json: bool) -> None:
     Exit code 0 when both are clean, 1 when a problem is found.
     """
     from .audit import audit_journal, audit_lease_log
-    from .telemetry import DeploymentView
+    from .deployment_view import DeploymentView
 
     settings = settings_of(ctx)
     view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)

@@ -21,8 +21,8 @@ import click
 
 from ..routing.contract.logcontext import configure_logging
 from ..routing.contract.settings import Settings, env_var, load_settings
+from ..workers.store import Store
 from ..workers.stores import open_store
-from ..workers.stores.base import Store
 from .embedded_redis import with_embedded_redis
 
 F = TypeVar("F", bound=Callable[..., Any])

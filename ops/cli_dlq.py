@@ -20,10 +20,10 @@ import click
 from ..routing.contract.errors import KeylaneError
 from ..routing.contract.sources import load_sources
 from ..workers.gateway import LaneGateway
-from ..workers.stores.base import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter, Store
+from ..workers.store import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter, Store
 from .cli_common import age, cli_store, emit_json, settings_of, when
 from .tables import render_table
-from .triage import Done, Triage, field_diffs, parse_age, record_now, stats_summary
+from .triage import Handled, Triage, field_diffs, parse_age, record_now, stats_summary
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -242,7 +242,7 @@ def _bulk(
     yes: bool,
     as_json: bool,
     selection: dict[str, Any],
-    act: Callable[[Triage, DeadLetter], Done],
+    act: Callable[[Triage, DeadLetter], Handled],
 ) -> None:
     explicit = bool(ids)
     chosen = any(
@@ -281,15 +281,15 @@ def _bulk(
 
 
 def _run(
-    triage: Triage, rows: list[DeadLetter], act: Callable[[Triage, DeadLetter], Done], verb: str
-) -> list[Done]:
+    triage: Triage, rows: list[DeadLetter], act: Callable[[Triage, DeadLetter], Handled], verb: str
+) -> list[Handled]:
     if len(rows) == 1:
         return [act(triage, rows[0])]
     with click.progressbar(rows, label=f"{verb}ing", file=sys.stderr, show_pos=True) as progress:
         return [act(triage, row) for row in progress]
 
 
-def _report(verb: str, done: list[Done], as_json: bool) -> None:
+def _report(verb: str, done: list[Handled], as_json: bool) -> None:
     if as_json:
         emit_json([{"id": d.row_id, "outcome": d.outcome, "detail": d.detail} for d in done])
         return

@@ -7,7 +7,7 @@ import json
 import click
 
 from .cli_common import cli_store, emit_json, settings_of, when
-from .records import edit_record, parse_assignment, record_json
+from .outside_edit import edit_record, parse_assignment, record_json
 
 
 @click.group()

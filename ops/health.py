@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from ..routing.contract.settings import Settings
 from ..workers.stores import open_store
+from .deployment_view import DeploymentView
 from .status import collect_status
-from .telemetry import DeploymentView
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Any
 from ..routing.contract.errors import MalformedMessage
 from ..routing.contract.message import parse_message
 from ..routing.contract.settings import Settings
-from .telemetry import DeploymentView
+from .deployment_view import DeploymentView
 
 
 def collect_status(settings: Settings, view: DeploymentView) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from ..routing.contract.sources import Sources
 from ..workers.changes import apply_changes
 from ..workers.gateway import LaneGateway
 from ..workers.resources import open_resource
-from ..workers.stores.base import DeadLetter, DeadLetterStatus, Store
+from ..workers.store import DeadLetter, DeadLetterStatus, Store
 
 #: Reasons whose event cannot be applied by retrying it as it is.
 NOT_RETRYABLE = {
@@ -36,7 +36,7 @@ TriageOutcome = Literal["queued", "already queued", "closed", "skipped"]
 
 
 @dataclass(frozen=True)
-class Done:
+class Handled:
     """What an operation did to one row."""
 
     row_id: int
@@ -51,12 +51,12 @@ class Triage:
         self.store = store
         self.gateway = gateway
 
-    def retry(self, row: DeadLetter, by: str, note: str | None = None) -> Done:
+    def retry(self, row: DeadLetter, by: str, note: str | None = None) -> Handled:
         """Queue the row's event again (see the module docstring)."""
         if row.status not in ("open", "retried"):
-            return Done(row.id, "skipped", f"status is {row.status}")
+            return Handled(row.id, "skipped", f"status is {row.status}")
         if row.reason in NOT_RETRYABLE:
-            return Done(row.id, "skipped", NOT_RETRYABLE[row.reason])
+            return Handled(row.id, "skipped", NOT_RETRYABLE[row.reason])
         event = Event.model_validate(row.event).model_copy(
             update={"retry_of": row.id, "accepted_at": time.time(), "review": None}
         )
@@ -68,7 +68,7 @@ class Triage:
         # The row is marked after the push: a crash in between leaves it open, and the
         # next retry completes the job without queueing a second copy.
         self.store.set_dead_letter_status(row.id, "retried", ("open",), by, note)
-        return Done(
+        return Handled(
             row.id,
             "queued" if queued else "already queued",
             "at the head, ahead of its parked events" if at_head and queued else "",
@@ -76,10 +76,10 @@ class Triage:
 
     def close(
         self, row: DeadLetter, status: DeadLetterStatus, by: str, note: str | None = None
-    ) -> Done:
+    ) -> Handled:
         """Discard or resolve the row; release its key if it held one."""
         if not self.store.set_dead_letter_status(row.id, status, ("open",), by, note):
-            return Done(row.id, "skipped", f"status is {row.status}, not open")
+            return Handled(row.id, "skipped", f"status is {row.status}, not open")
         detail = ""
         if self.gateway.held_by(row.record_key) == row.id:
             queue = self.gateway.shards.queue_name(row.shard)
@@ -87,7 +87,7 @@ class Triage:
             parked = self.gateway.parked_count(row.record_key)  # before the lane releases them
             self.gateway.push_once(f"release:{row.id}", row.shard, message, at_head=True)
             detail = f"released {row.record_key}: {parked} parked event(s) go next"
-        return Done(row.id, "closed", detail)
+        return Handled(row.id, "closed", detail)
 
 
 @dataclass(frozen=True)

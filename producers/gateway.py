@@ -29,7 +29,7 @@ from ..routing.contract.errors import BrokerUnavailable
 from ..routing.contract.events import Event
 from ..routing.contract.message import build_apply_message
 from ..routing.contract.replies import reply_text
-from ..routing.keys import RedisKeys
+from ..routing.redis_keys import RedisKeys
 
 Verdict = Literal["accepted", "duplicate", "reused", "full"]
 

@@ -43,8 +43,8 @@ from ..routing.contract.sources import SourceConfig, Sources, load_sources
 from .body import discard_body, parse_json, read_body
 from .gateway import EnqueueResult, ReceiverGateway, accepted_answer
 from .intake import Ignored, Intake, load_hook, take_in
+from .queue_watch import QueueWatch, ReceiverMetrics
 from .signatures import verifiers_of
-from .telemetry import QueueWatch, ReceiverMetrics
 
 log = logging.getLogger("keylane.receiver")
 

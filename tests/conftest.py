@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from keylane.routing.contract.settings import Settings, load_settings
+from keylane.workers.store import Store
 from keylane.workers.stores import open_store
-from keylane.workers.stores.base import Store
 from tests.support.services import (
     EmbeddedPostgres,
     pg_reachable,

@@ -14,9 +14,9 @@ import httpx
 import pytest
 import redis
 
-from keylane.ops.records import edit_record
+from keylane.ops.outside_edit import edit_record
 from keylane.routing.contract.settings import FaultSpec
-from keylane.workers.stores.base import DeadLetter, DeadLetterFilter
+from keylane.workers.store import DeadLetter, DeadLetterFilter
 from tests.support.stack import REPO, Stack, event, settings_env, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)]

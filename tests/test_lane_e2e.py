@@ -9,9 +9,9 @@ from collections import Counter
 
 import pytest
 
-from keylane.ops.records import edit_record
+from keylane.ops.outside_edit import edit_record
 from keylane.routing.contract.settings import FaultSpec
-from keylane.workers.stores.base import DeadLetterFilter
+from keylane.workers.store import DeadLetterFilter
 from tests.support.stack import Stack, event, send_all, wait_until
 
 pytestmark = pytest.mark.slow

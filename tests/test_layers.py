@@ -22,7 +22,7 @@ RANK = {"routing": 0, "contract": 1, "producers": 2, "workers": 2, "ops": 3, "pu
 REDIS_IMPORTERS = {
     "keylane.producers.gateway",
     "keylane.workers.gateway",
-    "keylane.ops.telemetry",
+    "keylane.ops.deployment_view",
     "keylane.ops.embedded_redis",
 }
 #: What the bottom layers may not import: I/O clients and frameworks.

@@ -27,7 +27,7 @@ import pytest
 from keylane.ops.audit import audit_journal, audit_lease_log
 from keylane.routing.contract.errors import ConfigError
 from keylane.workers.service import new_worker_id
-from keylane.workers.stores.base import Store
+from keylane.workers.store import Store
 from keylane.workers.writer import StoreWriter, process_state
 from tests.support.stack import REPO, Proc, Stack, event, settings_env, wait_until
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis
 
-from keylane.producers.telemetry import MAX_RETRY_AFTER_S
+from keylane.producers.queue_watch import MAX_RETRY_AFTER_S
 from tests.conftest import delete_namespace, fast_settings
 from tests.support.stack import Stack, event, wait_until
 
@@ -168,7 +168,7 @@ def test_accept_duplicate_and_reuse_answers(running: Stack) -> None:
     # And the record got the first body once, and the reuse is one review row
     running.wait_journal(2)
     store = running.open_store()
-    from keylane.workers.stores.base import DeadLetterFilter
+    from keylane.workers.store import DeadLetterFilter
     from tests.support.stack import wait_until
 
     wait_until(

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from keylane.workers.stores.base import DeadLetterFilter
+from keylane.workers.store import DeadLetterFilter
 from tests.support.etag_server import EtagServer
 from tests.support.stack import Stack, event, wait_until
 from tests.test_dead_letters import keylane

@@ -1,4 +1,4 @@
-"""The record store's promises (workers/stores/base.py), checked against SQLite and
+"""The record store's promises (workers/store.py), checked against SQLite and
 PostgreSQL alike: store-assigned revisions, an atomic journal, fences, review rows."""
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 from keylane.routing.contract.errors import AlreadyApplied, NotOwner, StaleFence, VersionConflict
 from keylane.routing.contract.events import Change
 from keylane.workers.changes import apply_changes
-from keylane.workers.stores import open_store
-from keylane.workers.stores.base import (
+from keylane.workers.store import (
     Commit,
     DeadLetterDraft,
     DeadLetterFilter,
@@ -29,6 +28,7 @@ from keylane.workers.stores.base import (
     Fence,
     Store,
 )
+from keylane.workers.stores import open_store
 
 SHARD = 3
 

@@ -40,7 +40,7 @@ from ..routing.contract.sources import SourceConfig
 from .blocking import BlockingPool
 from .changes import apply_changes
 from .group_commit import GroupCommit
-from .stores.base import DeadLetterDraft, EventWrite, Fence, Record, Store
+from .store import DeadLetterDraft, EventWrite, Fence, Record, Store
 
 ApplyOutcome = Literal["applied", "duplicate", "dead_lettered"]
 

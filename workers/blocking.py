@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from typing import Any, ParamSpec, TypeVar
 
 from ..routing.contract.errors import StoreUnavailable
-from .stores.base import Store
+from .store import Store
 
 log = logging.getLogger("keylane.lanes")
 

@@ -39,7 +39,7 @@ from ..routing.contract.errors import AlreadyApplied
 from ..routing.contract.events import Event
 from ..routing.contract.faults import NO_FAULTS, Faults
 from ..routing.contract.settings import Settings
-from ..routing.keys import message_digest
+from ..routing.redis_keys import message_digest
 from .apply import ApplyResult, dead_letter, event_write
 from .blocking import BlockingPool
 from .destinations import (
@@ -52,7 +52,7 @@ from .destinations import (
     RetryLater,
 )
 from .gateway import LaneGateway, Taken
-from .stores.base import Fence, JournalEntry, Store
+from .store import Fence, JournalEntry, Store
 
 log = logging.getLogger("keylane.dispatch")
 
@@ -90,7 +90,7 @@ class Dispatcher:
         destination = self.destinations.get(name)
         return 1 if destination is None else destination.batch
 
-    async def deliver(
+    async def send(
         self, io: BlockingPool, fence: Fence, taken: Taken, events: list[Event]
     ) -> list[ApplyResult] | Wait:
         """Send ``events`` (one, or a batch task's batch: consecutive events of one

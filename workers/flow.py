@@ -11,7 +11,7 @@ from typing import Any
 
 from ..routing.contract import redis_scripts as scripts
 from ..routing.contract.replies import reply_text
-from ..routing.keys import RedisKeys
+from ..routing.redis_keys import RedisKeys
 
 
 class DestinationFlow:

@@ -35,7 +35,7 @@ from ..routing.contract import redis_scripts as scripts
 from ..routing.contract.destinations import EXCERPT_CHARS
 from ..routing.contract.errors import BrokerUnavailable
 from ..routing.contract.replies import reply_text
-from ..routing.keys import RedisKeys, latency_bucket, message_digest
+from ..routing.redis_keys import RedisKeys, latency_bucket, message_digest
 from .flow import DestinationFlow
 
 LEASE_LOG_MAXLEN = 100_000

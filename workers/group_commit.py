@@ -3,7 +3,7 @@
 A store transaction costs about one disk flush, whatever it holds (SQLite with
 ``synchronous = FULL``, PostgreSQL with ``synchronous_commit``), so a worker whose lanes
 each committed alone would be held to one event per flush. Here a lane hands its commit
-(:class:`~keylane.workers.stores.base.Commit`: one event's write, or a record's batch) to
+(:class:`~keylane.workers.store.Commit`: one event's write, or a record's batch) to
 :class:`GroupCommit` and waits; while one transaction runs, the commits that arrive wait
 together for the next one. Each commit stays all or nothing on its own (a savepoint each,
 see :meth:`Store.commit_group`): one lane's conflict or stale fence never touches
@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import Sequence
 
 from .blocking import BlockingPool
-from .stores.base import Commit, CommitRefused, EventWrite, Fence, Store
+from .store import Commit, CommitRefused, EventWrite, Fence, Store
 
 #: Commits in one transaction at most (a bound on how long its locks are held).
 GROUP_MAX = 64

@@ -64,7 +64,7 @@ from .doorbell import Doorbell
 from .gateway import Ack, LaneGateway, Lease, Taken
 from .group_commit import GroupCommit
 from .ownership import Ownership
-from .stores.base import DeadLetterDraft, DeadLetterFilter, Fence, Record, Store
+from .store import DeadLetterDraft, DeadLetterFilter, Fence, Record, Store
 
 log = logging.getLogger("keylane.lanes")
 
@@ -422,7 +422,7 @@ class Lanes:
         if not self.ownership.valid(lease):
             return None
         if event.destination is not None:
-            return await self.dispatcher.deliver(
+            return await self.dispatcher.send(
                 self.io, fence, taken, [queued.event for queued in batch]
             )
         source = self.sources.get(event.source)

@@ -35,7 +35,7 @@ from ..routing.assignment import assign_shards
 from ..routing.contract.errors import BrokerUnavailable, StoreUnavailable
 from ..routing.contract.settings import Settings
 from .gateway import LaneGateway, Lease
-from .stores.base import Store
+from .store import Store
 from .writer import EXIT_NOT_THE_WRITER, StoreWriter
 
 log = logging.getLogger("keylane.ownership")

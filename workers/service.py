@@ -18,8 +18,8 @@ from .dispatch import Dispatcher
 from .gateway import LaneGateway
 from .lanes import Lanes, ResultCallback
 from .ownership import Ownership
+from .store import Store
 from .stores import open_store
-from .stores.base import Store
 from .tasks import import_app
 from .writer import StoreWriter
 

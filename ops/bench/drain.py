@@ -45,10 +45,10 @@ from ...routing import ShardMap
 from ...routing.contract.events import Event
 from ...routing.contract.message import build_apply_message
 from ...routing.contract.sources import DEMO, Sources
-from ...routing.keys import RedisKeys
+from ...routing.redis_keys import RedisKeys
+from ...workers.store import Store
 from ...workers.stores import open_store
-from ...workers.stores.base import Store
-from ..telemetry import DeploymentView
+from ..deployment_view import DeploymentView
 from .e2e import (
     DirectRun,
     Workload,

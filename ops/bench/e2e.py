@@ -22,8 +22,8 @@ from ...routing.contract.events import Envelope, Event
 from ...routing.contract.sources import DEMO
 from ...workers.apply import event_write
 from ...workers.changes import apply_changes
+from ...workers.store import DeadLetterFilter, Fence, Store
 from ...workers.stores import open_store
-from ...workers.stores.base import DeadLetterFilter, Fence, Store
 
 EVENT_TYPE = "bench.increment"
 

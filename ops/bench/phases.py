@@ -11,11 +11,11 @@ import time
 
 from ...routing import ShardMap
 from ...routing.assignment import assign_shards
-from ...routing.keys import RedisKeys
+from ...routing.redis_keys import RedisKeys
+from ...workers.store import Store
 from ...workers.stores import open_store
-from ...workers.stores.base import Store
+from ..deployment_view import DeploymentView
 from ..embedded_redis import free_port
-from ..telemetry import DeploymentView
 from .e2e import apply_direct, check_store, workload
 from .load import run_load
 from .procs import (

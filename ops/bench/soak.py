@@ -33,9 +33,9 @@ import click
 import redis
 
 from ...routing.contract.replies import reply_int
-from ...routing.keys import RedisKeys
+from ...routing.redis_keys import RedisKeys
+from ...workers.store import Store
 from ...workers.stores import open_store
-from ...workers.stores.base import Store
 from .load import run_load
 from .phases import start_receiver, start_workers
 from .procs import (

@@ -21,11 +21,11 @@ import redis
 
 from ...routing import ShardMap
 from ...routing.contract.replies import reply_int
-from ...routing.keys import RedisKeys
+from ...routing.redis_keys import RedisKeys
+from ...workers.store import DeadLetterFilter
 from ...workers.stores import open_store
-from ...workers.stores.base import DeadLetterFilter
+from ..deployment_view import DeploymentView
 from ..embedded_redis import free_port
-from ..telemetry import DeploymentView
 from .phases import all_shards_owned, run_audit
 from .procs import (
     Bench,

@@ -20,9 +20,9 @@ from ...routing.contract.signing import (
     load_secrets,
     parse_verify_config,
 )
-from .base import Verified, Verifier
 from .factory import build_verifier, verifier_from_environ, verifiers_of
-from .keys import SecretInput
+from .signing_keys import SecretInput
+from .verifier import Verified, Verifier
 
 __all__ = [
     "GithubConfig",

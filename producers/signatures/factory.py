@@ -17,14 +17,14 @@ from ...routing.contract.signing import (
     load_secrets,
 )
 from ...routing.contract.sources import Sources
-from .base import Verifier
 from .generic import HmacSpec, HmacVerifier
 from .github import github_verifier
-from .keys import SecretInput
 from .shopify import shopify_verifier
+from .signing_keys import SecretInput
 from .standard_webhooks import StandardWebhooksVerifier
 from .stripe import StripeVerifier
 from .unsigned import UnsignedVerifier
+from .verifier import Verifier
 
 
 def build_verifier(config: VerifyConfig, secrets: Sequence[SecretInput]) -> Verifier:

@@ -19,7 +19,13 @@ from ...routing.contract.signing import (
     compile_template,
     placeholders,
 )
-from .base import (
+from .signing_keys import (
+    SecretInput,
+    SigningKeys,
+    decode_signature,
+    utf8_key,
+)
+from .verifier import (
     Verified,
     check_tolerance,
     lower_headers,
@@ -27,12 +33,6 @@ from .base import (
     no_match,
     parse_timestamp,
     require_header,
-)
-from .keys import (
-    SecretInput,
-    SigningKeys,
-    decode_signature,
-    utf8_key,
 )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .generic import HmacSpec, HmacVerifier
-from .keys import SecretInput
+from .signing_keys import SecretInput
 
 GITHUB = HmacSpec(
     header="x-hub-signature-256",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .generic import HmacSpec, HmacVerifier
-from .keys import SecretInput
+from .signing_keys import SecretInput
 
 SHOPIFY = HmacSpec(
     header="x-shopify-hmac-sha256",

@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 
 from ...routing.contract.errors import ConfigError
 from ...routing.contract.signing import whsec_key
-from .base import (
+from .signing_keys import SecretInput, SigningKeys, decode_signature, reveal
+from .verifier import (
     Verified,
     check_tolerance,
     lower_headers,
@@ -24,7 +25,6 @@ from .base import (
     parse_timestamp,
     require_header,
 )
-from .keys import SecretInput, SigningKeys, decode_signature, reveal
 
 ID_HEADER = "webhook-id"
 TIMESTAMP_HEADER = "webhook-timestamp"

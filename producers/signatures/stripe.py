@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .base import (
+from .signing_keys import SecretInput, SigningKeys, decode_signature, utf8_key
+from .verifier import (
     Verified,
     check_tolerance,
     lower_headers,
@@ -21,7 +22,6 @@ from .base import (
     parse_timestamp,
     require_header,
 )
-from .keys import SecretInput, SigningKeys, decode_signature, utf8_key
 
 HEADER = "stripe-signature"
 DEFAULT_TOLERANCE_S = 300

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .base import Verified
+from .verifier import Verified
 
 
 class UnsignedVerifier:

@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..keys import RedisKeys
+from ..redis_keys import RedisKeys
 from .errors import ConfigError
 from .names import TABLE_NAME
 from .replies import reply_text

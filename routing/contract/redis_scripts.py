@@ -4,7 +4,7 @@ Each runs atomically: that is the whole point of keeping every step that must no
 split (accept = dedupe + enqueue; take, ack, acquire, park, unhold) in one script. The
 receiver's gateway (:mod:`keylane.producers.gateway`) runs the first two, the lanes'
 gateway (:mod:`keylane.workers.gateway`) the rest. Key names come from
-:mod:`keylane.routing.keys`.
+:mod:`keylane.routing.redis_keys`.
 """
 
 # -- the receiver ------------------------------------------------------------------------

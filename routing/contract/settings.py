@@ -15,7 +15,7 @@ from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .. import DEFAULT_SHARD_COUNT, ShardMap
-from ..keys import RedisKeys
+from ..redis_keys import RedisKeys
 from ..shards import MAX_SHARD_COUNT
 from .errors import ConfigError
 

@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from keylane.workers.stores.base import Store
+from keylane.workers.store import Store
 from tests.support.stack import Stack
 
 

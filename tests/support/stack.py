@@ -18,12 +18,12 @@ from typing import Any
 
 import httpx
 
+from keylane.ops.deployment_view import DeploymentView
 from keylane.ops.embedded_redis import free_port
-from keylane.ops.telemetry import DeploymentView
 from keylane.routing.contract.settings import Settings, env_var, settings_environ
 from keylane.workers.gateway import LaneGateway
+from keylane.workers.store import Store
 from keylane.workers.stores import open_store
-from keylane.workers.stores.base import Store
 
 REPO = Path(__file__).resolve().parents[2]
 

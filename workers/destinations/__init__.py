@@ -123,7 +123,7 @@ Blocking = Callable[..., Awaitable[Any]]
 class Destination(ABC):
     """One configured destination. A lane awaits :meth:`call`; a destination whose client
     waits without a thread (an ``async def`` task, an HTTP forward) overrides it, the others
-    implement the blocking :meth:`deliver`, which the lane runs in its thread pool."""
+    implement the blocking :meth:`call_blocking`, which the lane runs in its thread pool."""
 
     #: The dead-letter reason of a :class:`GiveUp`.
     give_up_reason = "gave_up"
@@ -137,10 +137,10 @@ class Destination(ABC):
 
     async def call(self, event: Event, context: Context, blocking: Blocking) -> Outcome:
         """Call the destination once for ``event``, from a lane."""
-        outcome: Outcome = await blocking(self.deliver, event, context)
+        outcome: Outcome = await blocking(self.call_blocking, event, context)
         return outcome
 
-    def deliver(self, event: Event, context: Context) -> Outcome:
+    def call_blocking(self, event: Event, context: Context) -> Outcome:
         """Call the destination once for ``event``, blocking."""
         raise NotImplementedError(f"{type(self).__name__} is called with call()")
 

@@ -59,7 +59,7 @@ class ResourceDestination(Destination):
         with self._lock:
             self._opened.clear()
 
-    def deliver(self, event: Event, context: Context) -> Outcome:
+    def call_blocking(self, event: Event, context: Context) -> Outcome:
         """Apply the event's change, version-checked, once."""
         source = self.sources.get(event.source)
         if source is None:

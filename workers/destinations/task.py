@@ -52,7 +52,7 @@ class TaskDestination(Destination):
             return outcome
         return _outcome(result)
 
-    def deliver(self, event: Event, context: Context) -> Outcome:
+    def call_blocking(self, event: Event, context: Context) -> Outcome:
         """Run a plain task once, blocking (see :meth:`_run_blocking`)."""
         return self._run_blocking(event, context)
 

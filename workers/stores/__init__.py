@@ -1,4 +1,4 @@
-"""Record stores: one interface (:mod:`keylane.workers.stores.base`), one SQL store
+"""Record stores: one interface (:mod:`keylane.workers.store`), one SQL store
 (:mod:`keylane.workers.stores.sql`) over a SQLite or PostgreSQL dialect."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Literal
 from urllib.parse import urlparse
 
 from ...routing.contract.errors import ConfigError
-from .base import Store
+from ..store import Store
 from .sql import SqlStore
 
 

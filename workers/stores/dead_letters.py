@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .base import (
+from ..store import (
     DeadLetter,
     DeadLetterDraft,
     DeadLetterFilter,

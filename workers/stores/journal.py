@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...routing.contract.errors import AlreadyApplied
-from .base import Fence, JournalEntry, JournalOutcome
+from ..store import Fence, JournalEntry, JournalOutcome
 from .dialect import Cursor
 
 _SELECT = (

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from ...routing.contract.errors import VersionConflict
-from .base import Record
+from ..store import Record
 from .dialect import Cursor, Dialect, dump_json
 
 

@@ -1,4 +1,4 @@
-"""The SQL store: the :class:`~keylane.workers.stores.base.Store` logic written once,
+"""The SQL store: the :class:`~keylane.workers.store.Store` logic written once,
 over a :class:`~keylane.workers.stores.dialect.Dialect` (SQLite or PostgreSQL).
 
 Each method is one transaction (or one read); the SQL it runs lives with its tables in
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...routing.contract.errors import AlreadyApplied, StaleFence, VersionConflict
-from .base import (
+from ..store import (
     Commit,
     CommitRefused,
     DeadLetter,

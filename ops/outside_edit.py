@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from ..routing.contract.errors import KeylaneError, VersionConflict
-from ..workers.stores.base import Record, Store
+from ..workers.store import Record, Store
 
 MAX_EDIT_ATTEMPTS = 20
 

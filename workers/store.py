@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from ...routing.contract.errors import AlreadyApplied, StaleFence, VersionConflict
+from ..routing.contract.errors import AlreadyApplied, StaleFence, VersionConflict
 
 JournalOutcome = Literal["applied", "dead_lettered"]
 DeadLetterStatus = Literal["open", "retried", "discarded", "resolved"]

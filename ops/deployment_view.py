@@ -13,7 +13,7 @@ import redis
 from ..routing import ShardMap
 from ..routing.contract.destinations import FlowState, flow_states, queue_flow_reads
 from ..routing.contract.replies import reply_int, reply_text
-from ..routing.keys import RedisKeys
+from ..routing.redis_keys import RedisKeys
 from ..workers.gateway import broker_errors
 
 

@@ -24,10 +24,10 @@ from prometheus_client.registry import Collector
 
 from ..routing.contract.errors import BrokerUnavailable, MalformedMessage
 from ..routing.contract.message import parse_message
-from ..routing.keys import LATENCY_BUCKETS_S
+from ..routing.redis_keys import LATENCY_BUCKETS_S
 from .gateway import MetricSnapshot, ReceiverGateway
 
-log = logging.getLogger("keylane.telemetry")
+log = logging.getLogger("keylane.queue_watch")
 
 MIN_RETRY_AFTER_S = 1
 MAX_RETRY_AFTER_S = 120
