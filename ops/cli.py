@@ -158,7 +158,8 @@ def flower(ctx: click.Context) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
-    """Shards (owner, fencing token, depth, oldest message, in flight) and workers."""
+    """Shards (owner, fencing token, depth, oldest message, records in flight and waiting),
+    the records that wait (why, attempts, when due, events behind them) and workers."""
     from .deployment_view import DeploymentView
     from .status import collect_status
     from .tables import render_table
@@ -169,15 +170,14 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         emit_json(report)
         return
-    click.echo(
-        render_table(
-            ["shard", "owner", "token", "depth", "oldest_s", "in_flight"],
-            [
-                [s["shard"], s["owner"], s["token"], s["depth"], s["oldest_age_s"], s["in_flight"]]
-                for s in report["shards"]
-            ],
-        )
-    )
+    columns = ["shard", "owner", "token", "depth", "oldest_age_s", "in_flight", "waiting"]
+    headers = ["shard", "owner", "token", "depth", "oldest_s", "in_flight", "waiting"]
+    click.echo(render_table(headers, [[s[c] for c in columns] for s in report["shards"]]))
+    if report["waiting_records"]:
+        click.echo("")
+        columns = ["record_key", "shard", "state", "reason", "attempts", "due_in_s", "behind"]
+        rows = [[r.get(c) for c in columns] + [r.get("error")] for r in report["waiting_records"]]
+        click.echo(render_table([*columns, "error"], rows))
     click.echo("")
     click.echo(
         render_table(

@@ -19,7 +19,7 @@ import click
 
 from ..routing.contract.errors import KeylaneError
 from ..routing.contract.sources import load_sources
-from ..workers.gateway import LaneGateway
+from ..workers.brokers.redis import RedisLaneBroker
 from ..workers.store import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter, Store
 from .cli_common import age, cli_store, emit_json, settings_of, when
 from .tables import render_table
@@ -273,8 +273,8 @@ def _bulk(
             click.confirm(
                 f"{verb.capitalize()} {len(rows)} dead letter(s) ({summary})?", abort=True, err=True
             )
-        gateway = LaneGateway.from_url(settings.redis_dsn(), settings.keys, settings.shards)
-        done = _run(Triage(store, gateway), rows, act, verb)
+        broker = RedisLaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+        done = _run(Triage(store, broker), rows, act, verb)
     finally:
         store.close()
     _report(verb, done, as_json)

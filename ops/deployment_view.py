@@ -6,6 +6,7 @@ lease log and the counters. The operator's side of Redis; it never writes.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import redis
@@ -14,7 +15,7 @@ from ..routing import ShardMap
 from ..routing.contract.destinations import FlowState, flow_states, queue_flow_reads
 from ..routing.contract.replies import reply_int, reply_text
 from ..routing.redis_keys import RedisKeys
-from ..workers.gateway import broker_errors
+from ..workers.brokers.redis import broker_errors
 
 
 class DeploymentView:
@@ -44,27 +45,40 @@ class DeploymentView:
         return {s: reply_text(v) for s, v in enumerate(values) if v is not None}
 
     def depth(self, shard: int) -> int:
-        """Messages waiting in the shard queue (not counting the one in flight)."""
+        """Messages of the shard not yet acknowledged: in its queue, and admitted into its
+        records' lists (those of held records not counted)."""
+        k = self.keys
+        pipe = self.client.pipeline(transaction=True)  # one instant: admission moves messages
+        pipe.llen(k.queue(self.shards.queue_name(shard)))
+        pipe.hget(k.depth, str(shard))
         with broker_errors():
-            return reply_int(self.client.llen(self.keys.queue(self.shards.queue_name(shard))))
+            queued, admitted = pipe.execute()
+        return reply_int(queued) + reply_int(admitted)
 
     def shard_states(self) -> list[dict[str, Any]]:
-        """Per shard: lease holder, fencing counter, depth, in-flight message, head message."""
+        """Per shard: lease holder, fencing counter, depth (queued and admitted), records in
+        flight and waiting, head message of the queue."""
         k = self.keys
-        pipe = self.client.pipeline(transaction=False)
+        now_ms = int(time.time() * 1000)
+        pipe = self.client.pipeline(transaction=True)  # one instant: admission moves messages
         for shard in range(self.shards.count):
             queue = k.queue(self.shards.queue_name(shard))
             pipe.get(k.lease(shard))
             pipe.pttl(k.lease(shard))
             pipe.get(k.fence(shard))
             pipe.llen(queue)
-            pipe.lindex(k.inflight(shard), -1)
+            pipe.hget(k.depth, str(shard))
+            pipe.hlen(k.busy(shard))
+            pipe.zcount(k.ready(shard), f"({now_ms}", "+inf")
             pipe.lindex(queue, -1)
         with broker_errors():
             raw = pipe.execute()
         out = []
+        n = 8
         for shard in range(self.shards.count):
-            holder, ttl, fence, depth, inflight, head = raw[shard * 6 : shard * 6 + 6]
+            holder, ttl, fence, queued, admitted, busy, waiting, head = raw[
+                shard * n : shard * n + n
+            ]
             out.append(
                 {
                     "shard": shard,
@@ -72,12 +86,74 @@ class DeploymentView:
                     "holder": reply_text(holder) or None,
                     "lease_ttl_ms": int(ttl) if holder is not None else None,
                     "fence": int(fence or 0),
-                    "depth": int(depth),
-                    "inflight": inflight,
+                    "depth": int(queued) + reply_int(admitted),
+                    "in_flight": int(busy),
+                    "waiting": int(waiting),
                     "head": head,
                 }
             )
         return out
+
+    def records(self, shards: list[int]) -> list[dict[str, Any]]:
+        """The records of ``shards`` that are in flight or waiting, and every held record:
+        why a record waits (the error or the limit), its attempts, when it is due again,
+        and how many of its events wait in its list."""
+        k = self.keys
+        now_ms = int(time.time() * 1000)
+        pipe = self.client.pipeline(transaction=False)
+        for shard in shards:
+            pipe.hgetall(k.busy(shard))
+            pipe.zrangebyscore(k.ready(shard), f"({now_ms}", "+inf", withscores=True)
+            pipe.hgetall(k.waits(shard))
+        pipe.hgetall(k.held)
+        with broker_errors():
+            raw = pipe.execute()
+        found: list[dict[str, Any]] = []
+        for i, shard in enumerate(shards):
+            busy, waiting, why = raw[3 * i : 3 * i + 3]
+            for key, ms in busy.items():
+                found.append(
+                    {
+                        "shard": shard,
+                        "record_key": reply_text(key),
+                        "state": "in_flight",
+                        "since": int(ms) / 1000,
+                    }
+                )
+            for key, score in waiting:
+                detail = json.loads(why.get(key) or b"{}")
+                found.append(
+                    {
+                        "shard": shard,
+                        "record_key": reply_text(key),
+                        "state": "waiting",
+                        "reason": detail.get("reason"),
+                        "error": detail.get("error") or None,
+                        "attempts": detail.get("attempts"),
+                        "since": detail.get("at"),
+                        "due_in_s": round(max(0.0, score - now_ms) / 1000, 3),
+                    }
+                )
+        for key, dead_letter_id in raw[-1].items():
+            record_key = reply_text(key)
+            shard = self.shards.shard_for_key(record_key)
+            found.append(
+                {
+                    "shard": shard,
+                    "record_key": record_key,
+                    "state": "held",
+                    "dead_letter": int(dead_letter_id),
+                }
+            )
+        pipe = self.client.pipeline(transaction=False)
+        for record in found:
+            pipe.llen(k.record(record["shard"], record["record_key"]))
+        with broker_errors():
+            lengths = pipe.execute()
+        for record, length in zip(found, lengths, strict=True):
+            # the events behind the one in flight (or all of a waiting or held record's)
+            record["behind"] = max(0, int(length) - (1 if record["state"] == "in_flight" else 0))
+        return found
 
     def members(self) -> list[dict[str, Any]]:
         """Live and recently seen workers with their last heartbeat."""

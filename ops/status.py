@@ -17,14 +17,21 @@ def collect_status(settings: Settings, view: DeploymentView) -> dict[str, Any]:
     shards = []
     for state in view.shard_states():
         holder = state.pop("holder")
-        inflight = state.pop("inflight")
         head = state.pop("head")
         state["owner"] = holder.rsplit("/", 1)[0] if holder else None
         state["token"] = int(holder.rsplit("/", 1)[1]) if holder else None
-        state["in_flight"] = _describe(inflight)
         head_event = _event_of(head)
         state["oldest_age_s"] = round(now - head_event["accepted_at"], 3) if head_event else None
         shards.append(state)
+    busy = [s["shard"] for s in shards if s["in_flight"] or s["waiting"]]
+    records = view.records(busy)
+    for record in records:
+        shard = shards[record["shard"]]
+        shard.setdefault("records", []).append(record)
+        since = record.get("since")
+        if since is not None:
+            age = round(now - since, 3)
+            shard["oldest_age_s"] = max(age, shard["oldest_age_s"] or 0.0)
     members = view.members()
     for member in members:
         member["heartbeat_age_s"] = round(now - member.pop("heartbeat_ms") / 1000, 3)
@@ -36,6 +43,7 @@ def collect_status(settings: Settings, view: DeploymentView) -> dict[str, Any]:
         "workers": members,
         "counters": view.counters(),
         "unowned": [s["shard"] for s in shards if s["owner"] is None],
+        "waiting_records": [r for r in records if r["state"] != "in_flight"],
         "destinations": [
             {
                 "destination": d.name,
@@ -59,12 +67,3 @@ def _event_of(raw: bytes | None) -> dict[str, Any] | None:
     except MalformedMessage:
         return None
     return event if isinstance(event, dict) else None
-
-
-def _describe(raw: bytes | None) -> str | None:
-    event = _event_of(raw)
-    if raw is None:
-        return None
-    if event is None:
-        return "(malformed)"
-    return f"{event.get('source')}/{event.get('event_id')} -> {event.get('record_key')}"

@@ -1,7 +1,7 @@
 """Working through dead letters: retry, discard, resolve; the diff a person decides on.
 
 * **retry** sends the row's event back through its record's lane, from a fresh read. If
-  the row holds its key (policy ``hold``), the retry goes to the head of the shard queue,
+  the row holds its record (policy ``hold``), the retry goes first in the record's list,
   runs first, and the events parked behind it follow in order; otherwise it joins the tail
   like a new event. A row is queued once (a marker in Redis), and the store's journal lets
   a retried event apply at most once, so retrying twice, or concurrently, is harmless.
@@ -19,10 +19,10 @@ from typing import Any, Literal
 
 from ..routing.contract.errors import KeylaneError
 from ..routing.contract.events import Event, parse_changes
-from ..routing.contract.message import build_apply_message, build_unhold_message
+from ..routing.contract.message import build_event_message, build_unhold_message
 from ..routing.contract.sources import Sources
+from ..workers.brokers.redis import RedisLaneBroker
 from ..workers.changes import apply_changes
-from ..workers.gateway import LaneGateway
 from ..workers.resources import open_resource
 from ..workers.store import DeadLetter, DeadLetterStatus, Store
 
@@ -47,9 +47,9 @@ class Handled:
 class Triage:
     """Operations on review rows, for the CLI."""
 
-    def __init__(self, store: Store, gateway: LaneGateway) -> None:
+    def __init__(self, store: Store, broker: RedisLaneBroker) -> None:
         self.store = store
-        self.gateway = gateway
+        self.broker = broker
 
     def retry(self, row: DeadLetter, by: str, note: str | None = None) -> Handled:
         """Queue the row's event again (see the module docstring)."""
@@ -60,10 +60,10 @@ class Triage:
         event = Event.model_validate(row.event).model_copy(
             update={"retry_of": row.id, "accepted_at": time.time(), "review": None}
         )
-        queue = self.gateway.shards.queue_name(event.shard)
-        at_head = self.gateway.held_by(row.record_key) == row.id
-        queued = self.gateway.push_once(
-            f"retry:{row.id}", event.shard, build_apply_message(event, queue), at_head
+        queue = self.broker.shards.queue_name(event.shard)
+        at_head = self.broker.held_by(row.record_key) == row.id
+        queued = self.broker.push_once(
+            f"retry:{row.id}", event.shard, build_event_message(event, queue)
         )
         # The row is marked after the push: a crash in between leaves it open, and the
         # next retry completes the job without queueing a second copy.
@@ -81,11 +81,11 @@ class Triage:
         if not self.store.set_dead_letter_status(row.id, status, ("open",), by, note):
             return Handled(row.id, "skipped", f"status is {row.status}, not open")
         detail = ""
-        if self.gateway.held_by(row.record_key) == row.id:
-            queue = self.gateway.shards.queue_name(row.shard)
+        if self.broker.held_by(row.record_key) == row.id:
+            queue = self.broker.shards.queue_name(row.shard)
             message = build_unhold_message(row.record_key, row.id, queue)
-            parked = self.gateway.parked_count(row.record_key)  # before the lane releases them
-            self.gateway.push_once(f"release:{row.id}", row.shard, message, at_head=True)
+            parked = self.broker.queued(row.record_key)  # before the lanes release them
+            self.broker.push_once(f"release:{row.id}", row.shard, message)
             detail = f"released {row.record_key}: {parked} parked event(s) go next"
         return Handled(row.id, "closed", detail)
 

@@ -27,7 +27,7 @@ from ..routing.contract import redis_scripts as scripts
 from ..routing.contract.destinations import FlowState, flow_states, queue_flow_reads
 from ..routing.contract.errors import BrokerUnavailable
 from ..routing.contract.events import Event
-from ..routing.contract.message import build_apply_message
+from ..routing.contract.message import build_event_message
 from ..routing.contract.replies import reply_text
 from ..routing.redis_keys import RedisKeys
 
@@ -116,7 +116,12 @@ class ReceiverGateway:
         queue is at its high-water mark."""
         result = await self._run(
             self._accept_event,
-            [self.keys.dedupe(source, event_id), self.keys.queue(queue), self.keys.counters],
+            [
+                self.keys.dedupe(source, event_id),
+                self.keys.queue(queue),
+                self.keys.counters,
+                self.keys.depth,
+            ],
             [
                 body_sha256,
                 message,
@@ -141,14 +146,14 @@ class ReceiverGateway:
         batch: int = 1,
     ) -> EnqueueResult:
         """:meth:`accept` for ``event``, as the apply message of ``queue`` (``batch``: the
-        source's batch limit, see :func:`build_apply_message`)."""
+        source's batch limit, see :func:`build_event_message`)."""
         return await self.accept(
             source=event.source,
             event_id=event.event_id,
             body_sha256=event.body_sha256,
             queue=queue,
             shard=event.shard,
-            message=build_apply_message(event, queue, batch=batch),
+            message=build_event_message(event, queue, batch=batch),
             answer=answer,
             retention_ms=retention_ms,
             high_water=high_water,
@@ -165,7 +170,7 @@ class ReceiverGateway:
                 self.keys.reused(event.source, event.event_id, event.body_sha256),
                 self.keys.queue(queue),
             ],
-            [retention_ms, build_apply_message(review, queue), self.keys.doorbell, event.shard],
+            [retention_ms, build_event_message(review, queue), self.keys.doorbell, event.shard],
         )
         return bool(result)
 
@@ -177,20 +182,24 @@ class ReceiverGateway:
             return False
 
     async def queues(self) -> QueueSnapshot:
-        """Depth and head message of every shard queue, and the drain counts."""
-        pipe = self.client.pipeline(transaction=False)
+        """Depth and head message of every shard queue, and the drain counts, at one
+        instant (a transaction: the lanes' admission moves messages between the queue and
+        the admitted count)."""
+        pipe = self.client.pipeline(transaction=True)
         for shard in range(self.shards.count):
             queue = self.keys.queue(self.shards.queue_name(shard))
             pipe.llen(queue)
             pipe.lindex(queue, -1)
         pipe.hgetall(self.keys.drained)
+        pipe.hgetall(self.keys.depth)
         with broker_errors():
             replies = await pipe.execute()
         n = self.shards.count
+        admitted = {int(k): int(v) for k, v in replies[-1].items()}
         return QueueSnapshot(
-            depths=[int(replies[2 * s]) for s in range(n)],
+            depths=[int(replies[2 * s]) + admitted.get(s, 0) for s in range(n)],
             heads=[replies[2 * s + 1] for s in range(n)],
-            drained={int(k): int(v) for k, v in replies[-1].items()},
+            drained={int(k): int(v) for k, v in replies[-2].items()},
         )
 
     async def metrics(self) -> MetricSnapshot:

@@ -20,6 +20,11 @@ def latency_bucket(seconds: float) -> str:
     return "+Inf"
 
 
+#: What is kept with an in-flight message in its shard's deliveries hash, each as the field
+#: ``<digest>:<note>`` (the lane scripts forget them all when the message is done).
+MESSAGE_NOTES = ("error", "retries", "since", "write")
+
+
 def message_digest(raw: bytes) -> str:
     """A message's field in its shard's delivery counts (what Lua's ``redis.sha1hex``
     gives, so scripts and Python name the same field)."""
@@ -45,9 +50,33 @@ class RedisKeys:
         """The list holding a Celery queue's messages (kombu's layout, priority 0)."""
         return f"{self.prefix}{queue_name}"
 
-    def inflight(self, shard: int) -> str:
-        """The list holding the message a shard's owner is working on (at most one)."""
-        return f"{self.prefix}inflight:{shard}"
+    def record_prefix(self, shard: int) -> str:
+        """Prefix of the lists of a shard's records: ``<prefix><record key>`` holds a
+        record's admitted messages in accepted order (the head in flight while busy)."""
+        return f"{self.prefix}rec:{shard}:"
+
+    def record(self, shard: int, record_key: str) -> str:
+        """The list of a record's admitted messages (see :meth:`record_prefix`)."""
+        return f"{self.record_prefix(shard)}{record_key}"
+
+    def ready(self, shard: int) -> str:
+        """Sorted set record key -> ms (Redis clock) from which the record may be taken;
+        a score in the future is a record that waits."""
+        return f"{self.prefix}ready:{shard}"
+
+    def busy(self, shard: int) -> str:
+        """Hash record key -> ms it was taken: the shard's records in flight in a lane."""
+        return f"{self.prefix}busy:{shard}"
+
+    def waits(self, shard: int) -> str:
+        """Hash record key -> why it waits (JSON: reason, error, attempts, since), for
+        status."""
+        return f"{self.prefix}waits:{shard}"
+
+    @property
+    def depth(self) -> str:
+        """Hash shard -> admitted messages of the shard's records that are not held."""
+        return f"{self.prefix}depth"
 
     def lease(self, shard: int) -> str:
         """The shard's lease: the owner's token, with a TTL."""
@@ -63,7 +92,8 @@ class RedisKeys:
         return f"{self.prefix}fence:{shard}"
 
     def deliveries(self, shard: int) -> str:
-        """Hash event-id -> number of times the shard's in-flight message was started."""
+        """Hash message digest -> times the message was handed to a lane, and the notes
+        kept with it (``<digest>:<note>``, see :data:`MESSAGE_NOTES`)."""
         return f"{self.prefix}deliveries:{shard}"
 
     def dedupe(self, source: str, event_id: str) -> str:
@@ -117,12 +147,9 @@ class RedisKeys:
 
     @property
     def held(self) -> str:
-        """Hash record-key -> open dead-letter id, for sources whose policy holds the key."""
+        """Hash record key -> open dead-letter id, for sources whose policy holds the key
+        (its later messages wait in the record's list until it is released)."""
         return f"{self.prefix}held"
-
-    def parked(self, record_key: str) -> str:
-        """List of events waiting behind an open dead letter on a held key."""
-        return f"{self.prefix}parked:{record_key}"
 
     @property
     def destinations(self) -> str:

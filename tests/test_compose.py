@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from keylane.routing.contract.settings import load_settings
-from keylane.workers.gateway import LaneGateway
+from keylane.workers.brokers.redis import RedisLaneBroker
 from tests.support.stack import REPO
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to parse docker-compose.yml")
@@ -162,7 +162,7 @@ def test_the_worker_healthcheck_needs_a_live_member_of_this_host(
     snippet = _python_snippet(_service(compose, "worker")["healthcheck"])
     compile(snippet, "worker-healthcheck", "exec")
     settings = load_settings(redis_url=redis_url, namespace=namespace)
-    broker = LaneGateway.from_url(redis_url, settings.keys, settings.shards)
+    broker = RedisLaneBroker.from_url(redis_url, settings.keys, settings.shards)
     # When no worker of this host is a member, Then it fails
     assert _run_healthcheck(snippet, redis_url, namespace) == 1
     # When a worker of another host heartbeats, Then it still fails

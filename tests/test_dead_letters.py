@@ -217,9 +217,9 @@ def test_hold_policy_parks_later_events_until_the_row_is_resolved(
     # When later events for the key arrive, they wait, in order
     for n in range(2, 6):
         assert post(f"c-{n}", seq={"append": n}).status_code == 202
-    gateway = stack.gateway()
-    wait_until(lambda: gateway.parked_count("lead:1") == 4, 20, "four parked events")
-    assert gateway.held_by("lead:1") == row.id
+    broker = stack.broker()
+    wait_until(lambda: broker.queued("lead:1") == 4, 20, "four parked events")
+    assert broker.held_by("lead:1") == row.id
     assert "seq" not in stack.open_store().read("lead:1").fields
     # And other keys go on
     assert stack.post(event("c-x", "lead:2", a={"set": 1}), source="careful").status_code == 202
@@ -234,7 +234,7 @@ def test_hold_policy_parks_later_events_until_the_row_is_resolved(
         30,
         "the parked events to apply in order",
     )
-    assert gateway.held_by("lead:1") is None
+    assert broker.held_by("lead:1") is None
     resolved = stack.open_store().dead_letter(row.id)
     assert resolved is not None
     assert (resolved.status, resolved.note) == ("resolved", "fixed in the CRM")
@@ -251,7 +251,7 @@ def test_retrying_the_holding_row_applies_it_first_then_the_parked_events(
     row = _one_row(stack, "type")
     for n in range(2, 5):
         assert post(f"k-{n}", seq={"append": n}).status_code == 202
-    wait_until(lambda: stack.gateway().parked_count("lead:9") == 3, 20, "parked events")
+    wait_until(lambda: stack.broker().queued("lead:9") == 3, 20, "parked events")
     # When someone fixes the record and retries the row
     assert keylane(stack, "records", "set", "lead:9", "total=0").returncode == 0
     retried = keylane(stack, "dlq", "retry", str(row.id), "--yes")

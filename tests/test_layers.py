@@ -21,7 +21,7 @@ RANK = {"routing": 0, "contract": 1, "producers": 2, "workers": 2, "ops": 3, "pu
 #: supervisor pings the server it runs; benchmarks drive Redis directly).
 REDIS_IMPORTERS = {
     "keylane.producers.gateway",
-    "keylane.workers.gateway",
+    "keylane.workers.brokers.redis",
     "keylane.ops.deployment_view",
     "keylane.ops.embedded_redis",
 }

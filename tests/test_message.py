@@ -12,9 +12,9 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from keylane.routing.contract.events import Change, Event
-from keylane.routing.contract.message import build_apply_message, parse_message
+from keylane.routing.contract.message import build_event_message, parse_message
 from keylane.routing.contract.settings import Settings
-from keylane.routing.router import APPLY_TASK
+from keylane.routing.router import EVENT_TASK
 from keylane.workers.app import broker_options
 
 
@@ -33,9 +33,9 @@ def _event() -> Event:
 
 def test_message_round_trips_through_our_parser() -> None:
     original = _event()
-    message = parse_message(build_apply_message(original, "keylane.shard.00", task_id="t-1"))
+    message = parse_message(build_event_message(original, "keylane.shard.00", task_id="t-1"))
     assert message.task_id == "t-1"
-    assert message.task_name == APPLY_TASK
+    assert message.task_name == EVENT_TASK
     assert Event.model_validate(message.kwargs["event"]) == original
 
 
@@ -51,7 +51,7 @@ def test_a_real_celery_worker_runs_a_pushed_message(settings: Settings) -> None:
     seen: list[dict[str, object]] = []
     done = threading.Event()
 
-    @app.task(name=APPLY_TASK, shared=False)
+    @app.task(name=EVENT_TASK, shared=False)
     def apply(event: dict[str, object]) -> None:
         seen.append(event)
         done.set()
@@ -63,7 +63,7 @@ def test_a_real_celery_worker_runs_a_pushed_message(settings: Settings) -> None:
     queue = settings.shards.queue_name(0)
     # When keylane's bytes are pushed onto the shard queue the way the receiver does
     client = redis.Redis.from_url(settings.redis_dsn())
-    client.lpush(settings.keys.queue(queue), build_apply_message(_event(), queue))
+    client.lpush(settings.keys.queue(queue), build_event_message(_event(), queue))
     client.close()
     with start_worker(
         app, pool="solo", queues=[queue], perform_ping_check=False, shutdown_timeout=10

@@ -103,8 +103,8 @@ def test_paused_owner_is_fenced_off_after_takeover(stack: Stack) -> None:
     stack.wait_all_owned(workers=1)
     shard = stack.settings.shards.shard_for_key("paused:1")
     assert stack.post(event("p-1", "paused:1", seq={"append": 1})).status_code == 202
-    inflight_key = stack.settings.keys.inflight(shard)
-    wait_until(lambda: stack.view().client.llen(inflight_key) == 1, 10, "p-1 in flight")
+    busy_key = stack.settings.keys.busy(shard)
+    wait_until(lambda: stack.view().client.hlen(busy_key) == 1, 10, "p-1 in flight")
     old_token = int(stack.view().lease_values()[shard].rsplit("/", 1)[1])
     # When it is stopped (SIGSTOP) for longer than the lease TTL while it holds p-1
     paused.signal(signal.SIGSTOP)
@@ -222,7 +222,7 @@ def test_a_hung_handler_gives_its_shard_up_and_the_event_applies_once(stack: Sta
     assert stack.post(event("s-1", "stuck:1", n={"increment": 1})).status_code == 202
     shard = stack.settings.shards.shard_for_key("stuck:1")
     wait_until(
-        lambda: stack.view().client.llen(stack.settings.keys.inflight(shard)) == 1,
+        lambda: stack.view().client.hlen(stack.settings.keys.busy(shard)) == 1,
         10,
         "s-1 in flight",
     )

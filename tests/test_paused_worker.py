@@ -313,10 +313,10 @@ def test_a_sqlite_writer_paused_mid_write_keeps_every_other_worker_out(stack: St
                 assert "--lanes" in refused.stderr
                 assert "PostgreSQL" in refused.stderr
             else:
-                gateway = stack.gateway()
+                broker = stack.broker()
                 with pytest.raises(ConfigError, match=r"stopped \(paused\)"):
-                    StoreWriter(gateway, stack.settings, new_worker_id()).claim()
-                gateway.close()
+                    StoreWriter(broker, stack.settings, new_worker_id()).claim()
+                broker.close()
         finally:
             writer.signal(signal.SIGCONT)
         # And resumed, the writer finishes its write and goes on
@@ -354,7 +354,7 @@ def test_heartbeats_never_wait_on_the_store(stack: Stack) -> None:
     stack.receiver()
     key = "waiting:1"
     shard = s.shards.shard_for_key(key)
-    inflight = s.keys.inflight(shard)
+    busy = s.keys.busy(shard)
     view = stack.view()
     with _store_locked(stack):
         # When a worker starts, acquires its shards and an event arrives meanwhile
@@ -369,7 +369,7 @@ def test_heartbeats_never_wait_on_the_store(stack: Stack) -> None:
             beat_ms = next(m["heartbeat_ms"] for m in view.members() if m["worker"] == worker_id)
             ages.append(time.time() - beat_ms / 1000)
             # And nothing is taken from a shard whose token the store has not registered
-            assert view.client.llen(inflight) == 0
+            assert view.client.hlen(busy) == 0
             time.sleep(s.heartbeat_ms / 4000)
         assert max(ages) < s.lease_ttl_ms / 1000, ages
         assert worker.alive(), worker.log()

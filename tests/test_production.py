@@ -42,8 +42,9 @@ def _value(
 
 @SQLITE
 def test_a_slow_destination_pushes_back_on_senders_and_nothing_is_lost(stack: Stack) -> None:
-    # Given a destination that takes 20 ms per write and a high-water mark of 40 per shard
-    stack.settings = stack.settings.model_copy(update={"shard_high_water": 40})
+    # Given a destination that takes 20 ms per write, one event per write, and a high-water
+    # mark of 40 per shard
+    stack.settings = stack.settings.model_copy(update={"shard_high_water": 40, "batch_max": 1})
     stack.settings.faults.append(
         FaultSpec(point="worker.before_write", action="sleep", sleep_ms=20)
     )

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from keylane.routing import DEFAULT_SHARD_COUNT, QUEUE_PREFIX, ShardMap, stable_hash
 from keylane.routing.assignment import assign_shards
-from keylane.routing.router import APPLY_TASK, ShardRouter
+from keylane.routing.router import EVENT_TASK, ShardRouter
 from keylane.routing.shards import MAX_SHARD_COUNT
 
 REPO = Path(__file__).resolve().parents[1]
@@ -285,7 +285,7 @@ def test_router_sends_apply_to_the_queue_of_the_events_key(key: str, count: int)
     shards = ShardMap(count)
     router = ShardRouter(shards)
     # When keylane.apply is sent with an event about a key
-    route = router(APPLY_TASK, (), {"event": {"record_key": key, "id": "e"}}, {})
+    route = router(EVENT_TASK, (), {"event": {"record_key": key, "id": "e"}}, {})
     # Then it goes to that key's shard queue
     assert route == {"queue": shards.queue_for_key(key)}
 
@@ -295,10 +295,10 @@ def test_router_sends_apply_to_the_queue_of_the_events_key(key: str, count: int)
     [
         ("celery.ping", {"event": {"record_key": "contact:1"}}),
         ("keylane.other", {"event": {"record_key": "contact:1"}}),
-        (APPLY_TASK, {}),
-        (APPLY_TASK, {"event": None}),
-        (APPLY_TASK, {"event": {}}),
-        (APPLY_TASK, {"event": {"record_key": 42}}),
+        (EVENT_TASK, {}),
+        (EVENT_TASK, {"event": None}),
+        (EVENT_TASK, {"event": {}}),
+        (EVENT_TASK, {"event": {"record_key": 42}}),
     ],
 )
 def test_router_leaves_other_tasks_and_keyless_events_alone(
@@ -315,7 +315,7 @@ def test_celery_routes_apply_through_the_router() -> None:
     app.conf.task_routes = (ShardRouter(shards),)
     try:
         # When Celery routes an apply task and another task
-        apply = app.amqp.router.route({}, APPLY_TASK, (), {"event": {"record_key": "contact:42"}})
+        apply = app.amqp.router.route({}, EVENT_TASK, (), {"event": {"record_key": "contact:42"}})
         other = app.amqp.router.route({}, "celery.ping", (), {})
         # Then the apply task goes to the key's queue and the other to the default
         assert apply["queue"].name == shards.queue_for_key("contact:42") == "keylane.shard.50"

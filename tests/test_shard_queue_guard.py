@@ -11,7 +11,7 @@ import redis
 from celery.contrib.testing.worker import start_worker
 
 from keylane.routing.contract.events import Change, Event
-from keylane.routing.contract.message import build_apply_message, parse_message
+from keylane.routing.contract.message import build_event_message, parse_message
 from keylane.routing.contract.settings import Settings
 from keylane.workers.app import create_app
 from tests.support.stack import Stack, event, wait_until
@@ -35,7 +35,7 @@ def test_a_plain_celery_worker_gives_shard_messages_back(settings: Settings) -> 
     )
     client = redis.Redis.from_url(settings.redis_dsn())
     key = settings.keys.queue(queue)
-    client.lpush(key, build_apply_message(ev, queue))
+    client.lpush(key, build_event_message(ev, queue))
     ignored = threading.Event()
     from celery.signals import task_postrun
 

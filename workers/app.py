@@ -3,7 +3,7 @@
 Celery carries the shard queues (ordinary Celery queues of ``keylane.apply`` task
 messages), the workers' heartbeats and remote control, and the events Flower shows.
 The lanes, not Celery's consumer, take messages from the shard queues; see
-:mod:`keylane.workers.gateway` for why.
+:mod:`keylane.workers.broker` for why.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from kombu.entity import Queue
 
 from ..routing.contract.errors import NotOwner
 from ..routing.contract.events import Event
-from ..routing.contract.message import build_apply_message, build_unhold_message
+from ..routing.contract.message import build_event_message, build_unhold_message
 from ..routing.contract.settings import Settings
-from ..routing.router import APPLY_TASK, UNHOLD_TASK, ShardRouter
-from .gateway import LaneGateway
+from ..routing.router import EVENT_TASK, UNHOLD_TASK, ShardRouter
+from .brokers.redis import RedisLaneBroker
 
 log = logging.getLogger("keylane.app")
 
@@ -60,9 +60,9 @@ def create_app(settings: Settings) -> Celery:
     # Messages of these tasks are run by the lanes, under a shard lease. A plain Celery
     # consumer of a shard queue (started by hand, or added from Flower) must neither run
     # them nor lose them: the message goes back to the head of its queue for the lane.
-    @app.task(name=APPLY_TASK, ignore_result=True, shared=False, bind=True)
+    @app.task(name=EVENT_TASK, ignore_result=True, shared=False, bind=True)
     def apply(self: Any, event: dict[str, Any]) -> None:
-        _give_back(settings, self.request, build_apply_message(Event(**event), _queue(self)))
+        _give_back(settings, self.request, build_event_message(Event(**event), _queue(self)))
 
     @app.task(name=UNHOLD_TASK, ignore_result=True, shared=False, bind=True)
     def unhold(self: Any, record_key: str, dead_letter_id: int) -> None:
@@ -84,11 +84,11 @@ def _give_back(settings: Settings, request: Any, message: bytes) -> None:
         shard = settings.shards.shard_of_queue(queue)
     except ValueError as exc:
         raise NotOwner(-1, f"keylane tasks run only inside keylane lanes ({exc})") from exc
-    gateway = LaneGateway.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+    broker = RedisLaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
     try:
-        gateway.give_back(shard, message)
+        broker.give_back(shard, message)
     finally:
-        gateway.close()
+        broker.close()
     log.error(
         "a plain Celery consumer took a message from %s; it is back at the head of the "
         "queue for the shard's lane (do not consume keylane's shard queues)",

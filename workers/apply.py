@@ -23,7 +23,7 @@ import pkgutil
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from ..routing.contract.errors import (
     AlreadyApplied,
@@ -39,10 +39,9 @@ from ..routing.contract.faults import NO_FAULTS, Faults
 from ..routing.contract.sources import SourceConfig
 from .blocking import BlockingPool
 from .changes import apply_changes
-from .group_commit import GroupCommit
-from .store import DeadLetterDraft, EventWrite, Fence, Record, Store
-
-ApplyOutcome = Literal["applied", "duplicate", "dead_lettered"]
+from .lane_store import LaneStore, event_write
+from .results import ApplyResult
+from .store import EventWrite, Fence, Record, Store
 
 #: A source's lane-side handler: (event, record as freshly read) -> the change to apply,
 #: or None for none; a plain function or an ``async def``. It runs on every attempt, so it
@@ -78,27 +77,8 @@ def load_source_handler(source: SourceConfig) -> SourceHandler | None:
     return SourceHandler(fn, batched=source.batch_handler is not None)
 
 
-REVIEW_ERRORS = {
-    "id_reused": "the sender reused this event id with a different body; the first body "
-    "was accepted, this one was not applied",
-}
-
-
-@dataclass(frozen=True)
-class ApplyResult:
-    """What became of one delivery."""
-
-    outcome: ApplyOutcome
-    attempts: int = 0
-    conflicts: int = 0
-    revision: int | None = None
-    dead_letter_id: int | None = None
-    reason: str | None = None
-
-
 async def apply_events(
-    io: BlockingPool,
-    commits: GroupCommit,
+    store: LaneStore,
     events: Sequence[Event],
     fence: Fence | None,
     source: SourceConfig | None,
@@ -109,36 +89,24 @@ async def apply_events(
     read: Record | None = None,
 ) -> list[ApplyResult]:
     """Apply ``events`` (one, or a record's batch: see :func:`apply_batch`) once each (see
-    the module docstring); the results of the first ones, in order. The store calls run in
-    ``io``'s threads (the write in ``commits``' next group), an ``async def`` handler on
-    the lane's loop. Raises only for infrastructure errors (:class:`StoreUnavailable`),
-    lost ownership (:class:`StaleFence`) and errors of the source's handler (the lane
-    counts those and retries the delivery)."""
+    the module docstring); the results of the first ones, in order. The store calls are the
+    lanes' (:class:`LaneStore`: the write in its next group commit), an ``async def``
+    handler runs on the lane's loop. Raises only for infrastructure errors
+    (:class:`StoreUnavailable`), lost ownership (:class:`StaleFence`) and errors of the
+    source's handler (the lane counts those and retries the delivery)."""
     event = events[0]
     if event.review is not None:
-        error = REVIEW_ERRORS.get(event.review, event.review)
-        row = await io.store(dead_letter, event, fence, event.review, 1, error, close_event=False)
-        return [row]
+        return [await store.review(event, fence)]
     if source is None:
         error = f"source {event.source!r} is not configured"
-        return [await io.store(dead_letter, event, fence, "unknown_source", 1, error)]
+        return [await store.dead_letter(event, fence, "unknown_source", 1, error)]
     return await apply_batch(
-        io,
-        commits,
-        events,
-        fence,
-        source,
-        max_attempts,
-        faults,
-        handler,
-        handler_time_limit_s,
-        read,
+        store, events, fence, source, max_attempts, faults, handler, handler_time_limit_s, read
     )
 
 
 async def apply_batch(
-    io: BlockingPool,
-    commits: GroupCommit,
+    store: LaneStore,
     events: Sequence[Event],
     fence: Fence | None,
     source: SourceConfig,
@@ -168,11 +136,11 @@ async def apply_batch(
         if attempt == 1 and read is not None and read.key == first.record_key:
             record = read
         else:
-            record = await io.store(_read, first.record_key)
+            record = await store.read(first.record_key)
         revision_read = record.revision
         writes: list[EventWrite] = []
         fields = record.fields
-        changes_of = _ChangesOf(io, handler, handler_time_limit_s, events, record)
+        changes_of = _ChangesOf(store.io, handler, handler_time_limit_s, events, record)
         for index, event in enumerate(events):
             try:
                 changes = await changes_of.next(index, event, fields)
@@ -185,24 +153,23 @@ async def apply_batch(
                 if writes:
                     break  # the events so far go in; this one is taken again on its own
                 reason = next(r for kind, r in _REFUSALS.items() if isinstance(exc, kind))
-                row = await io.store(
-                    dead_letter, event, fence, reason, attempt, str(exc), record.revision
+                row = await store.dead_letter(
+                    event, fence, reason, attempt, str(exc), record.revision
                 )
                 return [row]
             writes.append(event_write(event, after, record.revision, attempt))
             fields = fields if after is None else after
         if faults:
-            await io.store(_before_write, faults, first)
+            await store.io.store(_before_write, faults, first)
         try:
-            revision = await commits.commit(writes, fence)
+            revision = await store.commit(writes, fence)
         except VersionConflict as exc:
             found = exc.found
             continue
         except AlreadyApplied:
             if len(events) > 1:  # which one is unknown: settle the first alone
                 return await apply_batch(
-                    io,
-                    commits,
+                    store,
                     events[:1],
                     fence,
                     source,
@@ -214,8 +181,7 @@ async def apply_batch(
             return [ApplyResult("duplicate", attempts=attempt, conflicts=attempt - 1)]
         done = ApplyResult("applied", attempts=attempt, conflicts=attempt - 1, revision=revision)
         return [done] * len(writes)
-    row = await io.store(
-        dead_letter,
+    row = await store.dead_letter(
         first,
         fence,
         "conflict",
@@ -228,28 +194,8 @@ async def apply_batch(
     return [row]
 
 
-def _read(store: Store, record_key: str) -> Record:
-    return store.read(record_key)
-
-
 def _before_write(store: Store, faults: Faults, event: Event) -> None:
     faults.hit("worker.before_write", event.record_key, bump=lambda: _bump(store, event))
-
-
-def event_write(
-    event: Event, fields: dict[str, Any] | None, expected_revision: int, attempts: int
-) -> EventWrite:
-    """The store write of ``event``'s effect (``fields`` None: journal it, no record change)."""
-    return EventWrite(
-        source=event.source,
-        event_id=event.event_id,
-        record_key=event.record_key,
-        shard=event.shard,
-        fields=fields,
-        expected_revision=expected_revision,
-        attempts=attempts,
-        retry_of=event.retry_of,
-    )
 
 
 #: The dead-letter reason of a change that cannot apply to the record as read (first match).
@@ -319,43 +265,6 @@ class _ChangesOf:
         if time.monotonic() > self.deadline:
             raise HandlerTimeout(f"handler ran past its limit of {self.limit_s:.1f}s")
         return result
-
-
-def dead_letter(
-    store: Store,
-    event: Event,
-    fence: Fence | None,
-    reason: str,
-    attempts: int,
-    error: str,
-    revision_read: int | None = None,
-    revision_found: int | None = None,
-    conflicts: int = 0,
-    close_event: bool = True,
-) -> ApplyResult:
-    """Record ``event`` for review and (unless ``close_event`` is false) close it in the
-    journal, in one transaction."""
-    draft = DeadLetterDraft(
-        source=event.source,
-        event_id=event.event_id,
-        record_key=event.record_key,
-        shard=event.shard,
-        reason=reason,
-        event=event.model_dump(mode="json"),
-        attempted_change=event.changes_wire(),
-        revision_read=revision_read,
-        revision_found=revision_found if revision_found is not None else revision_read,
-        attempts=attempts,
-        error=error,
-        retry_of=event.retry_of,
-    )
-    try:
-        row = store.commit_dead_letter(draft, fence, close_event=close_event)
-    except AlreadyApplied:
-        return ApplyResult("duplicate", attempts=attempts, conflicts=conflicts)
-    return ApplyResult(
-        "dead_lettered", attempts=attempts, conflicts=conflicts, dead_letter_id=row, reason=reason
-    )
 
 
 def _bump(store: Store, event: Event) -> None:

@@ -9,17 +9,18 @@ for one that does not.
 
 Waiting never holds a lane: when a call must wait (the destination is paused by a
 ``Retry-After``, at its in-flight or rate limit, or the event backs off after a failure)
-the dispatcher answers :class:`Wait` and the lane leaves the message in its shard's
-in-flight slot (the record's order holds), takes back its delivery count, backs off only
-that shard and serves other shards meanwhile. Failed calls are counted apart from
+the dispatcher answers :class:`Wait` and the lane hands the record back to the broker to
+be due again later (its message stays at the head of its list, so the record's order
+holds), takes back its delivery count, and serves other records meanwhile: only that
+record waits. Failed calls are counted apart from
 deliveries, against the destination's ``retry_for_s``, so an outage is waited out rather
 than turned into poison.
 
 A batch task is called once for a record's waiting events (taken together by the lane):
 one flow-control slot, one call, and its outcome is theirs — each journaled, or each a
-dead letter. A batch that must wait goes back to the head of its queue
-(:attr:`Wait.requeue`), so it is taken together again, with any event of the record that
-arrived meanwhile. With a debounce, a batch that is not full waits until its newest event
+dead letter. A batch that must wait is taken together again (:attr:`Wait.batch`: its
+delivery counts are forgotten), with any event of the record that arrived meanwhile.
+With a debounce, a batch that is not full waits until its newest event
 is ``debounce_s`` old. Its idempotency key is its one event's, or, for several, one
 derived from all of theirs (a crash between the call and the journal sends its events
 again one by one: at least once, whatever the task does with the keys).
@@ -35,13 +36,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..routing.contract.destinations import DestinationConfig, retry_delay_s
-from ..routing.contract.errors import AlreadyApplied
 from ..routing.contract.events import Event
 from ..routing.contract.faults import NO_FAULTS, Faults
 from ..routing.contract.settings import Settings
 from ..routing.redis_keys import message_digest
-from .apply import ApplyResult, dead_letter, event_write
 from .blocking import BlockingPool
+from .broker import LaneBroker, Taken
 from .destinations import (
     Conflict,
     Context,
@@ -51,8 +51,10 @@ from .destinations import (
     Outcome,
     RetryLater,
 )
-from .gateway import LaneGateway, Taken
-from .store import Fence, JournalEntry, Store
+from .flow import DestinationFlow
+from .lane_store import LaneStore
+from .results import ApplyResult
+from .store import Fence
 
 log = logging.getLogger("keylane.dispatch")
 
@@ -62,12 +64,13 @@ SLOT_MARGIN_MS = 5000
 
 @dataclass(frozen=True)
 class Wait:
-    """Not now: leave the message in flight (``requeue``: put the batch back at the head
-    of its queue) and come back in ``seconds``."""
+    """Not now: the record waits ``seconds`` (``batch``: its messages are taken together
+    again); ``reason`` and ``detail`` say why (status shows them)."""
 
     seconds: float
     reason: str
-    requeue: bool = False
+    batch: bool = False
+    detail: str = ""
 
 
 class Dispatcher:
@@ -76,12 +79,14 @@ class Dispatcher:
     def __init__(
         self,
         settings: Settings,
-        gateway: LaneGateway,
+        broker: LaneBroker,
+        flow: DestinationFlow,
         destinations: dict[str, Destination],
         faults: Faults = NO_FAULTS,
     ) -> None:
         self.settings = settings
-        self.gateway = gateway
+        self.broker = broker
+        self.flow = flow
         self.destinations = destinations
         self.faults = faults
 
@@ -91,7 +96,7 @@ class Dispatcher:
         return 1 if destination is None else destination.batch
 
     async def send(
-        self, io: BlockingPool, fence: Fence, taken: Taken, events: list[Event]
+        self, store: LaneStore, fence: Fence, taken: Taken, events: list[Event]
     ) -> list[ApplyResult] | Wait:
         """Send ``events`` (one, or a batch task's batch: consecutive events of one
         record) once to their destination, or say how long to wait. The results are those
@@ -100,25 +105,26 @@ class Dispatcher:
         destination = self.destinations.get(event.destination or "")
         if destination is None:
             error = f"no destination named {event.destination!r} on this worker"
-            return [await io.store(dead_letter, event, fence, "unknown_destination", 1, error)]
-        entries = await io.store(_journal_entries, events)
+            return [await store.dead_letter(event, fence, "unknown_destination", 1, error)]
+        io = store.io
+        entries = await store.journal(events)
         entry = entries[0]
         if entry is not None and not (event.retry_of and entry.outcome == "dead_lettered"):
             return [ApplyResult("duplicate")]
         events = events[: next((n for n, e in enumerate(entries) if n and e), len(events))]
         config = destination.config
         slot = f"{taken.shard}:{message_digest(taken.raw)}"
-        gateway = self.gateway
+        broker = self.broker
         debounce_s = events[-1].accepted_at + destination.debounce_s - time.time()
-        first_delivery = taken.deliveries == 1 and not taken.resumed
+        first_delivery = taken.deliveries == 1
         if first_delivery and len(events) < destination.batch and debounce_s > 0:
-            return Wait(debounce_s, "debounce", requeue=True)
-        retries = await io.call(gateway.retries, taken.shard, taken.raw)
+            return Wait(debounce_s, "debounce", batch=True)
+        retries = await io.call(broker.retries, taken.shard, taken.raw)
         first_attempt = retries + taken.deliveries
         notes = await io.call(self._write_notes, config, taken)
         for rerun in range(self.settings.max_attempts):
             wait_s, why = await io.call(
-                gateway.flow.acquire,
+                self.flow.acquire,
                 config.name,
                 slot,
                 config.max_in_flight,
@@ -126,7 +132,7 @@ class Dispatcher:
                 int(config.timeout_s * 1000) + SLOT_MARGIN_MS,
             )
             if wait_s > 0:
-                return Wait(wait_s, why, requeue=destination.batched)
+                return Wait(wait_s, why, batch=destination.batched)
             context = Context(
                 idempotency_key=_idempotency_key(events),
                 attempt=first_attempt + rerun,
@@ -140,13 +146,14 @@ class Dispatcher:
             if self.faults:
                 await io.call(self.faults.hit, "destination.after_call", event.record_key)
             if not isinstance(outcome, Conflict):
-                return await self._settle(io, fence, taken, events, destination, context, outcome)
+                return await self._settle(
+                    store, fence, taken, events, destination, context, outcome
+                )
             log.info("conflict at %s (%s): running again", config.name, outcome.detail)
             if config.versioned:
                 notes = await io.call(self._write_notes, config, taken)
         runs = self.settings.max_attempts
-        return await io.store(
-            _dead_letters,
+        return await store.dead_letters(
             events,
             fence,
             "conflict",
@@ -162,8 +169,8 @@ class Dispatcher:
             return {}
         shard, raw = taken.shard, taken.raw
         return {
-            "write_in_doubt": self.gateway.noted_write(shard, raw),
-            "note_write": lambda condition: self.gateway.note_write(shard, raw, condition),
+            "write_in_doubt": self.broker.noted_write(shard, raw),
+            "note_write": lambda condition: self.broker.note_write(shard, raw, condition),
         }
 
     async def _call(
@@ -181,17 +188,17 @@ class Dispatcher:
             else:
                 outcome = await destination.call(events[0], ctx, io.call)
         except Exception:
-            await io.call(self.gateway.flow.release, name, slot, "failed")
+            await io.call(self.flow.release, name, slot, "failed")
             raise
         pause_s = 0.0
         if isinstance(outcome, RetryLater) and outcome.pause_destination:
             pause_s = outcome.delay_s or 0.0
-        await io.call(self.gateway.flow.release, name, slot, _counter(outcome), pause_s)
+        await io.call(self.flow.release, name, slot, _counter(outcome), pause_s)
         return outcome
 
     async def _settle(
         self,
-        io: BlockingPool,
+        store: LaneStore,
         fence: Fence,
         taken: Taken,
         events: list[Event],
@@ -200,12 +207,14 @@ class Dispatcher:
         outcome: Outcome,
     ) -> list[ApplyResult] | Wait:
         if isinstance(outcome, Done):
-            return await io.store(_journal, fence, events, ctx, outcome)
+            what = f"{len(events)} events" if len(events) > 1 else "delivered"
+            detail = f": {outcome.detail}" if outcome.detail else ""
+            ctx.log.info("%s to %s%s", what, ctx.destination, detail)
+            return await store.journal_delivered(events, fence, ctx.attempt)
         if isinstance(outcome, GiveUp):
             reason = outcome.reason or destination.give_up_reason
             error = describe_failure(destination, events, ctx, outcome, f"{reason} after")
-            return await io.store(
-                _dead_letters,
+            return await store.dead_letters(
                 events,
                 fence,
                 reason,
@@ -216,19 +225,17 @@ class Dispatcher:
             )
         assert isinstance(outcome, RetryLater)
         config = destination.config
-        retries, failing_s = await io.call(self.gateway.note_retry, taken.shard, taken.raw)
+        retries, failing_s = await store.io.call(self.broker.note_retry, taken.shard, taken.raw)
         if failing_s >= config.retry_for_s:
             error = describe_failure(
                 destination, events, ctx, outcome, f"still failing after {failing_s:.0f}s and"
             )
-            return await io.store(
-                _dead_letters, events, fence, "retries_exhausted", ctx.attempt, error
-            )
+            return await store.dead_letters(events, fence, "retries_exhausted", ctx.attempt, error)
         delay_s = outcome.delay_s
         if delay_s is None:
             delay_s = retry_delay_s(retries, config.max_backoff_s, random.random())
         log.info("%s: %s; calling again in %.1fs", config.name, outcome.detail, delay_s)
-        return Wait(delay_s, "retry", requeue=destination.batched)
+        return Wait(delay_s, "retry", batch=destination.batched, detail=outcome.detail)
 
     async def aclose(self) -> None:
         """Close every destination (on the lanes' loop, as they stop)."""
@@ -245,52 +252,6 @@ def _idempotency_key(events: list[Event]) -> str:
         return events[0].idempotency_key
     joined = "\n".join(e.idempotency_key for e in events)
     return f"batch-{hashlib.sha256(joined.encode()).hexdigest()[:32]}"
-
-
-def _journal_entries(store: Store, events: list[Event]) -> list[JournalEntry | None]:
-    return [store.journal(event.source, event.event_id) for event in events]
-
-
-def _journal(
-    store: Store, fence: Fence, events: list[Event], ctx: Context, done: Done
-) -> list[ApplyResult]:
-    """Journal the events a call delivered: together, or (when one of them already has an
-    outcome) each on its own."""
-    writes = [event_write(event, None, 0, ctx.attempt) for event in events]
-    try:
-        store.commit_events(writes, fence)
-        results = [ApplyResult("applied", attempts=ctx.attempt)] * len(events)
-    except AlreadyApplied:
-        results = []
-        for write in writes:
-            try:
-                store.commit_event(write, fence)
-                results.append(ApplyResult("applied", attempts=ctx.attempt))
-            except AlreadyApplied:
-                results.append(ApplyResult("duplicate", attempts=ctx.attempt))
-    what = f"{len(events)} events" if len(events) > 1 else "delivered"
-    ctx.log.info("%s to %s%s", what, ctx.destination, f": {done.detail}" if done.detail else "")
-    return results
-
-
-def _dead_letters(
-    store: Store,
-    events: list[Event],
-    fence: Fence,
-    reason: str,
-    attempts: int,
-    error: str,
-    revision_read: int | None = None,
-    revision_found: int | None = None,
-    conflicts: int = 0,
-) -> list[ApplyResult]:
-    """A dead letter for each of the events one call was for (the same reason and error)."""
-    return [
-        dead_letter(
-            store, e, fence, reason, attempts, error, revision_read, revision_found, conflicts
-        )
-        for e in events
-    ]
 
 
 def _counter(outcome: Outcome) -> str:

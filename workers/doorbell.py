@@ -1,12 +1,13 @@
-"""The doorbell: which shards just got a message, so idle lanes wake up and look there
+"""The doorbell: which shards have something due, so idle lanes wake up and look there
 first instead of polling every shard.
 
 The receiver's accept script publishes the shard number on ``<ns>:doorbell``. A listener
 thread collects the numbers of shards this worker owns and wakes one waiting lane per
-ring. A ring can be missed (the subscription reconnects, a takeover restores a message,
-a shard's back-off ends): the lanes also poke one idle lane every ``idle_poll_ms`` to
-look at every shard, a window at a time, so hundreds of idle lanes cost one look per
-interval, not hundreds.
+ring. A record that waits (a back-off, a debounce, a destination's limit) is due at a known
+time: a timer rings its shard then (:meth:`Doorbell.ring_in`), so the wait ends on time
+whatever the shard count. A ring can still be missed (the subscription reconnects): the
+lanes also poke one idle lane every ``idle_poll_ms`` to look at every shard, a window at a
+time, so hundreds of idle lanes cost one look per interval, not hundreds.
 
 Rings come from any thread (the listener, the heartbeat's acquisitions) and from the lanes'
 own event loop; waiting happens on that loop.
@@ -21,7 +22,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from .gateway import LaneGateway
+from .broker import LaneBroker
 
 log = logging.getLogger("keylane.doorbell")
 
@@ -29,13 +30,14 @@ log = logging.getLogger("keylane.doorbell")
 class Doorbell:
     """Shard hints for the lanes of one worker process."""
 
-    def __init__(self, gateway: LaneGateway, is_mine: Callable[[int], bool]) -> None:
-        self._gateway = gateway
+    def __init__(self, broker: LaneBroker, is_mine: Callable[[int], bool]) -> None:
+        self._broker = broker
         self._is_mine = is_mine
         self._lock = threading.Lock()
         self._rung: dict[int, None] = {}  # insertion-ordered set
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: deque[asyncio.Future[None]] = deque()  # touched on the loop only
+        self._timers: dict[int, asyncio.TimerHandle] = {}  # on the loop only
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._listen, name="keylane-doorbell", daemon=True)
 
@@ -45,9 +47,14 @@ class Doorbell:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop listening and wake every waiter."""
+        """Stop listening, drop the timers and wake every waiter."""
         self._stop.set()
         self._on_loop(self._wake_all)
+
+    def _cancel_timers(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
 
     def ring(self, shard: int) -> None:
         """Note that ``shard`` has (or may have) a message, and wake a lane. Any thread."""
@@ -56,6 +63,23 @@ class Doorbell:
                 return
             self._rung[shard] = None
         self._on_loop(self._wake_one)
+
+    def ring_in(self, shard: int, seconds: float) -> None:
+        """Ring ``shard`` in ``seconds`` (a waiting record of it is due then). On the loop.
+        A shard keeps its earliest timer: when it rings, the take there answers when the
+        next waiting record is due, and a new timer is set for that one."""
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(0.0, seconds)
+        timer = self._timers.get(shard)
+        if timer is not None:
+            if timer.when() <= when:
+                return
+            timer.cancel()
+        self._timers[shard] = loop.call_at(when, self._fire, shard)
+
+    def _fire(self, shard: int) -> None:
+        self._timers.pop(shard, None)
+        self.ring(shard)
 
     def hints(self) -> list[int]:
         """The shards rung since the last call, oldest first (and forget them)."""
@@ -90,6 +114,7 @@ class Doorbell:
                 return
 
     def _wake_all(self) -> None:
+        self._cancel_timers()
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
@@ -112,7 +137,7 @@ class Doorbell:
     def _listen(self) -> None:
         while not self._stop.is_set():
             try:
-                pubsub = self._gateway.doorbell()
+                pubsub = self._broker.doorbell()
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=1.0)
                     if message is not None:

@@ -1,7 +1,7 @@
 """Flow control of destinations, shared by every worker: at most N calls in flight and R
 calls per second per destination, and a pause after a ``Retry-After`` — all kept in Redis
 by one Lua script (:data:`~keylane.routing.contract.redis_scripts.FLOW_ACQUIRE`), on
-Redis's clock. Part of the lanes' Redis gateway (``LaneGateway.flow``).
+Redis's clock. Part of the lanes' Redis broker (``RedisLaneBroker.flow``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from ..routing.redis_keys import RedisKeys
 
 
 class DestinationFlow:
-    """Typed access to the flow scripts, on the lane gateway's connection pool."""
+    """Typed access to the flow scripts, on the lane broker's connection pool."""
 
     def __init__(self, client: Any, keys: RedisKeys, run_script: Callable[..., Any]) -> None:
         self.keys = keys
-        self._run = run_script  # the gateway's: Redis errors as BrokerUnavailable
+        self._run = run_script  # the broker's: Redis errors as BrokerUnavailable
         self._acquire = client.register_script(scripts.FLOW_ACQUIRE)
         self._release = client.register_script(scripts.FLOW_RELEASE)
 

@@ -1,42 +1,48 @@
-"""Lanes: the coroutines of a worker process that take shard messages and apply them.
+"""Lanes: the coroutines of a worker process that take records from the shards it owns and
+apply their events.
 
-A lane takes one message at a time from a shard this worker owns, into that shard's
-in-flight slot (never two of one shard: the take script refuses while the slot is full
-and a local mark keeps other lanes of the process off the shard), applies it, and only
-then acknowledges it. ``lanes`` of them work on different shards at once, all on one
-event loop in one thread of the process: a lane waiting for an ``async def`` task or an
-HTTP forward holds no thread, and a blocking call (a store transaction, a Redis script,
-a plain ``def`` handler or task) runs in the ``lane_threads`` threads of
-:mod:`keylane.workers.blocking`. So a process keeps hundreds of records in flight with a
-handful of threads.
+A lane asks the broker (:mod:`keylane.workers.broker`) for the next due record of a shard
+this worker owns, handles the record's next message (or a batch of its waiting messages),
+and acknowledges it in the same step as it takes the next one. Many lanes work on one shard
+at once, each on a different record: the record, not the shard, is the unit of order and
+of waiting. ``lanes`` of them run on one event loop in one thread of the process: a lane
+waiting for an ``async def`` task or an HTTP forward holds no thread, and a blocking call
+(a store transaction, a broker script, a plain ``def`` handler or task) runs in the
+``lane_threads`` threads of :mod:`keylane.workers.blocking`.
 
-What a lane does with a message it cannot finish:
+What a lane does with a record it cannot finish now. Each holds only that record; its
+shard-mates go on, and its own later events wait behind it, in order:
 
-* store or Redis unavailable: leave it in flight, back off, take it again (order kept);
-* lease lost or fence refused: drop the shard, leave the message for the next owner;
-* handler raised: count the delivery, back off, try again; after ``max_deliveries``
-  starts (crashes included) the event becomes a ``poison`` dead letter and the shard
-  moves on;
-* bytes that are not a keylane task: a ``malformed`` dead letter, and move on;
-* an event for a destination that must wait (throttled, paused, backing off after a
-  failed call): leave it in flight, take back its delivery count, back off that shard
-  only (:mod:`keylane.workers.dispatch`).
+* store or broker unavailable: the record waits a moment (its delivery not counted);
+* lease lost or fence refused: drop the shard, leave the record for the next owner;
+* handler raised: count the delivery, the record backs off (exponentially), then tries
+  again; after ``max_deliveries`` starts (crashes included) the event becomes a
+  ``handler_error`` or ``poison`` dead letter and the record moves on;
+* bytes that are not a keylane message: a ``malformed`` dead letter, and move on;
+* a destination that must wait (paused by a ``Retry-After``, at its limits, a back-off
+  after a failed call, a debounce): the record waits until then, its delivery not counted
+  (:mod:`keylane.workers.dispatch`);
+* a dead letter of a source whose policy is ``hold``: the record is held until the dead
+  letter is retried, resolved or discarded (its later events wait in its list).
+
+A wait ends on a timer (:meth:`Doorbell.ring_in`), not when a scan finds it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import sentry_sdk
 from pydantic import ValidationError
 
-from ..routing.contract.destinations import EXCERPT_CHARS
+from ..routing.contract.destinations import EXCERPT_CHARS, retry_delay_s
 from ..routing.contract.errors import (
     BrokerUnavailable,
     MalformedMessage,
@@ -49,39 +55,41 @@ from ..routing.contract.logcontext import event_context
 from ..routing.contract.message import TaskMessage, parse_message
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import SourceConfig, Sources
-from ..routing.router import APPLY_TASK, UNHOLD_TASK
-from .alerts import alert_dead_letter
-from .apply import (
-    ApplyResult,
-    SourceHandler,
-    apply_events,
-    dead_letter,
-    load_source_handler,
-)
+from ..routing.router import EVENT_TASKS
+from . import dead_letters
+from .apply import SourceHandler, apply_events, load_source_handler
 from .blocking import BlockingPool
+from .broker import Ack, Counts, Idle, LaneBroker, Lease, Taken
 from .dispatch import Dispatcher, Wait
 from .doorbell import Doorbell
-from .gateway import Ack, LaneGateway, Lease, Taken
-from .group_commit import GroupCommit
+from .lane_store import LaneStore
 from .ownership import Ownership
-from .store import DeadLetterDraft, DeadLetterFilter, Fence, Record, Store
+from .results import ApplyResult
+from .store import Fence, Record, Store
 
 log = logging.getLogger("keylane.lanes")
 
 #: Called after each acknowledged event: (task id, event, result, seconds it took).
 ResultCallback = Callable[[str, Event, ApplyResult, float], None]
 
+#: The longest back-off of a record whose handler keeps failing (its deliveries count).
 MAX_BACKOFF_S = 5.0
 #: Shards offered to one take: bounds the take script's cost whatever a worker owns.
 TAKE_WINDOW = 16
+#: How long a record waits when the store or the broker cannot be reached.
+OUTAGE_WAIT_S = 1.0
+#: How often the lanes look for records in flight that none of them holds, and how long
+#: such a record must have been in flight to be made due again: longer than a broker
+#: reply can take (the socket time-out), so a record being handed out is never reclaimed.
+RECLAIM_EVERY_S = 5.0
+RECLAIM_AFTER_S = 30.0
 
 
 @dataclass(frozen=True)
 class Step:
-    """A message for a lane to handle. When it was taken as the shard's previous message
-    was acknowledged (one blocking call for the acknowledgement, the take and the read),
-    also the message as parsed and its record as read right after the take: the first
-    attempt's fresh read."""
+    """A record for a lane to handle. When it was taken as the lane finished the one
+    before (one blocking call for the acknowledgement, the take and the read), also its
+    message as parsed and its record as read right after: the first attempt's fresh read."""
 
     taken: Taken
     message: TaskMessage | None = None
@@ -90,7 +98,7 @@ class Step:
 
 @dataclass(frozen=True)
 class Queued:
-    """A message taken from a shard queue, and the event it carries."""
+    """A message taken from a record's list, and the event it carries."""
 
     raw: bytes
     event: Event
@@ -103,28 +111,30 @@ class Lanes:
     def __init__(
         self,
         settings: Settings,
-        gateway: LaneGateway,
+        broker: LaneBroker,
         ownership: Ownership,
         sources: Sources,
         store_factory: Callable[[], Store],
         faults: Faults,
+        dispatcher: Dispatcher,
         on_result: ResultCallback | None = None,
-        dispatcher: Dispatcher | None = None,
     ) -> None:
         self.settings = settings
-        self.dispatcher = dispatcher or Dispatcher(settings, gateway, {})
-        self.gateway = gateway
+        self.dispatcher = dispatcher
+        self.broker = broker
         self.ownership = ownership
         self.sources = sources
         self.faults = faults
         self.io = BlockingPool(settings.lane_threads, store_factory)
-        self.commits = GroupCommit(self.io)
+        self.store = LaneStore(self.io)
         self._on_result = on_result
         self._handlers: dict[str, SourceHandler | None] = {}
+        #: The record each lane works on now, by lane (shard, record key).
+        self._holding: dict[int, tuple[int, str]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.doorbell = Doorbell(gateway, ownership.owns)
-        # A shard that was just acquired may hold a restored message: look there first.
+        self.doorbell = Doorbell(broker, ownership.owns)
+        # A shard that was just acquired may hold records a previous owner had in flight.
         ownership.on_acquired = self.doorbell.ring
 
     def start(self) -> None:
@@ -138,7 +148,7 @@ class Lanes:
         self._thread.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Let each lane finish its message, then stop."""
+        """Let each lane finish its record, then stop."""
         self._stop.set()
         self.doorbell.stop()
         deadline = time.monotonic() + timeout_s
@@ -157,10 +167,12 @@ class Lanes:
 
     async def _main(self) -> None:
         count = self.settings.lanes
-        lanes = [asyncio.create_task(self._lane(), name=f"lane-{n}") for n in range(count)]
+        lanes = [asyncio.create_task(self._lane(n), name=f"lane-{n}") for n in range(count)]
         poker = asyncio.create_task(self._poke())
+        reclaimer = asyncio.create_task(self._reclaim())
         await asyncio.gather(*lanes, return_exceptions=True)
         poker.cancel()
+        reclaimer.cancel()
         await self.dispatcher.aclose()
 
     async def _poke(self) -> None:
@@ -169,79 +181,97 @@ class Lanes:
             await asyncio.sleep(self.settings.idle_poll_ms / 1000)
             self.doorbell.poke()
 
-    async def _lane(self) -> None:
+    async def _reclaim(self) -> None:
+        """Every ``RECLAIM_EVERY_S``, records of this worker's shards that are in flight
+        but held by none of its lanes (a lane that could not return one while Redis was
+        away, a reply that handed one out and was lost) become due again."""
+        while True:
+            await asyncio.sleep(RECLAIM_EVERY_S)
+            try:
+                for shard, lease in self.ownership.owned().items():
+                    held = {key for s, key in self._holding.values() if s == shard}
+                    busy = await self.io.call(self.broker.in_flight, shard)
+                    orphans = [key for key in busy if key not in held]
+                    if orphans:
+                        found = await self.io.call(
+                            self.broker.reclaim, lease, orphans, RECLAIM_AFTER_S
+                        )
+                        if found > 0:
+                            log.warning("shard %s: %s record(s) made due again", shard, found)
+            except Exception as exc:  # Redis away: look again next time
+                log.debug("reclaim: %s", exc)
+
+    async def _lane(self, lane: int) -> None:
         # Each lane its own Sentry isolation scope (a task's own copy of the context):
         # breadcrumbs and tags of one lane's events never end up on another lane's error.
         with sentry_sdk.isolation_scope():
             while not self._stop.is_set():
                 try:
-                    if not await self._step():
+                    if not await self._step(lane):
                         await self.doorbell.wait()
                 except StoreUnavailable as exc:
                     log.warning("store unavailable: %s", exc)
-                    await self._pause(1.0)
+                    await self._pause(OUTAGE_WAIT_S)
                 except BrokerUnavailable as exc:
                     log.warning("Redis unavailable: %s", exc)
-                    await self._pause(1.0)
+                    await self._pause(OUTAGE_WAIT_S)
                 except Exception:
                     log.exception("lane error")
-                    await self._pause(1.0)
+                    await self._pause(OUTAGE_WAIT_S)
 
     async def _pause(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while not self._stop.is_set() and time.monotonic() < deadline:
             await asyncio.sleep(min(0.1, seconds))
 
-    async def _step(self) -> bool:
-        """Take and handle one message; False when there was nothing to take.
+    async def _step(self, lane: int) -> bool:
+        """Take and handle one record; False when nothing was due.
 
-        The shards offered to the take script are reserved first (no other lane of this
-        process can take from them meanwhile), at most ``TAKE_WINDOW`` at a time: the
-        rung ones first, then the others in rotation.
+        The shards offered to the take are reserved for this lane first (their handoff
+        waits for it), at most ``TAKE_WINDOW`` at a time: the rung ones first, then the
+        others in rotation. Shards with records waiting get a timer for when the first is
+        due.
         """
-        leases = self.ownership.reserve(self.doorbell.hints(), TAKE_WINDOW)
+        leases = self.ownership.reserve(lane, self.doorbell.hints(), TAKE_WINDOW)
         if not leases:
             return False
-        taken = None
+        got: Taken | Idle | None = None
         try:
-            taken = await self.io.call(self.gateway.take, leases)
+            got = await self.io.call(self.broker.take, leases)
         finally:
             for lease in leases:
-                if taken is None or lease.shard != taken.shard:
-                    self.ownership.end(lease.shard)
-        if taken is None:
+                if not isinstance(got, Taken) or lease.shard != got.shard:
+                    self.ownership.end(lane, lease.shard)
+        if not isinstance(got, Taken):
+            for shard, due_in_s in got.due_in_s.items() if got is not None else ():
+                self.doorbell.ring_in(shard, due_in_s)
             return False
-        lease = next(lease for lease in leases if lease.shard == taken.shard)
+        lease = next(lease for lease in leases if lease.shard == got.shard)
         try:
-            step: Step | None = Step(taken)
-            while step is not None:  # the shard's messages, while they come at once
-                step = await self._handle(lease, step)
+            step: Step | None = Step(got)
+            while step is not None:  # the shard's records, while they come at once
+                self._holding[lane] = (lease.shard, step.taken.record_key)
+                step = await self._handle(lane, lease, step)
         finally:
-            self.ownership.end(taken.shard)
-        self.doorbell.ring(taken.shard)  # where there was one message there may be more
+            self._holding.pop(lane, None)
+            self.ownership.end(lane, got.shard)
+        self.doorbell.ring(got.shard)  # where there was one record there may be more
         return True
 
-    async def _handle(self, lease: Lease, step: Step) -> Step | None:
-        """Handle one message; the shard's next one when it was taken with the ack."""
+    async def _handle(self, lane: int, lease: Lease, step: Step) -> Step | None:
+        """Handle one record's message (or batch); the next record when it was taken with
+        the acknowledgement."""
         taken = step.taken
         try:
             message = step.message or parse_message(taken.raw)
-            if message.task_name == UNHOLD_TASK:
-                await self._unhold(lease, taken, message.kwargs)
-                return None
-            if message.task_name != APPLY_TASK:
+            if message.task_name not in EVENT_TASKS:
                 raise MalformedMessage(f"unexpected task {message.task_name!r}")
             event = Event.model_validate(message.kwargs.get("event"))
         except (MalformedMessage, ValidationError, KeyError, TypeError, ValueError) as exc:
             await self._malformed(lease, taken, str(exc))
             return None
-        batch = [Queued(taken.raw, event, message.task_id)]
-        if taken.batch:
-            batch += self._followers(taken, event)
-            rest = taken.batch[len(batch) - 1 :]
-            if rest:  # left in flight, to be taken one by one
-                await self.io.call(self.gateway.uncount_delivery, lease.shard, *rest)
-        context = {
+        batch = [Queued(taken.raw, event, message.task_id), *self._followers(taken, event)]
+        context: dict[str, Any] = {
             "source": event.source,
             "event_id": event.event_id,
             "record_key": event.record_key,
@@ -251,13 +281,14 @@ class Lanes:
         if len(batch) > 1:
             context["batch"] = len(batch)
         with event_context(**context):
-            return await self._route(lease, taken, batch, step.record)
+            return await self._apply(lane, lease, taken, batch, step.record)
 
     def _followers(self, taken: Taken, first: Event) -> list[Queued]:
         """The messages taken behind ``first`` that may be applied (or sent to a batch
         task) together with it: its record's next events, while they parse and the source
-        (or the task) still takes that many."""
-        if first.retry_of is not None or first.review is not None:
+        (or the task) still takes that many. The others stay in the record's list, to be
+        taken one by one."""
+        if not taken.followers or first.retry_of is not None or first.review is not None:
             return []
         if first.destination is not None:
             limit = self.dispatcher.batch_limit(first.destination)
@@ -265,7 +296,7 @@ class Lanes:
             source = self.sources.get(first.source)
             limit = 1 if source is None else source.batch_limit(self.settings)
         out: list[Queued] = []
-        for raw in taken.batch[: limit - 1]:
+        for raw in taken.followers[: limit - 1]:
             try:
                 message = parse_message(raw)
                 event = Event.model_validate(message.kwargs.get("event"))
@@ -281,52 +312,13 @@ class Lanes:
             out.append(Queued(raw, event, message.task_id))
         return out
 
-    async def _route(
-        self, lease: Lease, taken: Taken, batch: list[Queued], record: Record | None
-    ) -> Step | None:
-        event = batch[0].event
-        if taken.any_held or event.retry_of is not None:
-            verdict = await self.io.call(
-                self.gateway.park, lease, taken.raw, event.record_key, event.retry_of
-            )
-            if verdict == "parked":
-                log.info(
-                    "parked %s/%s: %s is held behind an open dead letter",
-                    event.source,
-                    event.event_id,
-                    event.record_key,
-                )
-                return None
-            if verdict == "lost":
-                self.ownership.lost(lease, "lease changed before the message could be parked")
-                return None
-        return await self._apply(lease, taken, batch, record)
-
-    async def _unhold(self, lease: Lease, taken: Taken, kwargs: dict[str, object]) -> None:
-        record_key = str(kwargs["record_key"])
-        dead_letter_id = int(str(kwargs["dead_letter_id"]))
-        released = await self.io.call(
-            self.gateway.unhold_key, lease, taken.raw, record_key, dead_letter_id
-        )
-        if released < 0:
-            self.ownership.lost(lease, "lease changed before a release could run")
-        else:
-            log.info(
-                "released %s (dead letter %s): %s parked event(s) go next",
-                record_key,
-                dead_letter_id,
-                released,
-            )
-
     async def _apply(
-        self, lease: Lease, taken: Taken, batch: list[Queued], record: Record | None
+        self, lane: int, lease: Lease, taken: Taken, batch: list[Queued], record: Record | None
     ) -> Step | None:
-        """Apply the batch, acknowledge what was done; the shard's next message when the
+        """Apply the batch and acknowledge what was done; the shard's next record when the
         lane may go on with it at once (taken and read with the acknowledgement)."""
         first = batch[0]
         ref = f"{first.event.source}/{first.event.event_id}"
-        deliveries = taken.deliveries
-        followers = [queued.raw for queued in batch[1:]]
         started = time.monotonic()
         try:
             results = await self._outcome(lease, taken, batch, record)
@@ -334,69 +326,80 @@ class Lanes:
             log.warning("write of %s refused, the shard has a newer owner: %s", ref, exc)
             self.ownership.lost(lease, str(exc))
             return None
-        except StoreUnavailable:
-            # an outage is not the events' fault
-            await self.io.call(self.gateway.uncount_delivery, lease.shard, taken.raw, *followers)
-            self.ownership.back_off(lease.shard, 1.0)
+        except (StoreUnavailable, BrokerUnavailable) as exc:  # not the event's fault
+            why = {"reason": "unavailable", "error": str(exc)[:EXCERPT_CHARS]}
+            await self._wait(lease, taken, OUTAGE_WAIT_S, why, "uncount")
             raise
         except Exception as exc:
-            log.exception("handler error on %s (delivery %s)", ref, deliveries)
+            log.exception("handler error on %s (delivery %s)", ref, taken.deliveries)
             sentry_sdk.capture_exception(exc)
             error = f"{type(exc).__name__}: {exc}"
-            await self.io.call(self.gateway.note_failure, lease.shard, taken.raw, error)
-            if followers:  # they go again one by one, behind the first
-                await self.io.call(self.gateway.uncount_delivery, lease.shard, *followers)
-            self.ownership.back_off(lease.shard, min(MAX_BACKOFF_S, 0.05 * 2**deliveries))
+            await self.io.call(self.broker.note_failure, lease.shard, taken.raw, error)
+            delay_s = retry_delay_s(taken.deliveries, MAX_BACKOFF_S, random.random())
+            why = {"reason": "handler_error", "error": error[:EXCERPT_CHARS]}
+            await self._wait(lease, taken, delay_s, why, "keep")
             return None
         if results is None:
             return None  # the lease ran out before the write: the next owner takes it on
         if isinstance(results, Wait):  # waiting is not a failure
-            if results.requeue:  # a batch: taken together again, with what came meanwhile
-                await self.io.call(self.gateway.requeue, lease, [q.raw for q in batch])
-                asyncio.get_running_loop().call_later(
-                    results.seconds, self.doorbell.ring, lease.shard
-                )
-            else:
-                await self.io.call(self.gateway.uncount_delivery, lease.shard, taken.raw)
-            self.ownership.back_off(lease.shard, results.seconds)
+            why = {"reason": results.reason, "error": results.detail}
+            counts: Counts = "forget" if results.batch else "uncount"
+            await self._wait(lease, taken, results.seconds, why, counts)
             return None
         done = list(zip(batch, results, strict=False))
-        acks = []
+        acks, hold = [], None
         for queued, result in done:
-            await self._after(queued.event, result)
+            hold = await self._after(queued.event, result) or hold
             if self.faults:
                 await self.io.call(self.faults.hit, "worker.before_ack", queued.event.record_key)
             applied = result.outcome == "applied"
             latency = max(0.0, time.time() - queued.event.accepted_at) if applied else None
             acks.append(Ack(queued.raw, result.outcome, result.conflicts, result.attempts, latency))
-        rest = [queued.raw for queued in batch[len(done) :]]
-        step = None
-        if not rest and not self._stop.is_set() and self.ownership.keep(lease):
-            step = await self.io.store(self._ack_and_take, lease, acks)
-        else:
-            await self.io.call(self.gateway.ack_all, lease, acks)
-            if rest:  # left in flight, to be taken one by one
-                await self.io.call(self.gateway.uncount_delivery, lease.shard, *rest)
+        keep = not self._stop.is_set() and self.ownership.keep(lane, lease)
+        finished = await self.io.store(self._finish, lease, taken, acks, hold, keep)
+        if finished is False:
+            self.ownership.lost(lease, "lease changed before the acknowledgement")
         if self._on_result is not None:
             runtime = time.monotonic() - started
             for queued, result in done:
                 self._on_result(queued.task_id, queued.event, result, runtime)
-        return step
+        return finished if isinstance(finished, Step) else None
 
-    def _ack_and_take(self, store: Store, lease: Lease, acks: list[Ack]) -> Step | None:
-        """(In a pool thread.) Acknowledge, take the shard's next message, read its record."""
-        taken = self.gateway.ack_all(lease, acks, then_take=True)
-        if taken is None:
-            return None
+    def _finish(
+        self,
+        store: Store,
+        lease: Lease,
+        taken: Taken,
+        acks: list[Ack],
+        hold: int | None,
+        then_take: bool,
+    ) -> Step | bool:
+        """(In a pool thread.) Acknowledge; with ``then_take``, also take the shard's next
+        record and read it from the store: one broker call and one read."""
+        nxt = self.broker.finish(lease, taken, acks, hold, then_take)
+        if not isinstance(nxt, Taken):
+            return nxt
         try:
-            message = parse_message(taken.raw)
+            message = parse_message(nxt.raw)
             event = message.kwargs["event"]
             if event.get("destination"):  # its record is not in keylane's store
-                return Step(taken, message)
+                return Step(nxt, message)
             record = store.read(str(event["record_key"]))
         except (MalformedMessage, StoreUnavailable, KeyError, TypeError, AttributeError):
-            return Step(taken)  # the lane parses it again and meets the error there
-        return Step(taken, message, record)
+            return Step(nxt)  # the lane parses it again and meets the error there
+        return Step(nxt, message, record)
+
+    async def _wait(
+        self, lease: Lease, taken: Taken, delay_s: float, why: dict[str, Any], counts: Counts
+    ) -> None:
+        """``taken``'s record waits ``delay_s`` (its shard's timer rings then)."""
+        why = {**why, "attempts": taken.deliveries}
+        messages = [taken.raw] if counts != "keep" else []
+        waiting = await self.io.call(self.broker.wait, lease, taken, delay_s, why, counts, messages)
+        if not waiting:
+            self.ownership.lost(lease, "lease changed before the record could wait")
+            return
+        self.doorbell.ring_in(lease.shard, delay_s)
 
     async def _outcome(
         self, lease: Lease, taken: Taken, batch: list[Queued], record: Record | None
@@ -406,30 +409,21 @@ class Lanes:
         deliveries = taken.deliveries
         if deliveries > self.settings.max_deliveries:
             # Started this often without finishing: failing every time (handler_error) or
-            # killing its worker every time (poison). Record it and let the shard move on.
-            last_error = await self.io.call(self.gateway.last_failure, lease.shard, taken.raw)
+            # killing its worker every time (poison). Record it and let the record move on.
+            last_error = await self.io.call(self.broker.last_failure, lease.shard, taken.raw)
             reason = "handler_error" if last_error else "poison"
             detail = last_error or "the worker died each time (killed, crashed or stuck)"
-            row = await self.io.store(
-                dead_letter,
-                event,
-                fence,
-                reason,
-                deliveries - 1,
-                f"started {deliveries - 1} times without finishing; last: {detail}",
-            )
-            return [row]
+            error = f"started {deliveries - 1} times without finishing; last: {detail}"
+            return [await self.store.dead_letter(event, fence, reason, deliveries - 1, error)]
         if not self.ownership.valid(lease):
             return None
+        events = [queued.event for queued in batch]
         if event.destination is not None:
-            return await self.dispatcher.send(
-                self.io, fence, taken, [queued.event for queued in batch]
-            )
+            return await self.dispatcher.send(self.store, fence, taken, events)
         source = self.sources.get(event.source)
         return await apply_events(
-            self.io,
-            self.commits,
-            [queued.event for queued in batch],
+            self.store,
+            events,
             fence,
             source,
             self.settings.max_attempts,
@@ -446,54 +440,28 @@ class Lanes:
             self._handlers[source.name] = load_source_handler(source)
         return self._handlers[source.name]
 
-    async def _after(self, event: Event, result: ApplyResult) -> None:
-        """Alert on a new dead letter and, for a source whose policy is ``hold``, hold
-        the record key behind it (again, when a crash came between the two)."""
+    async def _after(self, event: Event, result: ApplyResult) -> int | None:
+        """Alert on a new dead letter; the dead letter that holds the record when the
+        source's policy is ``hold`` (again, when a crash came before it was held)."""
         source = self.sources.get(event.source)
         holds = source is not None and source.on_dead_letter == "hold"
         if result.outcome == "dead_lettered":
-            alert_dead_letter(event, result)
-            if holds and result.reason != "id_reused" and result.dead_letter_id is not None:
-                await self.io.call(self.gateway.hold, event.record_key, result.dead_letter_id)
+            dead_letters.alert(event, result)
+            if holds and result.reason != "id_reused":
+                return result.dead_letter_id
         elif result.outcome == "duplicate" and holds and event.review is None:
-            row = await self.io.store(_open_dead_letter, event)
-            if row is not None:
-                await self.io.call(self.gateway.hold, event.record_key, row)
+            return await self.store.open_dead_letter(event)
+        return None
 
     async def _malformed(self, lease: Lease, taken: Taken, error: str) -> None:
-        digest = hashlib.sha256(taken.raw).hexdigest()
-        draft = DeadLetterDraft(
-            source="",
-            event_id=f"sha256:{digest}",
-            record_key="",
-            shard=lease.shard,
-            reason="malformed",
-            event={"raw": taken.raw[:4096].decode("utf-8", "replace")},
-            attempted_change={},
-            revision_read=None,
-            revision_found=None,
-            attempts=1,
-            error=error[:EXCERPT_CHARS],
-        )
-        fence = Fence(lease.shard, lease.token)
         try:
-            await self.io.store(_commit_dead_letter, draft, fence)
+            await self.store.malformed(
+                lease.shard, taken.raw, error, Fence(lease.shard, lease.token)
+            )
         except StaleFence as exc:
             self.ownership.lost(lease, str(exc))
             return
-        await self.io.call(self.gateway.ack, lease, taken.raw, "dead_lettered")
-
-
-def _open_dead_letter(store: Store, event: Event) -> int | None:
-    """The open dead letter of ``event`` when the journal closed it as dead-lettered."""
-    entry = store.journal(event.source, event.event_id)
-    if entry is None or entry.outcome != "dead_lettered":
-        return None
-    rows = store.dead_letters(
-        DeadLetterFilter(statuses=("open",), sources=(event.source,), record_key=event.record_key)
-    )
-    return next((row.id for row in rows if row.event_id == event.event_id), None)
-
-
-def _commit_dead_letter(store: Store, draft: DeadLetterDraft, fence: Fence) -> int:
-    return store.commit_dead_letter(draft, fence, close_event=False)
+        if not await self.io.call(
+            self.broker.finish, lease, taken, [Ack(taken.raw, "dead_lettered")]
+        ):
+            self.ownership.lost(lease, "lease changed before the acknowledgement")

@@ -7,8 +7,8 @@ A background thread beats every ``heartbeat_ms``:
    and lanes stop writing under it as soon as its local validity runs out, even when
    Redis cannot be reached to say so;
 3. it computes the shards this worker should own (:func:`keylane.routing.assignment.assign_shards`)
-   and releases the others gracefully: no new message is taken from a shard being
-   released, the one in flight is finished and acknowledged, then the lease is freed;
+   and releases the others gracefully: no new record is taken from a shard being
+   released, the ones in flight are finished and acknowledged, then the lease is freed;
 4. it acquires the shards it should own that are free. Each acquisition advances the
    shard's fencing token, and the token is registered with the store before the first
    message is taken, so from then on the store refuses any write of an older owner.
@@ -29,12 +29,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..routing.assignment import assign_shards
 from ..routing.contract.errors import BrokerUnavailable, StoreUnavailable
 from ..routing.contract.settings import Settings
-from .gateway import LaneGateway, Lease
+from .broker import LaneBroker, Lease
 from .store import Store
 from .writer import EXIT_NOT_THE_WRITER, StoreWriter
 
@@ -54,15 +54,20 @@ class HeldShard:
     lease: Lease
     valid_until: float
     releasing: bool = False
-    busy: bool = False
-    busy_since: float = 0.0
+    #: The lanes working on the shard now (many: one per record in flight), and since when.
+    lanes: dict[int, float] = field(default_factory=dict)
     not_before: float = 0.0
     registered: bool = False  # its token is registered with the store: lanes may take
 
+    @property
+    def busy(self) -> bool:
+        """Whether a lane works on the shard."""
+        return bool(self.lanes)
+
 
 def _takeable(held: HeldShard, now: float) -> bool:
-    """Whether lanes may take from ``held`` now (busy or not): registered with the store,
-    not being handed off, within its validity, not backing off."""
+    """Whether lanes may take from ``held`` now: registered with the store, not being handed
+    off, within its validity, not backing off."""
     return (
         held.registered and not held.releasing and held.valid_until > now and held.not_before <= now
     )
@@ -74,7 +79,7 @@ class Ownership:
     def __init__(
         self,
         settings: Settings,
-        gateway: LaneGateway,
+        broker: LaneBroker,
         store_factory: Callable[[], Store],
         worker_id: str,
         info: dict[str, object],
@@ -82,7 +87,7 @@ class Ownership:
         writer: StoreWriter | None = None,
     ) -> None:
         self.settings = settings
-        self.gateway = gateway
+        self.broker = broker
         self.worker_id = worker_id
         self.info = info
         self._store_factory = store_factory
@@ -96,25 +101,25 @@ class Ownership:
         self._registrar: threading.Thread | None = None
         self._unregistered: queue.SimpleQueue[Lease | None] = queue.SimpleQueue()
         self._stop = threading.Event()
-        self._stuck: set[int] = set()
+        self._stuck: set[int] = set()  # lanes stuck on a shard that was given up
         self.ticks = 0
         #: Called with each newly acquired shard (the lanes look at it first).
         self.on_acquired: Callable[[int], None] | None = None
 
     # -- what lanes use ------------------------------------------------------------------
 
-    def reserve(self, preferred: Iterable[int], limit: int) -> list[Lease]:
-        """Reserve up to ``limit`` shards for one take: those in ``preferred`` first (shards
-        the doorbell rang for), then others in rotation so that none starves. A reserved
-        shard is marked busy, so no other lane of this process takes it meanwhile; the
-        caller ends every reservation it does not use (:meth:`end`)."""
+    def reserve(self, lane: int, preferred: Iterable[int], limit: int) -> list[Lease]:
+        """Reserve up to ``limit`` shards for one take by ``lane``: those in ``preferred``
+        first (shards the doorbell rang for), then others in rotation so that none starves.
+        Many lanes may work on one shard (the broker hands each a different record); a
+        reservation makes the shard wait for ``lane`` before it is handed off, and counts
+        for the stuck-lane check. The caller ends every reservation it does not use
+        (:meth:`end`)."""
         now = self._clock()
         with self._lock:
             if self._stopping:
                 return []
-            ready = {
-                shard: h for shard, h in self._held.items() if not h.busy and _takeable(h, now)
-            }
+            ready = {shard: h for shard, h in self._held.items() if _takeable(h, now)}
             if not ready:
                 return []
             order = [s for s in dict.fromkeys(preferred) if s in ready]
@@ -125,21 +130,20 @@ class Ownership:
                 order += rest[start:] + rest[:start]
             chosen = order[:limit]
             for shard in chosen:
-                ready[shard].busy = True
-                ready[shard].busy_since = now
+                ready[shard].lanes[lane] = now
             return [ready[shard].lease for shard in chosen]
 
-    def keep(self, lease: Lease) -> bool:
-        """Whether the lane holding ``lease``'s reservation may take that shard's next
-        message at once (as :meth:`reserve` would let it): the lease is still held, valid,
-        not being handed off, and the process is not stopping. If so, its reservation is
-        renewed (the stuck-lane check counts from now)."""
+    def keep(self, lane: int, lease: Lease) -> bool:
+        """Whether ``lane``, working on ``lease``'s shard, may take the shard's next record
+        at once (as :meth:`reserve` would let it): the lease is still held, valid, not being
+        handed off, and the process is not stopping. If so, its reservation is renewed (the
+        stuck-lane check counts from now)."""
         now = self._clock()
         with self._lock:
             held = self._held.get(lease.shard)
             if self._stopping or held is None or held.lease != lease or not _takeable(held, now):
                 return False
-            held.busy_since = now
+            held.lanes[lane] = now
             return True
 
     def owns(self, shard: int) -> bool:
@@ -147,13 +151,13 @@ class Ownership:
         with self._lock:
             return shard in self._held
 
-    def end(self, shard: int) -> None:
-        """The lane is done with ``shard`` (its message, or an unused reservation)."""
+    def end(self, lane: int, shard: int) -> None:
+        """``lane`` is done with ``shard`` (its record, or an unused reservation)."""
         with self._lock:
-            self._stuck.discard(shard)
+            self._stuck.discard(lane)
             held = self._held.get(shard)
             if held is not None:
-                held.busy = False
+                held.lanes.pop(lane, None)
             self._lock.notify_all()
 
     def back_off(self, shard: int, seconds: float) -> None:
@@ -177,7 +181,7 @@ class Ownership:
                 return
             del self._held[lease.shard]
         log.warning("lost shard %s (token %s): %s", lease.shard, lease.token, why)
-        self._try(lambda: self.gateway.log_lease_event("lost", lease, self.worker_id))
+        self._try(lambda: self.broker.log_lease_event("lost", lease, self.worker_id))
 
     def owned(self) -> dict[int, Lease]:
         """The leases held now, by shard."""
@@ -214,9 +218,7 @@ class Ownership:
     def _tick(self) -> None:
         s = self.settings
         try:
-            members = self.gateway.heartbeat(
-                self.worker_id, self.info, member_ttl_ms=s.lease_ttl_ms
-            )
+            members = self.broker.heartbeat(self.worker_id, self.info, member_ttl_ms=s.lease_ttl_ms)
         except BrokerUnavailable as exc:
             log.warning("cannot reach Redis for heartbeat: %s", exc)
             return
@@ -236,7 +238,7 @@ class Ownership:
         held = list(self.owned().values())
         sent_at = self._clock()
         try:
-            renewed = self.gateway.renew(held, self.settings.lease_ttl_ms)
+            renewed = self.broker.renew(held, self.settings.lease_ttl_ms)
         except BrokerUnavailable as exc:
             log.warning("cannot renew leases: %s", exc)
             return
@@ -279,12 +281,13 @@ class Ownership:
         deadline_s = self.settings.inflight_deadline_ms / 1000
         now = self._clock()
         with self._lock:
-            stuck = [
-                h.lease for h in self._held.values() if h.busy and now - h.busy_since > deadline_s
-            ]
-            for lease in stuck:
-                del self._held[lease.shard]
-                self._stuck.add(lease.shard)
+            stuck = []
+            for held in list(self._held.values()):
+                lanes = [n for n, since in held.lanes.items() if now - since > deadline_s]
+                if lanes:
+                    stuck.append(held.lease)
+                    self._stuck.update(lanes)
+                    del self._held[held.lease.shard]
             # A stuck lane may hold one of the blocking threads: when as many are stuck
             # as there are lanes or threads, nothing else can run.
             hopeless = len(self._stuck) >= min(self.settings.lanes, self.settings.lane_threads)
@@ -306,7 +309,7 @@ class Ownership:
             ready = [h.lease for h in self._held.values() if h.releasing and not h.busy]
         for lease in ready:
             try:
-                self.gateway.release_lease(lease, self.worker_id)
+                self.broker.release_lease(lease, self.worker_id)
             except BrokerUnavailable as exc:
                 log.warning("cannot release shard %s: %s", lease.shard, exc)
                 continue
@@ -317,7 +320,7 @@ class Ownership:
     def _acquire(self, shard: int) -> None:
         sent_at = self._clock()
         try:
-            got = self.gateway.acquire(shard, self.worker_id, self.settings.lease_ttl_ms)
+            got = self.broker.acquire(shard, self.worker_id, self.settings.lease_ttl_ms)
         except BrokerUnavailable as exc:
             log.warning("cannot acquire shard %s: %s", shard, exc)
             return
@@ -364,7 +367,7 @@ class Ownership:
                 newest,
                 lease.token,
             )
-            self._try(lambda: self.gateway.bump_fence(lease.shard, newest))
+            self._try(lambda: self.broker.bump_fence(lease.shard, newest))
             self._give_up(lease)
             return
         with self._lock:
@@ -408,11 +411,11 @@ class Ownership:
             self._held.clear()
         if self.writer is not None:
             self._try(self.writer.release)
-        self._try(lambda: self.gateway.leave(self.worker_id))
+        self._try(lambda: self.broker.leave(self.worker_id))
 
     def _release_quietly(self, lease: Lease, reason: str) -> None:
         """Release ``lease``; a Redis outage is logged (the lease then simply expires)."""
-        self._try(lambda: self.gateway.release_lease(lease, self.worker_id, reason))
+        self._try(lambda: self.broker.release_lease(lease, self.worker_id, reason))
 
     @staticmethod
     def _try(fn: Callable[[], object]) -> None:

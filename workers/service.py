@@ -13,9 +13,9 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 from ..routing.contract.faults import Faults
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources, load_sources
+from .brokers.redis import RedisLaneBroker
 from .destinations import Destination, open_destinations
 from .dispatch import Dispatcher
-from .gateway import LaneGateway
 from .lanes import Lanes, ResultCallback
 from .ownership import Ownership
 from .store import Store
@@ -66,7 +66,7 @@ class LaneService:
         self.worker_id = worker_id or new_worker_id()
         self.sources = sources or load_sources(settings)
         self.destinations = prepare_destinations(settings, self.sources)
-        self.gateway = LaneGateway.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+        self.broker = RedisLaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
         info: dict[str, object] = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -75,22 +75,20 @@ class LaneService:
         }
         faults = Faults(settings.faults)
         self.writer = (
-            StoreWriter(self.gateway, settings, self.worker_id)
-            if settings.store_is_sqlite
-            else None
+            StoreWriter(self.broker, settings, self.worker_id) if settings.store_is_sqlite else None
         )
         self.ownership = Ownership(
-            settings, self.gateway, self.open_store, self.worker_id, info, writer=self.writer
+            settings, self.broker, self.open_store, self.worker_id, info, writer=self.writer
         )
         self.lanes = Lanes(
             settings,
-            self.gateway,
+            self.broker,
             self.ownership,
             self.sources,
             self.open_store,
             faults,
+            Dispatcher(settings, self.broker, self.broker.flow, self.destinations, faults),
             on_result,
-            Dispatcher(settings, self.gateway, self.destinations, faults),
         )
 
     def open_store(self) -> Store:

@@ -19,11 +19,11 @@ from kombu.entity import Queue
 
 from ..routing.contract.events import Event
 from ..routing.contract.settings import Settings
-from ..routing.router import APPLY_TASK
+from ..routing.router import EVENT_TASK
 from ..routing.shards import QUEUE_PREFIX
 from .app import CONTROL_QUEUE, create_app
-from .apply import ApplyResult
-from .gateway import LaneGateway
+from .brokers.redis import RedisLaneBroker
+from .results import ApplyResult
 from .service import LaneService, new_worker_id
 from .writer import StoreWriter
 
@@ -79,7 +79,7 @@ class TaskEvents:
                 self._dispatcher.send(
                     "task-received",
                     uuid=task_id,
-                    name=APPLY_TASK,
+                    name=EVENT_TASK,
                     args="()",
                     kwargs=repr({"event": summary}),
                     root_id=task_id,
@@ -182,11 +182,11 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
     store's one writer, or raise :class:`ConfigError` (another worker is)."""
     worker_id = new_worker_id()
     if settings.store_is_sqlite:
-        gateway = LaneGateway.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+        broker = RedisLaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
         try:
-            StoreWriter(gateway, settings, worker_id).claim()
+            StoreWriter(broker, settings, worker_id).claim()
         finally:
-            gateway.close()
+            broker.close()
     app = create_app(settings)
     app.keylane_settings = settings
     app.keylane_worker_id = worker_id

@@ -27,7 +27,7 @@ from typing import Literal
 
 from ..routing.contract.errors import ConfigError
 from ..routing.contract.settings import Settings
-from .gateway import LaneGateway
+from .brokers.redis import RedisLaneBroker
 
 log = logging.getLogger("keylane.writer")
 
@@ -43,13 +43,13 @@ class StoreWriter:
 
     def __init__(
         self,
-        gateway: LaneGateway,
+        broker: RedisLaneBroker,
         settings: Settings,
         worker_id: str,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.gateway = gateway
+        self.broker = broker
         self.settings = settings
         self.worker_id = worker_id
         self._sleep = sleep
@@ -59,28 +59,28 @@ class StoreWriter:
         """Become the writer, or raise :class:`ConfigError` saying who is."""
         s = self.settings
         deadline = self._clock() + (s.lease_ttl_ms + s.heartbeat_ms) / 1000
-        holder = self.gateway.claim_store_writer(self.worker_id, s.lease_ttl_ms)
+        holder = self.broker.claim_store_writer(self.worker_id, s.lease_ttl_ms)
         while holder != self.worker_id:
             state = process_state(holder)
             if state == "gone":
                 log.warning("taking the SQLite store over from %s, which no longer runs", holder)
-                holder = self.gateway.claim_store_writer(
+                holder = self.broker.claim_store_writer(
                     self.worker_id, s.lease_ttl_ms, replacing=holder
                 )
                 continue
             if state in ("running", "stopped") or self._clock() > deadline:
                 raise ConfigError(self._refusal(holder, state))
             self._sleep(min(0.25, s.heartbeat_ms / 1000))
-            holder = self.gateway.claim_store_writer(self.worker_id, s.lease_ttl_ms)
+            holder = self.broker.claim_store_writer(self.worker_id, s.lease_ttl_ms)
         log.info("this worker is the SQLite store's one writer (%s)", self.worker_id)
 
     def renew(self) -> str:
         """Renew the claim; the holder now (another worker's id: the claim was lost)."""
-        return self.gateway.claim_store_writer(self.worker_id, self.settings.lease_ttl_ms)
+        return self.broker.claim_store_writer(self.worker_id, self.settings.lease_ttl_ms)
 
     def release(self) -> None:
         """Give the claim up (graceful stop), so that the next writer starts at once."""
-        self.gateway.release_store_writer(self.worker_id)
+        self.broker.release_store_writer(self.worker_id)
 
     def _refusal(self, holder: str, state: ProcessState) -> str:
         where = {

@@ -5,7 +5,7 @@ Before any worker runs, the shard queues are filled with the workload of (b)
 (:func:`keylane.ops.bench.e2e.workload`). Each event is built as the receiver builds it: the
 ``demo`` source's verifier and intake, :class:`keylane.routing.contract.events.Event` (body hash,
 ``accepted_at``, shard from :class:`keylane.routing.ShardMap`) and
-:func:`keylane.routing.contract.message.build_apply_message`, pushed with ``LPUSH`` to
+:func:`keylane.routing.contract.message.build_event_message`, pushed with ``LPUSH`` to
 ``RedisKeys(namespace).queue(queue_name)``, in workload order, in pipelines on one
 connection, so each shard queue holds its records' events in the order they were pushed.
 What the receiver's accept script does besides the push is left out: the dedupe mark (no
@@ -43,7 +43,7 @@ from ...producers.intake import Intake, load_hook, take_in
 from ...producers.signatures import verifiers_of
 from ...routing import ShardMap
 from ...routing.contract.events import Event
-from ...routing.contract.message import build_apply_message
+from ...routing.contract.message import build_event_message
 from ...routing.contract.sources import DEMO, Sources
 from ...routing.redis_keys import RedisKeys
 from ...workers.store import Store
@@ -122,7 +122,7 @@ def receiver_messages(
             key_missing=intake.key_missing,
         )
         queue = shards.queue_name(event.shard)
-        out.append((queue, build_apply_message(event, queue)))
+        out.append((queue, build_event_message(event, queue)))
     return out
 
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from ...routing import ShardMap
 from ...routing.contract.events import Envelope, Event
 from ...routing.contract.sources import DEMO
-from ...workers.apply import event_write
 from ...workers.changes import apply_changes
+from ...workers.lane_store import event_write
 from ...workers.store import DeadLetterFilter, Fence, Store
 from ...workers.stores import open_store
 

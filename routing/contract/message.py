@@ -20,17 +20,24 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..router import APPLY_TASK, UNHOLD_TASK
+from ..router import EVENT_TASK, UNHOLD_TASK
 from .errors import MalformedMessage
 from .events import Event
 
 _ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
 
-#: The header that lets a lane take several waiting events of one record at once: the
-#: source's batch limit and a digest of (source, record key), ``"<limit>:<hex>"``. The take
-#: script matches it as text (``redis_scripts.TAKE_MESSAGE``): JSON escapes every quote
-#: inside a string, so no user-supplied value can imitate it.
+#: Headers keylane's scripts read (the lane broker decodes a message's headers, never its
+#: text): the record a message belongs to, which decides the list it waits in.
+RECORD_HEADER = "keylane_record"
+#: A lane may take several waiting events of one record at once when their messages carry
+#: the same value: the source's (or task's) batch limit and a digest of (source, record
+#: key, destination), ``"<limit>:<hex>"``.
 BATCH_HEADER = "keylane_batch"
+#: The control message that releases a record held behind this dead letter id.
+UNHOLD_HEADER = "keylane_unhold"
+#: An operator's retry of this dead letter: when that dead letter holds the record, the
+#: retry goes first in the record's list and releases it.
+RETRY_OF_HEADER = "keylane_retry_of"
 
 
 @dataclass(frozen=True)
@@ -45,23 +52,27 @@ class TaskMessage:
     redelivered: bool
 
 
-def build_apply_message(
+def build_event_message(
     event: Event, queue: str, task_id: str | None = None, batch: int = 1
 ) -> bytes:
-    """The Redis list entry that asks a lane to apply ``event``; with ``batch`` > 1, a lane
-    may take it together with up to ``batch`` - 1 events of the same record queued right
-    behind it (see :data:`BATCH_HEADER`)."""
+    """The Redis list entry that asks a lane to handle ``event``; with ``batch`` > 1, a lane
+    may take it together with up to ``batch`` - 1 events of the same record waiting behind
+    it (see :data:`BATCH_HEADER`)."""
     summary = f"{event.source}/{event.event_id} -> {event.record_key}"
-    extra = {BATCH_HEADER: batch_tag(event, batch)} if batch > 1 else {}
+    extra: dict[str, str | int] = {RECORD_HEADER: event.record_key}
+    if batch > 1:
+        extra[BATCH_HEADER] = batch_tag(event, batch)
+    if event.retry_of is not None:
+        extra[RETRY_OF_HEADER] = event.retry_of
     return build_task_message(
-        APPLY_TASK, {"event": event.model_dump(mode="json")}, queue, summary, task_id, extra
+        EVENT_TASK, {"event": event.model_dump(mode="json")}, queue, summary, task_id, extra
     )
 
 
 def batch_tag(event: Event, batch: int) -> str:
     """The :data:`BATCH_HEADER` value of ``event``'s message."""
-    record = hashlib.sha256(f"{event.source}\0{event.record_key}".encode()).hexdigest()[:32]
-    return f"{batch}:{record}"
+    what = f"{event.source}\0{event.record_key}\0{event.destination or ''}"
+    return f"{batch}:{hashlib.sha256(what.encode()).hexdigest()[:32]}"
 
 
 def build_unhold_message(record_key: str, dead_letter_id: int, queue: str) -> bytes:
@@ -71,6 +82,7 @@ def build_unhold_message(record_key: str, dead_letter_id: int, queue: str) -> by
         {"record_key": record_key, "dead_letter_id": dead_letter_id},
         queue,
         f"unhold {record_key} (dead letter {dead_letter_id})",
+        extra_headers={RECORD_HEADER: record_key, UNHOLD_HEADER: dead_letter_id},
     )
 
 
@@ -80,7 +92,7 @@ def build_task_message(
     queue: str,
     summary: str,
     task_id: str | None = None,
-    extra_headers: dict[str, str] | None = None,
+    extra_headers: dict[str, str | int] | None = None,
 ) -> bytes:
     """A Celery protocol-2 message for ``task(**kwargs)`` in kombu's Redis layout."""
     task_id = task_id or str(uuid.uuid4())

@@ -176,6 +176,8 @@ class HookServer(_Base):
     storm_every: int = 0  # and to every n-th call after it (0: never)
     retry_after_s: int = 1
     refuse: set[str] = field(default_factory=set)  # event ids answered 422
+    unavailable: set[str] = field(default_factory=set)  # record keys answered 503
+    gate: threading.Event | None = None  # when set up, every call waits until it is set
     hold: dict[str, threading.Event] = field(default_factory=dict)  # key -> released
     calls: list[Call] = field(default_factory=list)
     status_counts: dict[int, int] = field(default_factory=dict)
@@ -206,15 +208,27 @@ class HookServer(_Base):
             with self._gathered:
                 self._open[record] -= 1
 
+    @property
+    def in_flight(self) -> int:
+        """Calls open right now."""
+        with self._gathered:
+            return sum(self._open.values())
+
     def _answer(self, headers: Any, body: bytes) -> tuple[int, Any, dict[str, str]]:
         key = headers.get("idempotency-key") or ""
         if self.secret is not None:
             Webhook(self.secret).verify(body, dict(headers.items()))  # raises when wrong
         doc = json.loads(body)
-        gate = self.hold.get(key)
+        gate = self.hold.get(key) or self.gate
         if gate is not None:
             self._record(key, doc, 0)
-            gate.wait(60)  # held until the test has killed the worker that called
+            gate.wait(60)  # held until the test has killed (or paused) the worker that called
+        record = headers.get("keylane-record-key") or ""
+        if record in self.unavailable:
+            with self.lock:
+                self._record(key, doc, 503)
+                self.status_counts[503] = self.status_counts.get(503, 0) + 1
+            return 503, {"error": "unavailable"}, {}
         with self.lock:
             status = self._status(doc)
             self._record(key, doc, status)
@@ -224,7 +238,6 @@ class HookServer(_Base):
                 return status, {"error": "not now" if status == 429 else "refused"}, headers_out
             if key in self.answers and self.honour_keys:
                 return 200, self.answers[key], {"idempotent-replayed": "true"}
-            record = headers.get("keylane-record-key") or ""
             self.effects.setdefault(record, []).append(doc)
             self.answers[key] = {"ok": True, "effect": len(self.effects[record])}
             return 200, self.answers[key], {}

@@ -21,7 +21,7 @@ import httpx
 from keylane.ops.deployment_view import DeploymentView
 from keylane.ops.embedded_redis import free_port
 from keylane.routing.contract.settings import Settings, env_var, settings_environ
-from keylane.workers.gateway import LaneGateway
+from keylane.workers.brokers.redis import RedisLaneBroker
 from keylane.workers.store import Store
 from keylane.workers.stores import open_store
 
@@ -145,10 +145,10 @@ class Stack:
         assert proc.alive(), proc.log()
         return proc
 
-    def gateway(self) -> LaneGateway:
-        """The lanes' Redis gateway on this deployment's namespace."""
+    def broker(self) -> RedisLaneBroker:
+        """The lanes' Redis broker on this deployment's namespace."""
         s = self.settings
-        return LaneGateway.from_url(s.redis_dsn(), s.keys, s.shards)
+        return RedisLaneBroker.from_url(s.redis_dsn(), s.keys, s.shards)
 
     def view(self) -> DeploymentView:
         """Read-only views of this deployment in Redis (what ``keylane status`` shows)."""

@@ -91,3 +91,10 @@ def sync_list(events: list[keylane.Event], ctx: keylane.Context) -> keylane.Done
 def save_draft(events: list[keylane.Event], ctx: keylane.Context) -> keylane.Done:
     """A debounced batch task: a burst of edits to one draft is saved with one call."""
     return _post_batch(events, ctx)
+
+
+@keylane.task(key="page:{page}", batch=20, debounce_ms=2000)
+def sync_page(events: list[keylane.Event], ctx: keylane.Context) -> keylane.Done:
+    """A debounced batch task as the README shows it: a page edited many times in a burst
+    is written with one call (up to 20 edits; 2 s after its newest edit)."""
+    return _post_batch(events, ctx)

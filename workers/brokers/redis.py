@@ -1,0 +1,395 @@
+"""The lanes' broker on Redis: the worker side's one gateway to Redis (leases, records,
+membership, the SQLite writer claim, counters, destinations' flow control).
+
+Why keylane does not let kombu's Redis consumer read the shard queues (facts.md): kombu
+pops with ``BRPOP`` and only afterwards records the message as unacknowledged, so a
+``kill -9`` between the two loses it; a restored or rejected message can land at the tail;
+a message read for a cancelled queue is requeued at the tail. Each of those breaks
+per-record order or exactly-once. Here every step is one Lua script (``redis/*.lua``, the
+key layout at the top of ``redis/_shared.lua``):
+
+* **take**: under the shard's lease, admit the shard queue's new messages into their
+  records' lists, then hand out the first due record (its list's head, and a batch behind
+  it) and mark it busy;
+* **finish**: under the lease, drop the acknowledged messages from the record's list,
+  count them, and either hold the record, or leave it due again, or hand the lane its next
+  message (then the shard's next due record);
+* **wait**: under the lease, the record stops being busy and is due again later;
+* **acquire**: take the lease if free, advance the fencing token, and make every record a
+  previous owner left busy due again (each at its place in its own list).
+
+The shard queue itself stays an ordinary Celery queue (kombu's list at ``<ns>:<queue>``),
+which receivers push to and Flower reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from functools import cache
+from importlib import resources
+from typing import Any, cast
+
+import redis
+from redis.commands.core import Script
+from redis.typing import EncodableT, FieldT
+
+from ...routing import ShardMap
+from ...routing.contract.destinations import EXCERPT_CHARS
+from ...routing.contract.errors import BrokerUnavailable
+from ...routing.contract.replies import reply_int, reply_text
+from ...routing.redis_keys import MESSAGE_NOTES, RedisKeys, latency_bucket, message_digest
+from ..broker import Ack, Acquired, Counts, Idle, LaneBroker, Lease, Taken
+from ..flow import DestinationFlow
+
+LEASE_LOG_MAXLEN = 100_000
+#: Messages a take or finish moves from the shard queue into records' lists at most (a
+#: bound on one script's time; the next call admits more).
+ADMIT_MAX = 64
+#: The scripts that use the helpers of ``_shared.lua`` (prepended to each).
+_WITH_SHARED = ("take", "finish", "wait", "note_retry", "reclaim")
+
+
+@contextlib.contextmanager
+def broker_errors() -> Iterator[None]:
+    """Turn any Redis error raised inside the block into :class:`BrokerUnavailable`: the
+    rest of keylane sees one error for a Redis outage."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise BrokerUnavailable(f"Redis: {exc}") from exc
+
+
+def run_script(script: Any, keys: list[str], args: list[Any]) -> Any:
+    """Run a registered Lua script (EVALSHA, loaded again after NOSCRIPT), Redis errors as
+    :class:`BrokerUnavailable`."""
+    with broker_errors():
+        return script(keys=keys, args=args)
+
+
+@cache
+def script_text(name: str) -> str:
+    """The Lua source of script ``name`` (``redis/<name>.lua``), with the shared helpers
+    and the note names of :data:`MESSAGE_NOTES` before it where it uses them."""
+    folder = resources.files(__package__).joinpath("redis")
+    text = folder.joinpath(f"{name}.lua").read_text()
+    if name not in _WITH_SHARED:
+        return text
+    notes = ", ".join(f"':{note}'" for note in MESSAGE_NOTES)
+    shared = folder.joinpath("_shared.lua").read_text()
+    return f"local NOTES = {{{notes}}}\n{shared}\n{text}"
+
+
+class RedisLaneBroker(LaneBroker):
+    """:class:`LaneBroker` on Redis, through redis-py's connection pool (thread-safe)."""
+
+    def __init__(self, client: redis.Redis, keys: RedisKeys, shards: ShardMap) -> None:
+        self.client = client
+        self.keys = keys
+        self.shards = shards
+        self._scripts: dict[str, Script] = {}
+        #: Destinations' flow control, shared by every worker (its own module).
+        self.flow = DestinationFlow(client, keys, run_script)
+
+    @classmethod
+    def from_url(cls, url: str, keys: RedisKeys, shards: ShardMap) -> RedisLaneBroker:
+        """Connect to Redis at ``url``, with timeouts so a dead server is an error."""
+        client = redis.Redis.from_url(
+            url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=15
+        )
+        return cls(client, keys, shards)
+
+    def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._scripts[name] = self.client.register_script(script_text(name))
+        return run_script(script, keys, args)
+
+    def queue_key(self, shard: int) -> str:
+        """The Redis list of the shard's Celery queue."""
+        return self.keys.queue(self.shards.queue_name(shard))
+
+    def _shard_keys(self, shard: int) -> list[str]:
+        k = self.keys
+        return [
+            k.lease(shard),
+            self.queue_key(shard),
+            k.record_prefix(shard),
+            k.ready(shard),
+            k.busy(shard),
+            k.waits(shard),
+            k.deliveries(shard),
+        ]
+
+    def _common_keys(self) -> list[str]:
+        return [self.keys.depth, self.keys.held, self.keys.counters]
+
+    # -- leases ------------------------------------------------------------------------
+
+    def acquire(self, shard: int, worker_id: str, ttl_ms: int) -> Acquired:
+        k = self.keys
+        ok, holder, restored = self._run(
+            "acquire",
+            [
+                k.lease(shard),
+                k.fence(shard),
+                k.busy(shard),
+                k.ready(shard),
+                k.lease_log,
+                k.last_owner(shard),
+            ],
+            [worker_id, ttl_ms, shard, LEASE_LOG_MAXLEN],
+        )
+        holder = reply_text(holder)
+        if not ok:
+            return Acquired(None, holder, 0)
+        token = int(holder.rsplit("/", 1)[1])
+        return Acquired(Lease(shard, holder, token), holder, int(restored))
+
+    def renew(self, leases: Sequence[Lease], ttl_ms: int) -> list[bool]:
+        if not leases:
+            return []
+        result = self._run(
+            "renew",
+            [self.keys.lease(lease.shard) for lease in leases],
+            [ttl_ms, *(lease.value for lease in leases)],
+        )
+        return [bool(x) for x in result]
+
+    def release_lease(self, lease: Lease, worker_id: str, reason: str = "released") -> bool:
+        k = self.keys
+        return bool(
+            self._run(
+                "release",
+                [k.lease(lease.shard), k.lease_log, k.last_owner(lease.shard)],
+                [lease.value, lease.shard, reason, LEASE_LOG_MAXLEN, worker_id, lease.token],
+            )
+        )
+
+    def log_lease_event(self, event: str, lease: Lease, worker_id: str) -> None:
+        fields: dict[FieldT, EncodableT] = {
+            "event": event,
+            "shard": lease.shard,
+            "worker": worker_id,
+            "token": lease.token,
+            "restored": 0,
+            "expired": "",
+        }
+        _do(lambda: self.client.xadd(self.keys.lease_log, fields, maxlen=LEASE_LOG_MAXLEN))
+
+    def bump_fence(self, shard: int, at_least: int) -> int:
+        return int(self._run("bump_fence", [self.keys.fence(shard)], [at_least]))
+
+    # -- the SQLite store's one writer --------------------------------------------------
+
+    def claim_store_writer(self, worker_id: str, ttl_ms: int, replacing: str = "") -> str:
+        """Claim (or renew) being the store's one writer for ``ttl_ms``, or take the claim
+        over from ``replacing`` (a holder known to be dead); returns the holder now."""
+        return reply_text(
+            self._run("claim", [self.keys.store_writer], [worker_id, ttl_ms, replacing])
+        )
+
+    def release_store_writer(self, worker_id: str) -> bool:
+        """Give the writer claim up (only if still ours)."""
+        return bool(self._run("unclaim", [self.keys.store_writer], [worker_id]))
+
+    # -- records -----------------------------------------------------------------------
+
+    def take(self, leases: Sequence[Lease]) -> Taken | Idle:
+        keys: list[str] = []
+        args: list[Any] = [ADMIT_MAX]
+        for lease in leases:
+            keys += self._shard_keys(lease.shard)
+            args += [lease.shard, lease.value]
+        reply = self._run("take", keys + self._common_keys(), args)
+        if int(reply[0]) > 0:
+            return _taken(leases[int(reply[0]) - 1].shard, reply[1:])
+        due = {lease.shard: int(ms) / 1000 for lease, ms in zip(leases, reply[1:], strict=True)}
+        return Idle({shard: s for shard, s in due.items() if s >= 0})
+
+    def finish(
+        self,
+        lease: Lease,
+        taken: Taken,
+        acks: Sequence[Ack],
+        hold: int | None = None,
+        then_take: bool = False,
+    ) -> Taken | bool:
+        k = self.keys
+        keys = [*self._shard_keys(lease.shard), k.latency, k.drained, *self._common_keys()]
+        args: list[Any] = [
+            lease.shard,
+            lease.value,
+            taken.record_key,
+            "" if hold is None else hold,
+            "1" if then_take else "0",
+            ADMIT_MAX,
+        ]
+        for ack in acks:
+            latency_s = ack.latency_s
+            args += [
+                ack.raw,
+                ack.outcome,
+                ack.conflicts,
+                ack.attempts,
+                "" if latency_s is None else latency_bucket(latency_s),
+                f"{latency_s or 0.0:.6f}",
+            ]
+        reply = self._run("finish", keys, args)
+        if isinstance(reply, list):
+            return _taken(lease.shard, reply)
+        return bool(reply)
+
+    def wait(
+        self,
+        lease: Lease,
+        taken: Taken,
+        delay_s: float,
+        why: dict[str, Any],
+        counts: Counts = "keep",
+        messages: Sequence[bytes] = (),
+    ) -> bool:
+        keys = self._shard_keys(lease.shard) + self._common_keys()
+        args: list[Any] = [
+            lease.value,
+            taken.record_key,
+            max(0, round(delay_s * 1000)),
+            json.dumps({**why, "at": time.time(), "due_at": time.time() + delay_s}),
+            counts,
+            *messages,
+        ]
+        return bool(self._run("wait", keys, args))
+
+    def in_flight(self, shard: int) -> list[str]:
+        return [reply_text(k) for k in _do(lambda: self.client.hkeys(self.keys.busy(shard)))]
+
+    def reclaim(self, lease: Lease, record_keys: Sequence[str], min_age_s: float) -> int:
+        if not record_keys:
+            return 0
+        keys = self._shard_keys(lease.shard) + self._common_keys()
+        args = [lease.value, round(min_age_s * 1000), *record_keys]
+        return int(self._run("reclaim", keys, args))
+
+    # -- notes kept with an in-flight message ------------------------------------------
+
+    def note_failure(self, shard: int, raw: bytes, error: str) -> None:
+        self._note(shard, raw, "error", error[:EXCERPT_CHARS])
+
+    def last_failure(self, shard: int, raw: bytes) -> str:
+        return reply_text(self._noted(shard, raw, "error"))
+
+    def note_write(self, shard: int, raw: bytes, condition: str | None) -> None:
+        self._note(shard, raw, "write", condition)
+
+    def noted_write(self, shard: int, raw: bytes) -> str | None:
+        value = self._noted(shard, raw, "write")
+        return None if value is None else reply_text(value)
+
+    def retries(self, shard: int, raw: bytes) -> int:
+        return reply_int(self._noted(shard, raw, "retries"))
+
+    def note_retry(self, shard: int, raw: bytes) -> tuple[int, float]:
+        retries, since_ms = self._run(
+            "note_retry", [self.keys.deliveries(shard)], [message_digest(raw)]
+        )
+        return int(retries), int(since_ms) / 1000
+
+    def _note(self, shard: int, raw: bytes, what: str, value: str | None) -> None:
+        """Keep ``value`` (None: forget it) with the message, in its shard's deliveries
+        hash; the message's ack forgets it."""
+        assert what in MESSAGE_NOTES
+        key, field = self.keys.deliveries(shard), f"{message_digest(raw)}:{what}"
+        if value is None:
+            _do(lambda: self.client.hdel(key, field))
+        else:
+            _do(lambda: self.client.hset(key, field, value))
+
+    def _noted(self, shard: int, raw: bytes, what: str) -> Any:
+        field = f"{message_digest(raw)}:{what}"
+        return _do(lambda: self.client.hget(self.keys.deliveries(shard), field))
+
+    # -- held records (for triage) -------------------------------------------------------
+
+    def held_by(self, record_key: str) -> int | None:
+        """The dead letter holding ``record_key``, if any."""
+        value = _do(lambda: self.client.hget(self.keys.held, record_key))
+        return int(value) if value is not None else None
+
+    def queued(self, record_key: str) -> int:
+        """Messages waiting in ``record_key``'s list (behind a hold, a wait, or in flight)."""
+        key = self.keys.record(self.shards.shard_for_key(record_key), record_key)
+        return int(_do(lambda: self.client.llen(key)))
+
+    def push_once(
+        self, marker: str, shard: int, raw: bytes, marker_ttl_ms: int = 7 * 24 * 3600 * 1000
+    ) -> bool:
+        """Queue an operator's message unless ``marker`` was used before (a second retry
+        of one dead letter queues nothing)."""
+        return bool(
+            self._run(
+                "push_once",
+                [self.keys.once(marker), self.queue_key(shard)],
+                [raw, marker_ttl_ms, self.keys.doorbell, shard],
+            )
+        )
+
+    # -- membership and counters ---------------------------------------------------------
+
+    def heartbeat(self, worker_id: str, info: dict[str, Any], member_ttl_ms: int) -> list[str]:
+        now_ms = int(time.time() * 1000)
+        k = self.keys
+        pipe = self.client.pipeline(transaction=True)
+        pipe.zadd(k.members, {worker_id: now_ms})
+        pipe.hset(k.member(worker_id), mapping={"info": json.dumps(info), "seen_ms": now_ms})
+        pipe.pexpire(k.member(worker_id), member_ttl_ms * 10)
+        pipe.zremrangebyscore(k.members, 0, now_ms - member_ttl_ms)
+        pipe.zrange(k.members, 0, -1)
+        result = _do(pipe.execute)
+        return [reply_text(m) for m in result[-1]]
+
+    def leave(self, worker_id: str) -> None:
+        _do(lambda: self.client.zrem(self.keys.members, worker_id))
+
+    def incr(self, counter: str, by: int = 1) -> None:
+        """Add to one of the deployment's counters."""
+        _do(lambda: self.client.hincrby(self.keys.counters, counter, by))
+
+    # -- the doorbell and stray messages -------------------------------------------------
+
+    def doorbell(self) -> Any:
+        with broker_errors():
+            # Typed through a cast: redis-py left pubsub() and PubSub untyped before 8.2.
+            open_pubsub = cast("Callable[..., Any]", self.client.pubsub)
+            pubsub = open_pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe(self.keys.doorbell)
+        return pubsub
+
+    def give_back(self, shard: int, raw: bytes) -> None:
+        """Put a shard message back at the head of its queue and ring the shard (a plain
+        Celery consumer took it; only the shard's lanes may run it)."""
+        self._run("give_back", [self.queue_key(shard)], [raw, self.keys.doorbell, shard])
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _taken(shard: int, reply: Any) -> Taken:
+    key, raw, deliveries, held, batch = reply
+    return Taken(
+        shard,
+        reply_text(key),
+        bytes(raw),
+        int(deliveries),
+        bool(int(held)),
+        tuple(bytes(m) for m in batch),
+    )
+
+
+def _do(fn: Callable[[], Any]) -> Any:
+    with broker_errors():
+        return fn()
+
+
+__all__ = ["RedisLaneBroker", "broker_errors", "script_text"]

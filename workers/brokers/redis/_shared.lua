@@ -1,0 +1,188 @@
+-- Shared by the lane scripts (prepended to each: Redis scripts cannot call each other).
+--
+-- Key layout of one shard s (every key under the deployment's namespace, $ns:):
+--   $ns:keylane.shard.NN   list  the shard's Celery queue: receivers LPUSH, the head is the
+--                                right end; the owner's scripts move messages out (admit)
+--   $ns:rec:s:KEY          list  record KEY's admitted messages in accepted order, head at
+--                                index 0; the head (and its batch) stays here while in flight
+--   $ns:ready:s            zset  record key -> ms (Redis clock) from which it may be taken;
+--                                a score in the future is a record waiting (back-off, debounce)
+--   $ns:busy:s             hash  record key -> ms it was taken: in flight in a lane
+--   $ns:waits:s            hash  record key -> why it waits (JSON), for status
+--   $ns:deliveries:s       hash  message sha1 -> times handed to a lane, and the message's
+--                                notes: sha1:error, sha1:retries, sha1:since, sha1:write
+--   $ns:depth              hash  shard -> admitted messages of records that are not held
+--   $ns:held               hash  record key -> the dead letter that holds it
+-- A record is in exactly one of: ready (due now or later), busy, held, or nowhere (no
+-- messages). Its messages never leave its list until acknowledged, so order holds across
+-- waits, crashes and takeovers: a takeover only moves busy records back to ready.
+--
+-- NOTES (the note suffixes of the deliveries hash) is defined before this file, from
+-- routing/redis_keys.py's MESSAGE_NOTES.
+
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Forget a message's delivery count and notes (it is done, or parked for good).
+local function forget(deliveries, digest)
+  redis.call('HDEL', deliveries, digest, digest .. NOTES[1], digest .. NOTES[2],
+    digest .. NOTES[3], digest .. NOTES[4])
+end
+
+-- Base64 (RFC 4648), only for messages that came without keylane's headers (a task sent
+-- with Celery's send_task): their record key is inside the encoded body.
+local B64 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/'
+local function b64decode(data)
+  data = string.gsub(data, '[^' .. B64 .. '=]', '')
+  return (data:gsub('.', function(x)
+    if x == '=' then return '' end
+    local r, f = '', (B64:find(x, 1, true) - 1)
+    for i = 6, 1, -1 do r = r .. (f % 2 ^ i - f % 2 ^ (i - 1) > 0 and '1' or '0') end
+    return r
+  end):gsub('%d%d%d?%d?%d?%d?%d?%d?', function(x)
+    if #x ~= 8 then return '' end
+    local c = 0
+    for i = 1, 8 do c = c + (x:sub(i, i) == '1' and 2 ^ (8 - i) or 0) end
+    return string.char(c)
+  end))
+end
+
+-- The headers of a message (an empty table when it is not a Celery message) and its
+-- record key: the keylane_record header, else the event's record_key in the body (a
+-- message sent with Celery's send_task, or queued by keylane before 0.2; then also the
+-- task's keyword arguments, decoded), else '' (a message the lanes will turn into a
+-- malformed dead letter, in arrival order).
+local function describe(m)
+  local ok, envelope = pcall(cjson.decode, m)
+  if not ok or type(envelope) ~= 'table' or type(envelope.headers) ~= 'table' then
+    return {}, '', nil
+  end
+  local h = envelope.headers
+  if type(h.keylane_record) == 'string' then return h, h.keylane_record, nil end
+  if type(envelope.body) == 'string' then
+    local okb, body = pcall(cjson.decode, b64decode(envelope.body))
+    if okb and type(body) == 'table' and type(body[2]) == 'table' then
+      local kw = body[2]
+      local key = type(kw.event) == 'table' and kw.event.record_key or kw.record_key
+      if type(key) == 'string' then return h, key, kw end
+    end
+  end
+  return h, '', nil
+end
+
+-- Move up to n messages from the shard queue into their records' lists (K = the shard's
+-- keys, see below). A record that gets its first message becomes ready now; a record that
+-- is waiting, busy or held keeps its state. Two control messages act here instead:
+-- keylane_unhold releases a record held by that dead letter, and the operator's retry of
+-- the dead letter that holds its record (keylane_retry_of) goes first in the record's
+-- list and releases it.
+local function admit(K, shard, now, n)
+  for _ = 1, n do
+    local m = redis.call('RPOP', K.queue)
+    if not m then return end
+    local h, key, kw = describe(m)
+    local rec = K.rec_prefix .. key
+    local holder = redis.call('HGET', K.held, key)
+    local unhold, retry_of = h.keylane_unhold, h.keylane_retry_of
+    if kw then  -- decoded from the body: a message without keylane's headers
+      if h.task == 'keylane.unhold' then unhold = kw.dead_letter_id end
+      if type(kw.event) == 'table' and kw.event.retry_of ~= cjson.null then
+        retry_of = kw.event.retry_of
+      end
+    end
+    if unhold ~= nil then
+      if holder and holder == tostring(unhold) then
+        redis.call('HDEL', K.held, key)
+        redis.call('HINCRBY', K.depth, shard, redis.call('LLEN', rec))
+        if redis.call('LLEN', rec) > 0 and redis.call('HEXISTS', K.busy, key) == 0 then
+          redis.call('ZADD', K.ready, 'NX', now, key)
+        end
+        redis.call('HINCRBY', K.counters, 'released', 1)
+      end
+    elseif holder and retry_of ~= nil and holder == tostring(retry_of) then
+      redis.call('LPUSH', rec, m)
+      redis.call('HDEL', K.held, key)
+      redis.call('HINCRBY', K.depth, shard, redis.call('LLEN', rec))
+      if redis.call('HEXISTS', K.busy, key) == 0 then redis.call('ZADD', K.ready, now, key) end
+    else
+      redis.call('RPUSH', rec, m)
+      if not holder then
+        redis.call('HINCRBY', K.depth, shard, 1)
+        if redis.call('HEXISTS', K.busy, key) == 0 then
+          redis.call('ZADD', K.ready, 'NX', now, key)
+        end
+      else
+        redis.call('HINCRBY', K.counters, 'parked', 1)
+      end
+    end
+  end
+end
+
+-- Hand the head of record key's list to a lane (it becomes busy): {key, message,
+-- deliveries, held, batch}. A first delivery whose message carries keylane_batch also takes
+-- the record's next messages with the same keylane_batch value that were never handed out,
+-- up to the limit it names, while the record is not held: a batch, in order. Only the head
+-- is counted: when it is handed out again (a crash, a failure) it goes alone, and so do
+-- the ones behind it, each counted then.
+local function hand_out(K, key, now)
+  local rec = K.rec_prefix .. key
+  local m = redis.call('LINDEX', rec, 0)
+  if not m then
+    redis.call('ZREM', K.ready, key)
+    redis.call('HDEL', K.busy, key)
+    return nil
+  end
+  redis.call('ZREM', K.ready, key)
+  redis.call('HSET', K.busy, key, now)
+  redis.call('HDEL', K.waits, key)
+  local n = redis.call('HINCRBY', K.deliveries, redis.sha1hex(m), 1)
+  local held = redis.call('HEXISTS', K.held, key)
+  local batch = {}
+  if n == 1 and held == 0 then
+    local h = describe(m)
+    local tag = h.keylane_batch
+    local limit = type(tag) == 'string' and tonumber(string.match(tag, '^(%d+):')) or 1
+    local i = 1
+    while #batch + 1 < limit do
+      local nxt = redis.call('LINDEX', rec, i)
+      if not nxt then break end
+      local hn = describe(nxt)
+      if hn.keylane_batch ~= tag or redis.call('HEXISTS', K.deliveries, redis.sha1hex(nxt)) == 1
+      then break end
+      batch[#batch + 1] = nxt
+      i = i + 1
+    end
+  end
+  return {key, m, n, held, batch}
+end
+
+-- The shard's next record that is due, handed out; else nil and the ms until the
+-- earliest waiting record is due (-1: none waits).
+local function take_due(K, now)
+  while true do
+    local due = redis.call('ZRANGEBYSCORE', K.ready, '-inf', now, 'LIMIT', 0, 1)
+    if #due == 0 then
+      local first = redis.call('ZRANGE', K.ready, 0, 0, 'WITHSCORES')
+      if #first == 0 then return nil, -1 end
+      return nil, tonumber(first[2]) - now
+    end
+    local got = hand_out(K, due[1], now)
+    if got then return got, 0 end
+  end
+end
+
+-- The keys of one shard, from KEYS[base + 1 ..]: lease, queue, record prefix (a key name
+-- used as a prefix only), ready, busy, waits, deliveries, then the deployment's depth,
+-- held and counters keys (shared by every shard, at the end of KEYS).
+local SHARD_KEYS = 7
+local function shard_keys(base)
+  return {
+    lease = KEYS[base + 1], queue = KEYS[base + 2], rec_prefix = KEYS[base + 3],
+    ready = KEYS[base + 4], busy = KEYS[base + 5], waits = KEYS[base + 6],
+    deliveries = KEYS[base + 7],
+    depth = KEYS[#KEYS - 2], held = KEYS[#KEYS - 1], counters = KEYS[#KEYS],
+  }
+end

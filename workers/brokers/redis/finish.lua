@@ -1,0 +1,57 @@
+-- A lane is done with a record's messages: acknowledge them, count their outcomes, hold
+-- the record behind a dead letter if asked, and (then_take) hand the lane the shard's next
+-- due record: the same record's next message first.
+-- KEYS: SHARD_KEYS of the shard (see _shared.lua), then latency, drained, depth, held,
+-- counters.
+-- ARGV: shard, lease value, record key, hold (dead letter id, '' for none), then_take
+-- ('1'/'0'), admit, then per acknowledged message 6 values: message, outcome counter
+-- ('' counts nothing), conflicts, attempts, latency bucket ('' none), latency seconds.
+-- Returns 0 when the lease is not ours (nothing done), else 1, or the record handed out
+-- (see take.lua) with then_take.
+local K = shard_keys(0)
+local latency, drained = KEYS[SHARD_KEYS + 1], KEYS[SHARD_KEYS + 2]
+local shard, lease, key, hold = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local then_take, admit_max = ARGV[5] == '1', tonumber(ARGV[6])
+if redis.call('GET', K.lease) ~= lease then return 0 end
+local now = now_ms()
+local rec = K.rec_prefix .. key
+local was_held = redis.call('HEXISTS', K.held, key) == 1
+for i = 7, #ARGV, 6 do
+  local m, outcome = ARGV[i], ARGV[i + 1]
+  if redis.call('LREM', rec, 1, m) == 1 and not was_held then
+    redis.call('HINCRBY', K.depth, shard, -1)
+  end
+  forget(K.deliveries, redis.sha1hex(m))
+  redis.call('HINCRBY', drained, shard, 1)
+  if outcome ~= '' then
+    redis.call('HINCRBY', K.counters, outcome, 1)
+    if tonumber(ARGV[i + 2]) > 0 then redis.call('HINCRBY', K.counters, 'conflicts', ARGV[i + 2]) end
+    if tonumber(ARGV[i + 3]) > 0 then redis.call('HINCRBY', K.counters, 'attempts', ARGV[i + 3]) end
+    if ARGV[i + 4] ~= '' then
+      redis.call('HINCRBY', latency, ARGV[i + 4], 1)
+      redis.call('HINCRBY', latency, 'count', 1)
+      redis.call('HINCRBYFLOAT', latency, 'sum', ARGV[i + 5])
+    end
+  end
+end
+redis.call('HDEL', K.busy, key)
+local left = redis.call('LLEN', rec)
+if hold ~= '' and not was_held then
+  if redis.call('HSETNX', K.held, key, hold) == 1 then
+    redis.call('HINCRBY', K.depth, shard, -left)
+    redis.call('HINCRBY', K.counters, 'held', 1)
+  end
+elseif left > 0 and not was_held then
+  if then_take then
+    admit(K, shard, now, admit_max)
+    local got = hand_out(K, key, now)
+    if got then return got end
+  end
+  redis.call('ZADD', K.ready, 'NX', now, key)
+end
+if then_take then
+  admit(K, shard, now, admit_max)
+  local got = take_due(K, now)
+  if got then return got end
+end
+return 1

@@ -1,0 +1,158 @@
+"""Dead letters from the lanes: an event that cannot apply becomes a review row (with the
+attempted change, the revisions read and found, the error), closed in the journal in the
+same transaction, and an alert.
+
+Every way an event ends up here goes through this module: a change that does not fit the
+record or touches a field its source does not own, conflicts on every attempt, a
+destination that gave up or kept failing, a handler that failed every delivery, a message
+that killed its worker every time (``poison``), bytes that are not a keylane message
+(``malformed``), a reused event id (``id_reused``). The functions here run in a lane's
+pool thread, on that thread's store connection (:class:`keylane.workers.lane_store.LaneStore`
+awaits them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+
+import sentry_sdk
+
+from ..routing.contract.destinations import EXCERPT_CHARS
+from ..routing.contract.errors import AlreadyApplied
+from ..routing.contract.events import Event
+from .results import ApplyResult
+from .store import DeadLetterDraft, DeadLetterFilter, Fence, Store
+
+log = logging.getLogger("keylane.alerts")
+
+#: What a review row says of an event the receiver already flagged.
+REVIEW_ERRORS = {
+    "id_reused": "the sender reused this event id with a different body; the first body "
+    "was accepted, this one was not applied",
+}
+
+
+def dead_letter(
+    store: Store,
+    event: Event,
+    fence: Fence | None,
+    reason: str,
+    attempts: int,
+    error: str,
+    revision_read: int | None = None,
+    revision_found: int | None = None,
+    conflicts: int = 0,
+    close_event: bool = True,
+) -> ApplyResult:
+    """Record ``event`` for review and (unless ``close_event`` is false) close it in the
+    journal, in one transaction; a ``duplicate`` when the journal already closed it."""
+    draft = DeadLetterDraft(
+        source=event.source,
+        event_id=event.event_id,
+        record_key=event.record_key,
+        shard=event.shard,
+        reason=reason,
+        event=event.model_dump(mode="json"),
+        attempted_change=event.changes_wire(),
+        revision_read=revision_read,
+        revision_found=revision_found if revision_found is not None else revision_read,
+        attempts=attempts,
+        error=error,
+        retry_of=event.retry_of,
+    )
+    try:
+        row = store.commit_dead_letter(draft, fence, close_event=close_event)
+    except AlreadyApplied:
+        return ApplyResult("duplicate", attempts=attempts, conflicts=conflicts)
+    return ApplyResult(
+        "dead_lettered", attempts=attempts, conflicts=conflicts, dead_letter_id=row, reason=reason
+    )
+
+
+def dead_letters(
+    store: Store,
+    events: Sequence[Event],
+    fence: Fence | None,
+    reason: str,
+    attempts: int,
+    error: str,
+    revision_read: int | None = None,
+    revision_found: int | None = None,
+    conflicts: int = 0,
+) -> list[ApplyResult]:
+    """A dead letter for each of ``events`` (one call's batch: the same reason and error)."""
+    return [
+        dead_letter(
+            store, e, fence, reason, attempts, error, revision_read, revision_found, conflicts
+        )
+        for e in events
+    ]
+
+
+def review(store: Store, event: Event, fence: Fence | None) -> ApplyResult:
+    """The review row of an event the receiver flagged (``event.review``), not applied."""
+    assert event.review is not None
+    error = REVIEW_ERRORS.get(event.review, event.review)
+    return dead_letter(store, event, fence, event.review, 1, error, close_event=False)
+
+
+def malformed(store: Store, shard: int, raw: bytes, error: str, fence: Fence) -> int:
+    """The review row of bytes in a shard queue that are not a keylane message (the event
+    id is the bytes' digest, so a redelivery adds no second row)."""
+    digest = hashlib.sha256(raw).hexdigest()
+    draft = DeadLetterDraft(
+        source="",
+        event_id=f"sha256:{digest}",
+        record_key="",
+        shard=shard,
+        reason="malformed",
+        event={"raw": raw[:4096].decode("utf-8", "replace")},
+        attempted_change={},
+        revision_read=None,
+        revision_found=None,
+        attempts=1,
+        error=error[:EXCERPT_CHARS],
+    )
+    return store.commit_dead_letter(draft, fence, close_event=False)
+
+
+def open_dead_letter(store: Store, event: Event) -> int | None:
+    """The open dead letter of ``event`` when the journal closed it as dead-lettered (a
+    redelivery after a crash that came before the record was held)."""
+    entry = store.journal(event.source, event.event_id)
+    if entry is None or entry.outcome != "dead_lettered":
+        return None
+    rows = store.dead_letters(
+        DeadLetterFilter(statuses=("open",), sources=(event.source,), record_key=event.record_key)
+    )
+    return next((row.id for row in rows if row.event_id == event.event_id), None)
+
+
+def alert(event: Event, result: ApplyResult) -> None:
+    """Log and report a new dead letter (a Sentry event when Sentry is configured; the
+    ``dead_lettered`` counter counts it). Only ids and the reason leave the process: never
+    the event's body or its values."""
+    log.warning(
+        "dead letter %s: %s/%s on %s (shard %s): %s",
+        result.dead_letter_id,
+        event.source,
+        event.event_id,
+        event.record_key,
+        event.shard,
+        result.reason,
+    )
+    if not sentry_sdk.is_initialized():
+        return
+    with sentry_sdk.new_scope() as scope:
+        scope.set_tag("keylane.source", event.source)
+        scope.set_tag("keylane.event_id", event.event_id)
+        scope.set_tag("keylane.record_key", event.record_key)
+        scope.set_tag("keylane.shard", str(event.shard))
+        scope.set_tag("keylane.reason", result.reason or "")
+        scope.fingerprint = ["keylane-dead-letter", event.source, result.reason or ""]
+        sentry_sdk.capture_message(
+            f"dead letter {result.dead_letter_id}: {result.reason} ({event.source})",
+            level="warning",
+        )

@@ -1,0 +1,159 @@
+"""The lanes' store: keylane's own store as awaitables, with group commit.
+
+Every store call of a lane goes through :class:`LaneStore`: it runs in the lanes' blocking
+pool (:mod:`keylane.workers.blocking`), on that thread's store connection, while the lane's
+coroutine waits without holding a thread. A lane's reads, commits, journal look-ups and
+dead letters are its methods, so the store leg of an event reads as a sequence of awaits.
+
+Group commit: a store transaction costs about one disk flush, whatever it holds (SQLite
+with ``synchronous = FULL``, PostgreSQL with ``synchronous_commit``), so a worker whose
+lanes each committed alone would be held to one event per flush. A lane hands its commit
+(:class:`~keylane.workers.store.Commit`: one event's write, or a record's batch) to
+:meth:`LaneStore.commit` and waits; while one transaction runs, the commits that arrive wait
+together for the next one. Each commit stays all or nothing on its own (a savepoint each,
+see :meth:`Store.commit_group`): one lane's conflict or stale fence never touches another's
+write, and a lane's answer is exactly what committing alone would have given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from ..routing.contract.errors import AlreadyApplied
+from ..routing.contract.events import Event
+from . import dead_letters
+from .blocking import BlockingPool
+from .results import ApplyResult
+from .store import Commit, CommitRefused, EventWrite, Fence, JournalEntry, Record, Store
+
+#: Commits in one transaction at most (a bound on how long its locks are held).
+GROUP_MAX = 64
+
+
+class LaneStore:
+    """The store of one process's lanes (loop-side; the calls run in ``io``'s threads)."""
+
+    def __init__(self, io: BlockingPool, group_max: int = GROUP_MAX) -> None:
+        self.io = io
+        self.group_max = group_max
+        self._waiting: list[tuple[Commit, asyncio.Future[int | CommitRefused]]] = []
+        self._running = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def read(self, record_key: str) -> Record:
+        """The record as it is now (a fresh read)."""
+        return await self.io.store(_read, record_key)
+
+    async def commit(self, writes: Sequence[EventWrite], fence: Fence | None) -> int:
+        """:meth:`Store.commit_events`, in the next group: the new revision, or its error
+        (:class:`VersionConflict`, :class:`AlreadyApplied`, :class:`StaleFence`)."""
+        future: asyncio.Future[int | CommitRefused] = asyncio.get_running_loop().create_future()
+        self._waiting.append((Commit(tuple(writes), fence), future))
+        if not self._running:
+            self._running = True
+            self._task = asyncio.create_task(self._drain())
+        result = await future
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def journal(self, events: Sequence[Event]) -> list[JournalEntry | None]:
+        """Each event's journal entry, if it has one."""
+        return await self.io.store(_journal_entries, list(events))
+
+    async def journal_delivered(
+        self, events: Sequence[Event], fence: Fence, attempts: int
+    ) -> list[ApplyResult]:
+        """Journal events a destination took (no record change): together, or each on its
+        own when one of them already has an outcome."""
+        return await self.io.store(_journal_delivered, list(events), fence, attempts)
+
+    async def dead_letter(
+        self, event: Event, fence: Fence | None, *args: Any, **kw: Any
+    ) -> ApplyResult:
+        """:func:`keylane.workers.dead_letters.dead_letter`."""
+        return await self.io.store(dead_letters.dead_letter, event, fence, *args, **kw)
+
+    async def dead_letters(
+        self, events: Sequence[Event], fence: Fence | None, *args: Any, **kw: Any
+    ) -> list[ApplyResult]:
+        """:func:`keylane.workers.dead_letters.dead_letters`."""
+        return await self.io.store(dead_letters.dead_letters, list(events), fence, *args, **kw)
+
+    async def review(self, event: Event, fence: Fence | None) -> ApplyResult:
+        """:func:`keylane.workers.dead_letters.review`."""
+        return await self.io.store(dead_letters.review, event, fence)
+
+    async def malformed(self, shard: int, raw: bytes, error: str, fence: Fence) -> int:
+        """:func:`keylane.workers.dead_letters.malformed`."""
+        return await self.io.store(dead_letters.malformed, shard, raw, error, fence)
+
+    async def open_dead_letter(self, event: Event) -> int | None:
+        """:func:`keylane.workers.dead_letters.open_dead_letter`."""
+        return await self.io.store(dead_letters.open_dead_letter, event)
+
+    async def _drain(self) -> None:
+        try:
+            while self._waiting:
+                group = self._waiting[: self.group_max]
+                del self._waiting[: self.group_max]
+                try:
+                    results = await self.io.store(_commit_group, [c for c, _ in group])
+                except Exception as exc:  # the transaction as a whole: every lane sees it
+                    for _, future in group:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, future), result in zip(group, results, strict=True):
+                    if not future.done():
+                        future.set_result(result)
+        finally:
+            self._running = False
+
+
+def _read(store: Store, record_key: str) -> Record:
+    return store.read(record_key)
+
+
+def _commit_group(store: Store, commits: list[Commit]) -> list[int | CommitRefused]:
+    return store.commit_group(commits)
+
+
+def _journal_entries(store: Store, events: list[Event]) -> list[JournalEntry | None]:
+    return [store.journal(event.source, event.event_id) for event in events]
+
+
+def _journal_delivered(
+    store: Store, events: list[Event], fence: Fence, attempts: int
+) -> list[ApplyResult]:
+    writes = [event_write(event, None, 0, attempts) for event in events]
+    try:
+        store.commit_events(writes, fence)
+        return [ApplyResult("applied", attempts=attempts)] * len(events)
+    except AlreadyApplied:
+        results = []
+        for write in writes:
+            try:
+                store.commit_event(write, fence)
+                results.append(ApplyResult("applied", attempts=attempts))
+            except AlreadyApplied:
+                results.append(ApplyResult("duplicate", attempts=attempts))
+        return results
+
+
+def event_write(
+    event: Event, fields: dict[str, Any] | None, expected_revision: int, attempts: int
+) -> EventWrite:
+    """The store write of ``event``'s effect (``fields`` None: journal it, no record change)."""
+    return EventWrite(
+        source=event.source,
+        event_id=event.event_id,
+        record_key=event.record_key,
+        shard=event.shard,
+        fields=fields,
+        expected_revision=expected_revision,
+        attempts=attempts,
+        retry_of=event.retry_of,
+    )
