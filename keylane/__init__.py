@@ -10,7 +10,18 @@ This module is the public import for user code::
 
     sync_contact.send({"email": "ada@example.com", "plan": "pro"}, event_id="order-17")
 
-and ``keylane worker -A myapp.tasks`` runs the tasks. The packages below it are keylane's own:
+and ``keylane worker -A myapp.tasks`` runs the tasks. Scheduled jobs and repairs::
+
+    @keylane.schedule(every="5m", owns=["email", "plan"])
+    def pull_contacts(run: keylane.Run) -> None:
+        ...  # run.change("contact:42", {"email": {"set": ...}}) for each changed contact
+
+    @keylane.repair(cron="0 3 * * *", timezone="Europe/Paris", owns=["domain"])
+    def fill_domain(record: keylane.Record) -> dict | None:
+        ...  # the change that repairs the record, or None
+
+run under ``keylane scheduler -A myapp.jobs`` (``keylane up`` starts one). The packages
+below it are keylane's own:
 
 * ``keylane.routing`` — pure key -> shard -> queue functions, and ``keylane.routing.contract``,
   what the receiver and the lanes share (events, wire messages, settings, errors, sources);
@@ -23,8 +34,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
+from .producers.runs import Run
 from .producers.sender import Sender, Sent
 from .routing.contract.destinations import TASK_PREFIX
 from .routing.contract.errors import (
@@ -33,13 +46,16 @@ from .routing.contract.errors import (
     FieldNotOwned,
     InvalidEvent,
     KeylaneError,
+    LeaseLost,
     VersionConflict,
 )
 from .routing.contract.events import Change, Event
+from .routing.contract.schedules import DEFAULT_OVERLAP, job_spec, register_job
 from .routing.contract.settings import Settings, load_settings
 from .routing.contract.sources import FieldOwnership, load_sources
 from .workers.destinations import Conflict, Context, Done, GiveUp, Outcome, RetryLater
 from .workers.resources import open_resource
+from .workers.stores.base import Record
 from .workers.tasks import KeyRule, TaskSpec, register
 from .workers.versioned import (
     Review,
@@ -103,15 +119,17 @@ class Task:
         """Queue ``payload`` for this task, on the lane of its record key. With an
         ``event_id``, a second send of the same id is a duplicate and runs nothing (the
         receiver's dedupe); ``InvalidEvent`` if that id came with another payload."""
-        return _get_sender().send(**self._event(payload, event_id, event_type))
+        return _get_sender().send(**self.event_fields(payload, event_id, event_type))
 
     async def send_async(
         self, payload: Any, *, event_id: str | None = None, event_type: str = "event"
     ) -> Sent:
         """:meth:`send` for async code."""
-        return await _get_sender().send_async(**self._event(payload, event_id, event_type))
+        return await _get_sender().send_async(**self.event_fields(payload, event_id, event_type))
 
-    def _event(self, payload: Any, event_id: str | None, event_type: str) -> dict[str, Any]:
+    def event_fields(self, payload: Any, event_id: str | None, event_type: str) -> dict[str, Any]:
+        """The fields of the event that carries ``payload`` to this task (what
+        :meth:`send` queues; a scheduled run's ``run.send(task, payload)`` too)."""
         try:
             record_key = self.spec.record_key(payload)
         except ValueError as exc:
@@ -176,6 +194,96 @@ def task(
     return decorate
 
 
+#: What a scheduled job looks like: it gets its run, and sends events through it.
+JobFunction = Callable[[Run], Any]
+#: What a repair's check looks like: a record -> the change that repairs it, or None.
+RepairCheck = Callable[[Record], "dict[str, Any] | None"]
+
+
+def schedule(
+    *,
+    every: int | float | timedelta | str | None = None,
+    cron: str | None = None,
+    timezone: str | None = None,
+    name: str | None = None,
+    overlap: str = DEFAULT_OVERLAP,
+    on_interrupted: str = "rerun",
+    owns: list[str] | tuple[str, ...] = (),
+    source: str | None = None,
+) -> Callable[[JobFunction], JobFunction]:
+    """Register a function as a scheduled job, called with a :class:`Run` at each tick.
+
+    ``every``: an interval (``"5m"``, ``300``, ``timedelta(minutes=5)``; ticks at the
+    multiples of it since the epoch, UTC), or ``cron`` (five fields) with an explicit
+    ``timezone`` (``"Europe/Paris"``, ``"UTC"``). ``overlap``: what a tick that comes while
+    the previous run still runs becomes — ``"skip"`` (the default: counted, logged, and
+    covered by the next run's ``run.since``) or ``"buffer_one"`` (it runs right after, at
+    most one waits; more are skipped). ``on_interrupted``: a run whose scheduler died is
+    run again (``"rerun"``, the default; its events keep their ids, so nothing has a second
+    effect) or counted and left (``"skip"``). ``owns``: the fields of keylane's records its
+    ``run.change(...)`` may set (its events come from a source named after the job), or
+    ``source``: a source of the sources file whose rules they follow instead.
+    """
+
+    def decorate(fn: JobFunction) -> JobFunction:
+        spec = job_spec(
+            fn,
+            "job",
+            name,
+            every=every,
+            cron=cron,
+            timezone=timezone,
+            overlap=overlap,
+            on_interrupted=on_interrupted,
+            owns=tuple(owns),
+            source=source,
+        )
+        register_job(spec)
+        return fn
+
+    return decorate
+
+
+def repair(
+    *,
+    owns: list[str] | tuple[str, ...],
+    every: int | float | timedelta | str | None = None,
+    cron: str | None = None,
+    timezone: str | None = None,
+    name: str | None = None,
+    prefix: str = "",
+    overlap: str = DEFAULT_OVERLAP,
+) -> Callable[[RepairCheck], RepairCheck]:
+    """Register a check as a repair: given a record of keylane's store, it returns the
+    change that repairs it (``{"domain": {"set": "example.com"}}``, fields of ``owns``
+    only), or None when the record is fine.
+
+    A sweep (at the schedule's ticks, and ``keylane repair NAME``) reads the records whose
+    keys start with ``prefix`` and sends a repair event into the lane of each record the
+    check would change. The sweep never writes: in the lane, behind the record's other
+    events, the check runs again on the record as freshly read, and what it returns then
+    is applied (nothing, if the record was fixed meanwhile), revision-checked. The worker
+    must import the check's module too (``-A``).
+    """
+
+    def decorate(check: RepairCheck) -> RepairCheck:
+        spec = job_spec(
+            check,
+            "repair",
+            name,
+            every=every,
+            cron=cron,
+            timezone=timezone,
+            overlap=overlap,
+            owns=tuple(owns),
+            prefix=prefix,
+        )
+        register_job(spec)
+        return check
+
+    return decorate
+
+
 __all__ = [
     "Change",
     "ChangeNotApplicable",
@@ -188,10 +296,15 @@ __all__ = [
     "FieldOwnership",
     "GiveUp",
     "InvalidEvent",
+    "JobFunction",
     "KeylaneError",
+    "LeaseLost",
     "Outcome",
+    "Record",
+    "RepairCheck",
     "RetryLater",
     "Review",
+    "Run",
     "Sent",
     "Snapshot",
     "Task",
@@ -202,6 +315,8 @@ __all__ = [
     "__version__",
     "apply_versioned",
     "configure",
+    "repair",
     "resource",
+    "schedule",
     "task",
 ]
