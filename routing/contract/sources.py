@@ -28,6 +28,11 @@ README "Sources" for a complete example. Per source:
 * ``owns``: the fields it may write; ``retention_s``: how long ids are remembered
   (default: the provider's longest retry window); ``on_dead_letter``: ``continue`` or
   ``hold`` (later events of the key wait until the review row is closed).
+
+The file may also declare scheduled jobs (``[schedules.<name>]``) and repairs
+(``[repairs.<name>]``), see :mod:`keylane.routing.contract.schedules`; each job or repair
+whose events change keylane's records is a source of its own, named after it
+(:meth:`Sources.with_jobs`), which the lanes know and the receiver does not.
 """
 
 from __future__ import annotations
