@@ -295,7 +295,7 @@ class ScheduleGateway:
         pipe = self.client.pipeline(transaction=True)
         pipe.sadd(self.keys.schedules, job)
         pipe.hset(state, "def", json.dumps(definition, sort_keys=True))
-        pipe.hsetnx(state, "last_tick", now_ms)
+        pipe.hsetnx(state, "last_tick", str(now_ms))
         pipe.hget(state, "last_tick")
         with broker_errors():
             replies = await pipe.execute()
@@ -303,8 +303,10 @@ class ScheduleGateway:
 
     async def set_next(self, job: str, tick_ms: int | None) -> None:
         """Note the job's next tick, for listings."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(self.keys.schedule(job), "next_tick", str(tick_ms or ""))
         with broker_errors():
-            await self.client.hset(self.keys.schedule(job), "next_tick", tick_ms or "")
+            await pipe.execute()
 
     async def step(
         self,

@@ -109,7 +109,7 @@ def test_the_readme_example_runs_as_written(tmp_path: Path, crm: str) -> None:
 
         wait_until(
             lambda: len(json_of("keylane schedules --json")) == 2,  # type: ignore[arg-type]
-            60,
+            120,
             "the scheduler to register both jobs",
             on_timeout=(tmp_path / "up.log").read_text,
         )
@@ -126,8 +126,9 @@ def test_the_readme_example_runs_as_written(tmp_path: Path, crm: str) -> None:
                         == 1
                         for c in CONTACTS
                     ),
-                    60,
+                    180,
                     "the contacts to be applied",
+                    on_timeout=(tmp_path / "up.log").read_text,
                 )
         assert "pull_changed_contacts" in outputs["keylane schedules"]
         assert "3 event(s) sent" in outputs["keylane run pull_changed_contacts"]
@@ -140,7 +141,12 @@ def test_the_readme_example_runs_as_written(tmp_path: Path, crm: str) -> None:
                 for c in CONTACTS
             ]
 
-        wait_until(lambda: domains() == ["analytical.example", "navy.example", None], 60, "repairs")
+        wait_until(
+            lambda: domains() == ["analytical.example", "navy.example", None],
+            180,
+            "the repairs to be applied",
+            on_timeout=(tmp_path / "up.log").read_text,
+        )
         listed = {s["job"]: s for s in json_of("keylane schedules --json")}  # type: ignore[attr-defined]
         assert listed["fill_domain"]["timing"] == "cron 0 3 * * * (Europe/Paris)"
         assert listed["fill_domain"]["next_run"].endswith(("T01:00:00Z", "T02:00:00Z"))
