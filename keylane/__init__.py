@@ -10,7 +10,18 @@ This module is the public import for user code::
 
     sync_contact.send({"email": "ada@example.com", "plan": "pro"}, event_id="order-17")
 
-and ``keylane worker -A myapp.tasks`` runs the tasks. The packages below it are keylane's own:
+and ``keylane worker -A myapp.tasks`` runs the tasks. Scheduled jobs and repairs::
+
+    @keylane.schedule(every="5m", owns=["email", "plan"])
+    def pull_contacts(run: keylane.Run) -> None:
+        ...  # run.change("contact:42", {"email": {"set": ...}}) for each changed contact
+
+    @keylane.repair(cron="0 3 * * *", timezone="Europe/Paris", owns=["domain"])
+    def fill_domain(record: keylane.Record) -> dict | None:
+        ...  # the change that repairs the record, or None
+
+run under ``keylane scheduler -A myapp.jobs`` (``keylane up`` starts one). The packages
+below it are keylane's own:
 
 * ``keylane.routing`` — pure key -> shard -> queue functions, and ``keylane.routing.contract``,
   what the receiver and the lanes share (events, wire messages, settings, errors, sources);
@@ -30,7 +41,18 @@ import os as _os
 if _os.path.islink(_os.path.join(__path__[0], "workers")):
     __path__.insert(0, _os.path.dirname(_os.path.realpath(_os.path.join(__path__[0], "workers"))))
 
-from .api import Task, TaskFunction, configure, resource, task
+from .api import (
+    JobFunction,
+    RepairCheck,
+    Task,
+    TaskFunction,
+    configure,
+    repair,
+    resource,
+    schedule,
+    task,
+)
+from .producers.runs import Run
 from .producers.sender import Sent
 from .routing.contract.errors import (
     BrokerUnavailable,
@@ -39,6 +61,7 @@ from .routing.contract.errors import (
     FieldNotOwned,
     InvalidEvent,
     KeylaneError,
+    LeaseLost,
     ResourceError,
     ResourceRefused,
     ResourceUnavailable,
@@ -50,6 +73,7 @@ from .routing.contract.events import Change, Event
 from .routing.contract.sources import FieldOwnership
 from .workers.destinations import Conflict, Context, Done, GiveUp, Outcome, RetryLater
 from .workers.resource import Review, Snapshot, VersionedResource, Written, apply_versioned
+from .workers.store import Record
 
 __version__ = "0.1.0"
 
@@ -66,13 +90,18 @@ __all__ = [
     "FieldOwnership",
     "GiveUp",
     "InvalidEvent",
+    "JobFunction",
     "KeylaneError",
+    "LeaseLost",
     "Outcome",
+    "Record",
+    "RepairCheck",
     "ResourceError",
     "ResourceRefused",
     "ResourceUnavailable",
     "RetryLater",
     "Review",
+    "Run",
     "Sent",
     "Snapshot",
     "Task",
@@ -85,6 +114,8 @@ __all__ = [
     "__version__",
     "apply_versioned",
     "configure",
+    "repair",
     "resource",
+    "schedule",
     "task",
 ]

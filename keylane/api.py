@@ -1,5 +1,6 @@
 """What ``import keylane`` gives user code, as behaviour: registering tasks and sending them
-events, pointing the process at a deployment, opening a resource for a task.
+events, registering scheduled jobs and repairs, pointing the process at a deployment,
+opening a resource for a task.
 
 The names are re-exported by :mod:`keylane`; this module holds what they do. It sits on top
 of the house (it may use producers, workers and ops, and nothing inside keylane imports it).
@@ -9,9 +10,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from .ops.embedded_redis import with_embedded_redis
+from .producers.runs import Run
 from .producers.sender import Sender, Sent
 from .routing.contract.destinations import TASK_PREFIX
 from .routing.contract.errors import (
@@ -19,6 +22,7 @@ from .routing.contract.errors import (
     InvalidEvent,
 )
 from .routing.contract.events import Event
+from .routing.contract.schedules import DEFAULT_OVERLAP, job_spec, register_job
 from .routing.contract.settings import Settings, load_settings
 from .routing.contract.sources import load_sources
 from .workers.destinations import Context
@@ -26,6 +30,7 @@ from .workers.resource import (
     VersionedResource,
 )
 from .workers.resources import open_resource
+from .workers.store import Record
 from .workers.tasks import KeyRule, TaskSpec, register
 
 #: What a task function looks like: it gets the event and its context, and returns
@@ -80,15 +85,17 @@ class Task:
         """Queue ``payload`` for this task, on the lane of its record key. With an
         ``event_id``, a second send of the same id is a duplicate and runs nothing (the
         receiver's dedupe); ``InvalidEvent`` if that id came with another payload."""
-        return _get_sender().send(**self._event(payload, event_id, event_type))
+        return _get_sender().send(**self.event_fields(payload, event_id, event_type))
 
     async def send_async(
         self, payload: Any, *, event_id: str | None = None, event_type: str = "event"
     ) -> Sent:
         """:meth:`send` for async code."""
-        return await _get_sender().send_async(**self._event(payload, event_id, event_type))
+        return await _get_sender().send_async(**self.event_fields(payload, event_id, event_type))
 
-    def _event(self, payload: Any, event_id: str | None, event_type: str) -> dict[str, Any]:
+    def event_fields(self, payload: Any, event_id: str | None, event_type: str) -> dict[str, Any]:
+        """The fields of the event that carries ``payload`` to this task (what
+        :meth:`send` queues; a scheduled run's ``run.send(task, payload)`` too)."""
         try:
             record_key = self.spec.record_key(payload)
         except ValueError as exc:
@@ -149,5 +156,95 @@ def task(
 
     def decorate(fn: TaskFunction) -> Task:
         return Task(register(fn, key, name, destination, batch, debounce_ms))
+
+    return decorate
+
+
+#: What a scheduled job looks like: it gets its run, and sends events through it.
+JobFunction = Callable[[Run], Any]
+#: What a repair's check looks like: a record -> the change that repairs it, or None.
+RepairCheck = Callable[[Record], "dict[str, Any] | None"]
+
+
+def schedule(
+    *,
+    every: int | float | timedelta | str | None = None,
+    cron: str | None = None,
+    timezone: str | None = None,
+    name: str | None = None,
+    overlap: str = DEFAULT_OVERLAP,
+    on_interrupted: str = "rerun",
+    owns: list[str] | tuple[str, ...] = (),
+    source: str | None = None,
+) -> Callable[[JobFunction], JobFunction]:
+    """Register a function as a scheduled job, called with a :class:`Run` at each tick.
+
+    ``every``: an interval (``"5m"``, ``300``, ``timedelta(minutes=5)``; ticks at the
+    multiples of it since the epoch, UTC), or ``cron`` (five fields) with an explicit
+    ``timezone`` (``"Europe/Paris"``, ``"UTC"``). ``overlap``: what a tick that comes while
+    the previous run still runs becomes — ``"skip"`` (the default: counted, logged, and
+    covered by the next run's ``run.since``) or ``"buffer_one"`` (it runs right after, at
+    most one waits; more are skipped). ``on_interrupted``: a run whose scheduler died is
+    run again (``"rerun"``, the default; its events keep their ids, so nothing has a second
+    effect) or counted and left (``"skip"``). ``owns``: the fields of keylane's records its
+    ``run.change(...)`` may set (its events come from a source named after the job), or
+    ``source``: a source of the sources file whose rules they follow instead.
+    """
+
+    def decorate(fn: JobFunction) -> JobFunction:
+        spec = job_spec(
+            fn,
+            "job",
+            name,
+            every=every,
+            cron=cron,
+            timezone=timezone,
+            overlap=overlap,
+            on_interrupted=on_interrupted,
+            owns=tuple(owns),
+            source=source,
+        )
+        register_job(spec)
+        return fn
+
+    return decorate
+
+
+def repair(
+    *,
+    owns: list[str] | tuple[str, ...],
+    every: int | float | timedelta | str | None = None,
+    cron: str | None = None,
+    timezone: str | None = None,
+    name: str | None = None,
+    prefix: str = "",
+    overlap: str = DEFAULT_OVERLAP,
+) -> Callable[[RepairCheck], RepairCheck]:
+    """Register a check as a repair: given a record of keylane's store, it returns the
+    change that repairs it (``{"domain": {"set": "example.com"}}``, fields of ``owns``
+    only), or None when the record is fine.
+
+    A sweep (at the schedule's ticks, and ``keylane repair NAME``) reads the records whose
+    keys start with ``prefix`` and sends a repair event into the lane of each record the
+    check would change. The sweep never writes: in the lane, behind the record's other
+    events, the check runs again on the record as freshly read, and what it returns then
+    is applied (nothing, if the record was fixed meanwhile), revision-checked. The worker
+    must import the check's module too (``-A``).
+    """
+
+    def decorate(check: RepairCheck) -> RepairCheck:
+        spec = job_spec(
+            check,
+            "repair",
+            name,
+            every=every,
+            cron=cron,
+            timezone=timezone,
+            overlap=overlap,
+            owns=tuple(owns),
+            prefix=prefix,
+        )
+        register_job(spec)
+        return check
 
     return decorate

@@ -22,6 +22,7 @@ from .cli_common import (
 )
 from .cli_dlq import dlq
 from .cli_records import records
+from .cli_schedules import repair, run_command, scheduler, schedules
 from .observability import init_sentry
 
 
@@ -78,7 +79,8 @@ def main() -> None:
 )
 @click.pass_context
 def up(ctx: click.Context, no_flower: bool, check: bool) -> None:
-    """Run receiver, workers and Flower (and an embedded Redis if none is configured)."""
+    """Run receiver, workers, a scheduler and Flower (and an embedded Redis if none is
+    configured)."""
     from .up import Supervisor, UpOptions
 
     settings = settings_of(ctx)
@@ -159,7 +161,8 @@ def flower(ctx: click.Context) -> None:
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """Shards (owner, fencing token, depth, oldest message, records in flight and waiting),
-    the records that wait (why, attempts, when due, events behind them) and workers."""
+    the records that wait (why, attempts, when due, events behind them), workers,
+    destinations and scheduled jobs."""
     from .deployment_view import DeploymentView
     from .status import collect_status
     from .tables import render_table
@@ -191,6 +194,11 @@ def status(ctx: click.Context, as_json: bool) -> None:
         columns += ["calls", "done", "retried", "waits"]
         rows = [[d.get(c, 0) for c in columns] for d in report["destinations"]]
         click.echo(render_table(columns, rows))
+    if report["schedules"]:
+        from .cli_schedules import schedule_table
+
+        click.echo("")
+        click.echo(render_table(*schedule_table(report["schedules"])))
     if report["unowned"]:
         click.echo(f"\nunowned shards: {report['unowned']}")
 
@@ -261,6 +269,8 @@ def audit(ctx: click.Context, as_json: bool) -> None:
 
 cli.add_command(records)
 cli.add_command(dlq)
+for command in (scheduler, schedules, run_command, repair):
+    cli.add_command(command)
 accept_deployment_options(cli)
 
 

@@ -14,6 +14,11 @@ import redis
 from ..routing import ShardMap
 from ..routing.contract.destinations import FlowState, flow_states, queue_flow_reads
 from ..routing.contract.replies import reply_int, reply_text
+from ..routing.contract.schedule_state import (
+    ScheduleState,
+    queue_schedule_reads,
+    schedule_states,
+)
 from ..routing.redis_keys import RedisKeys
 from ..workers.brokers.redis import broker_errors
 
@@ -198,6 +203,33 @@ class DeploymentView:
             pipe = self.client.pipeline(transaction=False)
             queue_flow_reads(pipe, self.keys, names)
             return flow_states(pipe.execute(), names)
+
+    def schedules(self) -> list[ScheduleState]:
+        """Every scheduled job's state: its definition, the run in progress, the buffered
+        tick, the last run, the next tick, its tick and run counters."""
+        with broker_errors():
+            members: Any = self.client.smembers(self.keys.schedules)
+            names = sorted(reply_text(n) for n in members)
+            pipe = self.client.pipeline(transaction=False)
+            queue_schedule_reads(pipe, self.keys, names)
+            return schedule_states(pipe.execute(), names)
+
+    def schedule_log(self, count: int | None = None) -> list[dict[str, str]]:
+        """The scheduled jobs' run log (started, finished, interrupted, skipped, buffered,
+        missed), oldest first; the last ``count`` entries when given."""
+        with broker_errors():
+            if count is None:
+                entries: Any = self.client.xrange(self.keys.schedule_log, "-", "+")
+            else:
+                newest: Any = self.client.xrevrange(self.keys.schedule_log, count=count)
+                entries = list(reversed(newest))
+        return [
+            {
+                "id": reply_text(entry_id),
+                **{reply_text(k): reply_text(v) for k, v in fields.items()},
+            }
+            for entry_id, fields in entries
+        ]
 
     def close(self) -> None:
         """Release the connection pool."""

@@ -56,6 +56,7 @@ def collect_status(settings: Settings, view: DeploymentView) -> dict[str, Any]:
             }
             for d in view.destinations()
         ],
+        "schedules": [state.as_dict() for state in view.schedules()],
     }
 
 

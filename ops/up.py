@@ -2,11 +2,12 @@
 
 Starts (in this order) the embedded Redis when no ``KEYLANE_REDIS_URL`` is set, the
 store schema, the shard workers (one on SQLite, which takes one writer process), the
-receiver and Flower; restarts a child that dies, the embedded Redis included (on the same
+receiver, a scheduler (scheduled jobs, repair sweeps, keylane's maintenance) and Flower;
+restarts a child that dies, the embedded Redis included (on the same
 port and directory: its append-only file, fsynced on every write, holds everything it
 acknowledged), with back-off; on SIGTERM or Ctrl-C stops the receiver first (no new
-deliveries), then the workers (each finishes and acknowledges its in-flight messages and
-releases its shards), then Flower and Redis.
+deliveries) and the scheduler (its runs finish first), then the workers (each finishes and
+acknowledges its in-flight messages and releases its shards), then Flower and Redis.
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ class Supervisor:
         for n in range(s.worker_process_count()):
             self.children.append(Child(f"worker-{n}", [*me, "worker"]))
         self.children.append(Child("receiver", [*me, "serve"]))
+        self.children.append(Child("scheduler", [*me, "scheduler"]))
         if self.options.flower:
             self.children.append(Child("flower", [*me, "flower"]))
         for child in self.children:
@@ -198,7 +200,8 @@ class Supervisor:
                 self._spawn(child)
 
     def _shutdown(self) -> None:
-        order = ["receiver", "worker", "flower"]
+        # The scheduler before the workers: its runs' last events still get applied.
+        order = ["receiver", "scheduler", "worker", "flower"]
         for prefix in order:
             group = [c for c in self.children if c.name.startswith(prefix)]
             for child in group:

@@ -15,6 +15,7 @@ event that survives a Redis crash.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -24,14 +25,25 @@ from redis.exceptions import RedisError
 
 from ..routing import ShardMap
 from ..routing.contract import redis_scripts as scripts
-from ..routing.contract.destinations import FlowState, flow_states, queue_flow_reads
+from ..routing.contract.destinations import (
+    EXCERPT_CHARS,
+    FlowState,
+    flow_states,
+    queue_flow_reads,
+)
 from ..routing.contract.errors import BrokerUnavailable
 from ..routing.contract.events import Event
 from ..routing.contract.message import build_event_message
 from ..routing.contract.replies import reply_text
+from ..routing.contract.schedule_state import (
+    ScheduleState,
+    queue_schedule_reads,
+    schedule_states,
+)
+from ..routing.contract.schedules import RunLease
 from ..routing.redis_keys import RedisKeys
 
-Verdict = Literal["accepted", "duplicate", "reused", "full"]
+Verdict = Literal["accepted", "duplicate", "reused", "full", "fenced"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,7 @@ class MetricSnapshot:
     members: int
     held: int
     destinations: list[FlowState] = field(default_factory=list)
+    schedules: list[ScheduleState] = field(default_factory=list)
 
 
 def accepted_answer(event: Event, queue: str) -> dict[str, Any]:
@@ -88,6 +101,7 @@ class ReceiverGateway:
         self.keys = keys
         self.shards = shards
         self._accept_event = client.register_script(scripts.ACCEPT_EVENT)
+        self._accept_fenced = client.register_script(scripts.ACCEPT_FENCED)
         self._record_id_reuse = client.register_script(scripts.RECORD_ID_REUSE)
 
     @classmethod
@@ -111,17 +125,21 @@ class ReceiverGateway:
         retention_ms: int,
         high_water: int,
         key_missing: bool = False,
+        lease: RunLease | None = None,
     ) -> EnqueueResult:
         """Push ``message`` and mark ``event_id`` seen, unless already seen or the shard
-        queue is at its high-water mark."""
+        queue is at its high-water mark, or (``lease``) the scheduled run that sends it
+        no longer holds its lease (``fenced``)."""
+        keys = [
+            self.keys.dedupe(source, event_id),
+            self.keys.queue(queue),
+            self.keys.counters,
+            self.keys.depth,
+        ]
+        fence = [] if lease is None else [lease.value]
         result = await self._run(
-            self._accept_event,
-            [
-                self.keys.dedupe(source, event_id),
-                self.keys.queue(queue),
-                self.keys.counters,
-                self.keys.depth,
-            ],
+            self._accept_event if lease is None else self._accept_fenced,
+            keys if lease is None else [*keys, lease.key],
             [
                 body_sha256,
                 message,
@@ -131,6 +149,7 @@ class ReceiverGateway:
                 self.keys.doorbell,
                 shard,
                 "1" if key_missing else "0",
+                *fence,
             ],
         )
         verdict, detail = (reply_text(x) for x in result)
@@ -144,9 +163,11 @@ class ReceiverGateway:
         retention_ms: int,
         high_water: int,
         batch: int = 1,
+        lease: RunLease | None = None,
     ) -> EnqueueResult:
         """:meth:`accept` for ``event``, as the apply message of ``queue`` (``batch``: the
-        source's batch limit, see :func:`build_event_message`)."""
+        source's batch limit, see :func:`build_event_message`; ``lease``: a scheduled
+        run's)."""
         return await self.accept(
             source=event.source,
             event_id=event.event_id,
@@ -158,6 +179,7 @@ class ReceiverGateway:
             retention_ms=retention_ms,
             high_water=high_water,
             key_missing=event.key_missing,
+            lease=lease,
         )
 
     async def record_reuse(self, event: Event, queue: str, retention_ms: int) -> bool:
@@ -210,19 +232,149 @@ class ReceiverGateway:
         pipe.zcard(self.keys.members)
         pipe.hlen(self.keys.held)
         pipe.smembers(self.keys.destinations)
+        pipe.smembers(self.keys.schedules)
         with broker_errors():
-            counters, latency, members, held, names = await pipe.execute()
+            counters, latency, members, held, names, jobs = await pipe.execute()
             names = sorted(reply_text(n) for n in names)
+            jobs = sorted(reply_text(n) for n in jobs)
             flow = self.client.pipeline(transaction=False)
             queue_flow_reads(flow, self.keys, names)
-            destinations = flow_states(await flow.execute(), names)
+            queue_schedule_reads(flow, self.keys, jobs)
+            replies = await flow.execute()
+            split = 1 + 3 * len(names)
+            destinations = flow_states(replies[:split], names)
+            schedules = schedule_states(replies[split:], jobs)
         return MetricSnapshot(
             counters={reply_text(k): float(v) for k, v in counters.items()},
             latency={reply_text(k): float(v) for k, v in latency.items()},
             members=int(members),
             held=int(held),
             destinations=destinations,
+            schedules=schedules,
         )
+
+    async def close(self) -> None:
+        """Release the connection pool."""
+        await self.client.aclose()
+
+    @staticmethod
+    async def _run(script: Any, keys: list[str], args: list[Any]) -> Any:
+        with broker_errors():
+            return await script(keys=keys, args=args)
+
+
+@dataclass(frozen=True)
+class StepReply:
+    """What one step of a job did (see ``SCHEDULE_STEP``): ``start`` (this caller runs
+    ``tick`` under ``token``), ``none``, ``stale`` (the caller's last tick was out of date)
+    or ``busy`` (a manual run found one going, by ``owner``)."""
+
+    kind: Literal["start", "none", "stale", "busy"]
+    last_tick: str
+    tick: int = 0
+    token: int = 0
+    attempt: int = 1
+    since: int | None = None
+    owner: str = ""
+
+
+class ScheduleGateway:
+    """Typed access to Redis for the scheduler (asyncio): each job's step, its run's
+    lease, the end of a run, and the run log, each one script."""
+
+    def __init__(self, client: aioredis.Redis, keys: RedisKeys, log_max: int = 100_000) -> None:
+        self.client = client
+        self.keys = keys
+        self.log_max = log_max
+        self._step = client.register_script(scripts.SCHEDULE_STEP)
+        self._finish = client.register_script(scripts.SCHEDULE_FINISH)
+        self._renew = client.register_script(scripts.RENEW_RUN_LEASE)
+        self._release = client.register_script(scripts.RELEASE_RUN_LEASE)
+
+    @classmethod
+    def from_url(cls, url: str, keys: RedisKeys) -> ScheduleGateway:
+        """Connect to Redis at ``url``, with timeouts so a dead server is an error."""
+        client = aioredis.Redis.from_url(
+            url, socket_timeout=5, socket_connect_timeout=5, health_check_interval=15
+        )
+        return cls(client, keys)
+
+    async def now_ms(self) -> int:
+        """Redis's clock: every scheduler process judges ticks by the same one."""
+        with broker_errors():
+            seconds, micros = await self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def register(self, job: str, definition: dict[str, Any], now_ms: int) -> str:
+        """Make ``job`` known (listed, its definition shown); a job seen for the first
+        time starts at its first tick after ``now_ms``. Returns its last tick."""
+        state = self.keys.schedule(job)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.sadd(self.keys.schedules, job)
+        pipe.hset(state, "def", json.dumps(definition, sort_keys=True))
+        pipe.hsetnx(state, "last_tick", str(now_ms))
+        pipe.hget(state, "last_tick")
+        with broker_errors():
+            replies = await pipe.execute()
+        return reply_text(replies[-1])
+
+    async def set_next(self, job: str, tick_ms: int | None) -> None:
+        """Note the job's next tick, for listings."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(self.keys.schedule(job), "next_tick", str(tick_ms or ""))
+        with broker_errors():
+            await pipe.execute()
+
+    async def step(
+        self,
+        job: str,
+        owner: str,
+        ttl_ms: int,
+        due: int | None,
+        missed: int,
+        last_tick: str,
+        overlap: str,
+        on_interrupted: str,
+        mode: Literal["tick", "manual"] = "tick",
+    ) -> StepReply:
+        """One step of ``job`` (see ``SCHEDULE_STEP``)."""
+        keys = [self.keys.schedule(job), self.keys.schedule_lease(job), self.keys.schedule_log]
+        args = [owner, ttl_ms, job, "" if due is None else due, missed, last_tick]
+        args += [overlap, on_interrupted, self.log_max, mode]
+        reply = [reply_text(x) for x in await self._run(self._step, keys, args)]
+        kind, last = reply[0], reply[1]
+        if kind == "start":
+            since = int(reply[5]) if reply[5] else None
+            return StepReply("start", last, int(reply[2]), int(reply[3]), int(reply[4]), since)
+        if kind == "busy":
+            return StepReply("busy", last, owner=reply[2])
+        return StepReply(kind, last)  # type: ignore[arg-type]
+
+    async def renew(self, lease: RunLease, ttl_ms: int) -> bool:
+        """Extend the run's lease, if it still holds it."""
+        return bool(await self._run(self._renew, [lease.key], [lease.value, ttl_ms]))
+
+    async def finish(
+        self,
+        lease: RunLease,
+        tick: int,
+        token: int,
+        outcome: str,
+        error: str,
+        sent: int,
+        duplicates: int,
+    ) -> bool:
+        """Record the end of a run and free its lease; False if the lease was no longer
+        the run's (it was taken over: nothing is recorded)."""
+        job = lease.job
+        keys = [self.keys.schedule(job), lease.key, self.keys.schedule_log]
+        args = [lease.value, outcome, error[:EXCERPT_CHARS], sent, duplicates, tick, job, token]
+        return bool(await self._run(self._finish, keys, [*args, self.log_max]))
+
+    async def release(self, lease: RunLease) -> bool:
+        """Give a run's lease up before it finished (a scheduler stopping): the next
+        step of any scheduler finds the run interrupted."""
+        return bool(await self._run(self._release, [lease.key], [lease.value]))
 
     async def close(self) -> None:
         """Release the connection pool."""

@@ -211,6 +211,41 @@ class _Snapshot(Collector):
         held.add_metric([], self.snapshot.held)
         yield held
         yield from self._destinations()
+        yield from self._schedules()
+
+    def _schedules(self) -> Iterable[Any]:
+        ticks = CounterMetricFamily(
+            "keylane_schedule_ticks",
+            "Ticks of each scheduled job by what became of them: started (at its time), "
+            "buffered (after the previous run), skipped (a run was going), missed (no "
+            "scheduler ran it at its time).",
+            labels=["job", "outcome"],
+        )
+        runs = CounterMetricFamily(
+            "keylane_schedule_runs",
+            "Runs of each scheduled job by outcome: ok, failed, interrupted (its scheduler "
+            "died or paused past the lease), rerun (an interrupted run started again).",
+            labels=["job", "outcome"],
+        )
+        running = GaugeMetricFamily(
+            "keylane_schedule_running_seconds",
+            "How long the job's run in progress has run (0: none runs).",
+            labels=["job"],
+        )
+        success = GaugeMetricFamily(
+            "keylane_schedule_last_success_timestamp_seconds",
+            "Scheduled time of the job's last run that ended without error.",
+            labels=["job"],
+        )
+        for state in self.snapshot.schedules:
+            for outcome, count in state.ticks.items():
+                ticks.add_metric([state.job, outcome], count)
+            for outcome, count in state.runs.items():
+                runs.add_metric([state.job, outcome], count)
+            running.add_metric([state.job], state.running_for_s or 0.0)
+            if state.last_success is not None:
+                success.add_metric([state.job], state.last_success / 1000)
+        return [ticks, runs, running, success]
 
     def _destinations(self) -> Iterable[Any]:
         label = ["destination"]

@@ -18,8 +18,15 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..routing.contract.errors import BrokerUnavailable, InvalidEvent
-from ..routing.contract.events import MAX_ID_CHARS, MAX_KEY_CHARS, Event, check_json_value
+from ..routing.contract.errors import BrokerUnavailable, InvalidEvent, LeaseLost
+from ..routing.contract.events import (
+    MAX_ID_CHARS,
+    MAX_KEY_CHARS,
+    Change,
+    Event,
+    check_json_value,
+)
+from ..routing.contract.schedules import RunLease
 from ..routing.contract.settings import Settings
 from .gateway import ReceiverGateway, accepted_answer
 from .intake import KEYLESS_PREFIX
@@ -51,33 +58,39 @@ class Sender:
         self._thread.start()
         self._gateway: ReceiverGateway | None = None
 
-    def send(self, batch: int = 1, **fields: Any) -> Sent:
+    def send(self, batch: int = 1, lease: RunLease | None = None, **fields: Any) -> Sent:
         """Queue an event built from ``fields`` (the keyword arguments of
         :func:`new_event`: source, destination, payload, record_key, event_id,
-        event_type), deduplicated on ``(source, event_id)`` (no id: a unique one, never a
-        duplicate); ``batch``: how many of its record's waiting events a lane may take
-        with it (a batch task's limit). Raises :class:`InvalidEvent` for an id reused with
-        another payload, :class:`BrokerUnavailable` when Redis or the shard cannot take
-        it now."""
+        event_type, changes), deduplicated on ``(source, event_id)`` (no id: a unique
+        one, never a duplicate); ``batch``: how many of its record's waiting events a lane
+        may take with it (a batch task's limit); ``lease``: a scheduled run's, without
+        which nothing is accepted (:class:`LeaseLost`). Raises :class:`InvalidEvent` for
+        an id reused with another payload, :class:`BrokerUnavailable` when Redis or the
+        shard cannot take it now."""
         event = new_event(self.settings, **fields)
-        future = asyncio.run_coroutine_threadsafe(self._accept(event, batch), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._accept(event, batch, lease), self._loop)
         return future.result(SEND_TIMEOUT_S)
 
-    async def send_async(self, batch: int = 1, **fields: Any) -> Sent:
+    async def send_async(
+        self, batch: int = 1, lease: RunLease | None = None, **fields: Any
+    ) -> Sent:
         """:meth:`send` for async code (the same keyword arguments)."""
         event = new_event(self.settings, **fields)
-        future = asyncio.run_coroutine_threadsafe(self._accept(event, batch), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._accept(event, batch, lease), self._loop)
         return await asyncio.wrap_future(future)
 
-    async def _accept(self, event: Event, batch: int) -> Sent:
+    async def _accept(self, event: Event, batch: int, lease: RunLease | None) -> Sent:
         s = self.settings
         if self._gateway is None:
             self._gateway = ReceiverGateway.from_url(s.redis_dsn(), s.keys, s.shards)
         queue = s.shards.queue_name(event.shard)
         answer = json.dumps(accepted_answer(event, queue))
         result = await self._gateway.accept_event(
-            event, queue, answer, s.dedupe_retention_s * 1000, s.shard_high_water, batch
+            event, queue, answer, s.dedupe_retention_s * 1000, s.shard_high_water, batch, lease
         )
+        if result.verdict == "fenced":
+            assert lease is not None
+            raise LeaseLost(lease.job, f"event {event.event_id} refused")
         if result.verdict == "reused":
             raise InvalidEvent(
                 f"event id {event.event_id!r} was sent before with another payload",
@@ -101,13 +114,15 @@ class Sender:
 def new_event(
     settings: Settings,
     source: str,
-    destination: str,
+    destination: str | None,
     payload: Any,
     record_key: str,
     event_id: str | None = None,
     event_type: str = "event",
+    changes: dict[str, Change] | None = None,
 ) -> Event:
-    """An event for ``destination`` carrying ``payload`` (``InvalidEvent`` if it cannot be)."""
+    """An event for ``destination`` carrying ``payload``, or (``destination`` None) a
+    change to one of keylane's records (``InvalidEvent`` if it cannot be)."""
     try:
         check_json_value(payload, "the payload")
         body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
@@ -123,7 +138,7 @@ def new_event(
             event_id=event_id or f"{KEYLESS_PREFIX}{uuid.uuid4()}",
             event_type=event_type,
             record_key=record_key,
-            changes={},
+            changes=changes or {},
             body_sha256=hashlib.sha256(body).hexdigest(),
             accepted_at=time.time(),
             shard=settings.shards.shard_for_key(record_key),

@@ -169,6 +169,27 @@ class RedisKeys:
         """Hash of a destination's counters (calls, done, waits, retries, ...)."""
         return f"{self.prefix}flow:{destination}:counters"
 
+    @property
+    def schedules(self) -> str:
+        """Set of the scheduled jobs' names (for ``keylane schedules``, status, metrics)."""
+        return f"{self.prefix}schedules"
+
+    def schedule(self, job: str) -> str:
+        """Hash: one scheduled job's state (definition, last tick, the run in progress and
+        its fencing counter, the buffered tick, the last outcome, tick and run counters)."""
+        return f"{self.prefix}schedule:{job}"
+
+    def schedule_lease(self, job: str) -> str:
+        """The lease of a job's run in progress: ``owner/token``, with a TTL the run's
+        heartbeat renews. Absent while a run is marked in progress: its scheduler died."""
+        return f"{self.prefix}schedule-lease:{job}"
+
+    @property
+    def schedule_log(self) -> str:
+        """Stream of what the scheduler did with each tick and run (started, finished,
+        interrupted, skipped, buffered, missed), in Redis's order: the runs' journal."""
+        return f"{self.prefix}schedule-log"
+
     def once(self, marker: str) -> str:
         """Marker that an operator's message (e.g. the retry of one dead letter) was queued."""
         return f"{self.prefix}once:{marker}"

@@ -681,6 +681,21 @@ def test_record_keys_lists_by_literal_prefix_in_key_order(store: Store) -> None:
     assert store.record_keys("nothing") == []
 
 
+def test_scan_records_pages_through_a_prefix_in_key_order(store: Store) -> None:
+    # Given records under two prefixes
+    for n in range(7):
+        store.write_outside(f"contact:{n}", {"n": n}, 0)
+    store.write_outside("deal:1", {"n": 99}, 0)
+    # When a sweep reads the contacts three at a time, each page after the last key
+    pages, after = [], ""
+    while page := store.scan_records("contact:", after, 3):
+        pages.append([(r.key, r.fields["n"], r.revision) for r in page])
+        after = page[-1].key
+    # Then it reads every contact once, in key order, with its fields and revision
+    assert [len(p) for p in pages] == [3, 3, 1]
+    assert [row for p in pages for row in p] == [(f"contact:{n}", n, 1) for n in range(7)]
+
+
 JSON_SAMPLE = {
     "name": "Zoë Ångström — 東京 🚀",
     "rtl": "שלום",

@@ -128,7 +128,7 @@ def test_up_runs_the_stack_on_an_embedded_redis(tmp_path: Path, redis_from: str)
     text = log_path.read_text()
     assert code == 0, text
     pids = [int(p) for p in re.findall(r"started \S+ \(pid (\d+)\)", text)]
-    assert len(pids) == 3, text  # worker, receiver, flower
+    assert len(pids) == 4, text  # worker, receiver, scheduler, flower
     deadline = time.monotonic() + 10
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)

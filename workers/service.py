@@ -64,8 +64,10 @@ class LaneService:
     ) -> None:
         self.settings = settings
         self.worker_id = worker_id or new_worker_id()
-        self.sources = sources or load_sources(settings)
-        self.destinations = prepare_destinations(settings, self.sources)
+        configured = sources or load_sources(settings)
+        self.destinations = prepare_destinations(settings, configured)
+        # After the app's import: its scheduled jobs and repairs are registered by then.
+        self.sources = configured.with_jobs(configured.scheduled_jobs())
         self.broker = RedisLaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
         info: dict[str, object] = {
             "host": socket.gethostname(),
@@ -134,8 +136,11 @@ def prepare_destinations(settings: Settings, sources: Sources) -> dict[str, Dest
 
 def check_worker_config(settings: Settings) -> list[str]:
     """What a worker checks before it starts (the app imports, every destination can be
-    opened); the destination names. Raises ``ConfigError``."""
-    destinations = prepare_destinations(settings, load_sources(settings))
+    opened, the scheduled jobs load and their sources fit); the destination names.
+    Raises ``ConfigError``."""
+    sources = load_sources(settings)
+    destinations = prepare_destinations(settings, sources)
+    sources.with_jobs(sources.scheduled_jobs())
     for destination in destinations.values():
         destination.close()
     return sorted(destinations)

@@ -233,6 +233,11 @@ class Store(ABC):
         """Record keys starting with ``prefix``, in key order."""
 
     @abstractmethod
+    def scan_records(self, prefix: str = "", after: str = "", limit: int = 500) -> list[Record]:
+        """Up to ``limit`` records whose keys start with ``prefix`` and sort after
+        ``after``, in key order: a repair sweep reads the store page by page."""
+
+    @abstractmethod
     def journal_size(self) -> int:
         """How many event ids the journal holds."""
 

@@ -110,6 +110,15 @@ class StaleFence(NotOwner):
         self.current = current
 
 
+class LeaseLost(KeylaneError):
+    """A scheduled run's lease expired or was taken (its scheduler paused or lost Redis):
+    the run must stop; nothing it sends is accepted any more (fencing)."""
+
+    def __init__(self, job: str, detail: str = "") -> None:
+        super().__init__(f"job {job} lost its run's lease" + (f": {detail}" if detail else ""))
+        self.job = job
+
+
 class BrokerUnavailable(KeylaneError):
     """Redis cannot take or give messages right now."""
 

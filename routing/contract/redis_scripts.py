@@ -1,4 +1,5 @@
-"""The receiver's Lua scripts and the destinations' flow control, named for what they do.
+"""The receiver's and the scheduler's Lua scripts and the destinations' flow control, named
+for what they do.
 
 Each runs atomically: that is the whole point of keeping every step that must not be
 split (accept = dedupe + enqueue) in one script. The receiver's gateway
@@ -38,6 +39,17 @@ if ARGV[8] == '1' then redis.call('HINCRBY', KEYS[3], 'keyless', 1) end
 return {'accepted', ARGV[3]}
 """
 
+# The accept script of a scheduled run's events, fenced: nothing is accepted unless the
+# run still holds its job's lease (a scheduler that paused past its lease, or was taken
+# over, can send nothing more). KEYS and ARGV as ACCEPT_EVENT, then KEYS[5] = the job's
+# lease, ARGV[9] = the run's lease value.
+ACCEPT_FENCED = (
+    """
+if redis.call('GET', KEYS[5]) ~= ARGV[9] then return {'fenced', ''} end
+"""
+    + ACCEPT_EVENT
+)
+
 # Queue one review message per distinct body sent under a reused event id.
 RECORD_ID_REUSE = """
 if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then
@@ -46,6 +58,134 @@ if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then
   return 1
 end
 return 0
+"""
+
+# -- scheduled jobs ----------------------------------------------------------------------
+
+# One step of one job, by any scheduler process, all of it atomic (two schedulers never
+# both start a run, nor both count one tick). KEYS = (state hash, run lease, log stream);
+# ARGV = (owner, lease ttl ms, job, due tick ms or '', ticks missed before it, the last
+# tick the caller computed from, overlap policy, on_interrupted, log max length, mode).
+# In order:
+# 1. a run marked in progress whose lease is gone was interrupted (its scheduler died or
+#    paused past the lease): logged, and re-run at once by this caller (same tick,
+#    attempt + 1) when on_interrupted is 'rerun';
+# 2. a due tick newer than the last one: counted (with the ticks missed before it); run
+#    by this caller if no run is in progress, else buffered (buffer_one, one at most)
+#    or skipped — each counted and logged, none silent;
+# 3. no run in progress and a buffered tick: it runs now.
+# mode 'manual': a run now (ARGV[4] is its tick), outside the schedule, if none runs.
+# Returns {'start', last tick, tick, token, attempt, since} for a run this caller must
+# carry out, {'stale', last tick} when the caller's last tick is out of date (nothing
+# done), {'none', last tick}, or {'busy', last tick, owner} (manual: a run is going).
+SCHEDULE_STEP = """
+local state, lease, log = KEYS[1], KEYS[2], KEYS[3]
+local owner, job = ARGV[1], ARGV[3]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local last = redis.call('HGET', state, 'last_tick') or '0'
+if ARGV[10] == 'tick' and ARGV[4] ~= '' and last ~= ARGV[6] then return {'stale', last} end
+local function note(kind, tick, ...)
+  redis.call('XADD', log, 'MAXLEN', '~', ARGV[9], '*', 'event', kind, 'job', job,
+    'tick', tick, 'at', now, ...)
+end
+local function start(tick, attempt)
+  local token = redis.call('HINCRBY', state, 'fence', 1)
+  redis.call('SET', lease, owner .. '/' .. token, 'PX', ARGV[2])
+  local since = redis.call('HGET', state, 'last_success') or ''
+  redis.call('HSET', state, 'running', tick, 'token', token, 'attempt', attempt,
+    'owner', owner, 'since', since, 'started_at', now)
+  redis.call('HINCRBY', state, attempt == 1 and 'runs_started' or 'runs_rerun', 1)
+  note('started', tick, 'token', token, 'owner', owner, 'attempt', attempt)
+  return {'start', redis.call('HGET', state, 'last_tick') or '0', tick, token, attempt, since}
+end
+local running = redis.call('HGET', state, 'running') or ''
+local result = nil
+if running ~= '' and redis.call('EXISTS', lease) == 0 then
+  redis.call('HSET', state, 'running', '')
+  redis.call('HINCRBY', state, 'runs_interrupted', 1)
+  note('interrupted', running, 'token', redis.call('HGET', state, 'token'),
+    'owner', redis.call('HGET', state, 'owner'))
+  if ARGV[8] == 'rerun' then
+    result = start(running, tonumber(redis.call('HGET', state, 'attempt')) + 1)
+  else
+    redis.call('HSET', state, 'last_outcome', 'interrupted', 'last_run', running,
+      'last_finished_at', now)
+    running = ''
+  end
+end
+if ARGV[10] == 'manual' then
+  if running ~= '' then return {'busy', last, redis.call('HGET', state, 'owner')} end
+  return start(ARGV[4], 1)
+end
+if ARGV[4] ~= '' then
+  redis.call('HSET', state, 'last_tick', ARGV[4])
+  local missed = tonumber(ARGV[5])
+  if missed > 0 then
+    redis.call('HINCRBY', state, 'ticks_missed', missed)
+    note('missed', ARGV[4], 'count', missed, 'after', last)
+  end
+  if running ~= '' then
+    if ARGV[7] == 'buffer_one' and (redis.call('HGET', state, 'buffered') or '') == '' then
+      redis.call('HSET', state, 'buffered', ARGV[4])
+      redis.call('HINCRBY', state, 'ticks_buffered', 1)
+      note('buffered', ARGV[4], 'behind', running)
+    else
+      redis.call('HINCRBY', state, 'ticks_skipped', 1)
+      note('skipped', ARGV[4], 'behind', running, 'policy', ARGV[7])
+    end
+  else
+    redis.call('HINCRBY', state, 'ticks_started', 1)
+    return start(ARGV[4], 1)
+  end
+end
+if result then return result end
+if running == '' then
+  local buffered = redis.call('HGET', state, 'buffered') or ''
+  if buffered ~= '' then
+    redis.call('HSET', state, 'buffered', '')
+    return start(buffered, 1)
+  end
+end
+return {'none', redis.call('HGET', state, 'last_tick') or '0'}
+"""
+
+# A run ended, if it still holds its lease (else it was taken over: nothing is written).
+# KEYS = (state hash, run lease, log stream); ARGV = (lease value, outcome ('ok' or
+# 'failed'), error, events sent, of them duplicates, tick, job, token, log max length).
+SCHEDULE_FINISH = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], 'running', '', 'last_outcome', ARGV[2], 'last_run', ARGV[6],
+  'last_finished_at', now, 'last_error', ARGV[3], 'last_sent', ARGV[4])
+if ARGV[2] == 'ok' then
+  redis.call('HINCRBY', KEYS[1], 'runs_ok', 1)
+  if tonumber(ARGV[6]) > tonumber(redis.call('HGET', KEYS[1], 'last_success') or '0') then
+    redis.call('HSET', KEYS[1], 'last_success', ARGV[6])
+  end
+else
+  redis.call('HINCRBY', KEYS[1], 'runs_failed', 1)
+end
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[9], '*', 'event', 'finished', 'job', ARGV[7],
+  'tick', ARGV[6], 'at', now, 'token', ARGV[8], 'outcome', ARGV[2], 'sent', ARGV[4],
+  'duplicates', ARGV[5], 'error', ARGV[3])
+return 1
+"""
+
+# Extend a run's lease, only while it is still the run's. KEYS = (lease); ARGV = (value, ttl ms).
+RENEW_RUN_LEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+# Give a run's lease up, only if it is still the run's. KEYS = (lease); ARGV = (value).
+RELEASE_RUN_LEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
 """
 
 # -- destinations: flow control shared by every worker --------------------------------

@@ -28,6 +28,11 @@ README "Sources" for a complete example. Per source:
 * ``owns``: the fields it may write; ``retention_s``: how long ids are remembered
   (default: the provider's longest retry window); ``on_dead_letter``: ``continue`` or
   ``hold`` (later events of the key wait until the review row is closed).
+
+The file may also declare scheduled jobs (``[schedules.<name>]``) and repairs
+(``[repairs.<name>]``), see :mod:`keylane.routing.contract.schedules`; each job or repair
+whose events change keylane's records is a source of its own, named after it
+(:meth:`Sources.with_jobs`), which the lanes know and the receiver does not.
 """
 
 from __future__ import annotations
@@ -50,6 +55,14 @@ from .errors import ConfigError
 from .events import OPS, check_field_name
 from .mapping import check_reference, check_template, is_reference
 from .names import TABLE_NAME
+from .schedules import (
+    RECHECK_HANDLER,
+    JobSpec,
+    RepairConfig,
+    ScheduleConfig,
+    register_job,
+    registered_jobs,
+)
 from .settings import MAX_BATCH, Settings
 from .signing import NoneConfig, VerifyConfig
 
@@ -285,13 +298,44 @@ class Sources:
     """The configured sources (and destinations), by name."""
 
     def __init__(
-        self, sources: list[SourceConfig], destinations: list[DestinationConfig] | None = None
+        self,
+        sources: list[SourceConfig],
+        destinations: list[DestinationConfig] | None = None,
+        jobs: list[ScheduleConfig | RepairConfig] | None = None,
     ) -> None:
         self._by_name = {s.name: s for s in sources}
         implied = [task_destination(s.task) for s in sources if s.task is not None]
         self.destinations = {d.name: d for d in [*implied, *(destinations or [])]}
+        self.jobs = list(jobs or [])  # [schedules.X] and [repairs.X], functions not imported
         for source in sources:
             self._check_destination(source)
+
+    def with_jobs(self, jobs: list[JobSpec]) -> Sources:
+        """These sources and one more per scheduled job or repair whose events change
+        keylane's records (named after it, owning its ``owns``; a repair's calls its check
+        again on the lane's fresh read): what the lanes look events up in. A job that
+        names a configured ``source`` must find it."""
+        implied = []
+        for job in jobs:
+            if job.source is not None:
+                if job.source not in self._by_name:
+                    raise ConfigError(f"job {job.name}: no [sources.{job.source}] table")
+                continue
+            if not job.owns:
+                continue
+            if job.name in self._by_name:
+                raise ConfigError(f"job {job.name}: a source has the same name; rename one")
+            handler = RECHECK_HANDLER if job.kind == "repair" else None
+            implied.append(SourceConfig(name=job.name, owns=job.owns, handler=handler))
+        return Sources(self.all() + implied, list(self.destinations.values()), self.jobs)
+
+    def scheduled_jobs(self) -> list[JobSpec]:
+        """Every scheduled job and repair of this process: those registered with
+        ``@keylane.schedule`` / ``@keylane.repair`` (import the app modules first) and the
+        sources file's, whose functions are imported and registered here."""
+        for config in self.jobs:
+            register_job(config.spec())
+        return registered_jobs()
 
     def _check_destination(self, source: SourceConfig) -> None:
         name = source.destination or source.records_in
@@ -333,15 +377,20 @@ def parse_sources(text: str, origin: str = "sources file") -> Sources:
     tables = data.get("sources")
     if not isinstance(tables, dict) or not tables:
         raise ConfigError(f"{origin}: no [sources.<name>] table")
-    unknown = set(data) - {"sources", "destinations"}
+    unknown = set(data) - {"sources", "destinations", "schedules", "repairs"}
     if unknown:
         raise ConfigError(f"{origin}: unknown top-level key(s) {', '.join(sorted(unknown))}")
     destinations = data.get("destinations", {})
     if not isinstance(destinations, dict):
         raise ConfigError(f"{origin}: destinations are [destinations.<name>] tables")
+    jobs: list[ScheduleConfig | RepairConfig] = [
+        *_tables(data.get("schedules", {}), ScheduleConfig, f"{origin}: schedule"),
+        *_tables(data.get("repairs", {}), RepairConfig, f"{origin}: repair"),
+    ]
     return Sources(
         _tables(tables, SourceConfig, f"{origin}: source"),
         _tables(destinations, DestinationConfig, f"{origin}: destination"),
+        jobs,
     )
 
 

@@ -131,6 +131,14 @@ class Stack:
         """Start a worker process."""
         return self._spawn("worker", ["worker", "--lanes", str(lanes)], **env)
 
+    def scheduler(self, **env: Any) -> Proc:
+        """Start a scheduler process (scheduled jobs and repair sweeps) and wait until it
+        has registered its jobs."""
+        proc = self._spawn("scheduler", ["scheduler"], **env)
+        wait_until(lambda: "job(s):" in proc.log() or not proc.alive(), 60, "scheduler to start")
+        assert proc.alive(), proc.log()
+        return proc
+
     def writers(self, wanted: int) -> int:
         """How many worker processes a test that wants ``wanted`` may run at once: SQLite
         takes one writer process (a second one refuses to start)."""

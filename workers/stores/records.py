@@ -57,3 +57,14 @@ def keys_with_prefix(cur: Cursor, prefix: str, limit: int) -> list[str]:
         (len(prefix), prefix, limit),
     )
     return [str(r[0]) for r in cur.fetchall()]
+
+
+def records_after(d: Dialect, cur: Cursor, prefix: str, after: str, limit: int) -> list[Record]:
+    """Up to ``limit`` records whose keys start with ``prefix`` and sort after ``after``,
+    in key order (a sweep's page: each page a read of its own, no long transaction)."""
+    cur.execute(
+        f"SELECT key, {d.json_out('fields')}, revision, updated_at FROM records "
+        "WHERE key > ? AND substr(key, 1, ?) = ? ORDER BY key LIMIT ?",
+        (after, len(prefix), prefix, limit),
+    )
+    return [Record(str(r[0]), json.loads(r[1]), int(r[2]), float(r[3])) for r in cur.fetchall()]

@@ -33,7 +33,7 @@ from .dead_letters import (
 from .dialect import Cursor, Dialect
 from .fences import check_fence, lock_fence, stored_token, upsert_fence
 from .journal import count_entries, find_entry, list_entries, record_outcome
-from .records import keys_with_prefix, read_record, write_record
+from .records import keys_with_prefix, read_record, records_after, write_record
 from .schema import schema_ddl
 
 
@@ -127,6 +127,10 @@ class SqlStore(Store):
     def record_keys(self, prefix: str = "", limit: int = 100) -> list[str]:
         with self.dialect.cursor() as cur:
             return keys_with_prefix(cur, prefix, limit)
+
+    def scan_records(self, prefix: str = "", after: str = "", limit: int = 500) -> list[Record]:
+        with self.dialect.cursor() as cur:
+            return records_after(self.dialect, cur, prefix, after, limit)
 
     def fence_of(self, shard: int) -> int:
         with self.dialect.cursor() as cur:

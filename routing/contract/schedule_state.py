@@ -1,0 +1,129 @@
+"""Reading the scheduled jobs' state from Redis, the same way on every side: ``keylane
+schedules`` and ``keylane status`` (``ops``, sync client) and ``/metrics`` (the receiver,
+asyncio client) queue the same reads and parse the replies here.
+
+Every tick of a job ends up in exactly one of four counters, and in the run log:
+
+* ``started``: it ran at its time;
+* ``buffered``: a run was still going; it ran right after that run (``buffer_one``);
+* ``skipped``: a run was still going and the policy (``skip``, or ``buffer_one`` with a
+  tick already waiting) dropped it;
+* ``missed``: no scheduler ran it at its time (all were down, or busy past the next tick);
+  only the latest of a row of missed ticks runs, late.
+
+Runs: ``ok``, ``failed`` (the job raised), ``interrupted`` (its scheduler died or paused
+past the lease) and ``rerun`` (an interrupted run started again, same tick).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..redis_keys import RedisKeys
+from .replies import reply_text
+from .schedules import tick_text
+
+TICK_OUTCOMES = ("started", "buffered", "skipped", "missed")
+RUN_OUTCOMES = ("ok", "failed", "interrupted", "rerun")
+
+
+@dataclass(frozen=True)
+class ScheduleState:
+    """One job as Redis holds it."""
+
+    job: str
+    definition: dict[str, Any]
+    running_tick: int | None
+    runner: str | None  # the lease value (owner/token) of the run in progress
+    running_for_s: float | None
+    attempt: int
+    buffered_tick: int | None
+    last_run: int | None
+    last_outcome: str | None
+    last_error: str | None
+    last_finished_at: int | None
+    last_success: int | None
+    next_tick: int | None
+    ticks: dict[str, int] = field(default_factory=dict)
+    runs: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready, ticks as ISO 8601 text."""
+        return {
+            "job": self.job,
+            **self.definition,
+            "running": _text(self.running_tick),
+            "runner": self.runner,
+            "running_for_s": self.running_for_s,
+            "attempt": self.attempt if self.running_tick is not None else None,
+            "buffered": _text(self.buffered_tick),
+            "last_run": _text(self.last_run),
+            "last_outcome": self.last_outcome,
+            "last_error": self.last_error or None,
+            "last_success": _text(self.last_success),
+            "next_run": _text(self.next_tick),
+            "ticks": dict(self.ticks),
+            "runs": dict(self.runs),
+        }
+
+
+def _text(ms: int | None) -> str | None:
+    return None if ms is None else tick_text(ms)
+
+
+def queue_schedule_reads(pipe: Any, keys: RedisKeys, names: list[str]) -> None:
+    """Queue on a Redis pipeline (sync or asyncio) what :func:`schedule_states` needs,
+    for the jobs ``names`` (the members of ``keys.schedules``)."""
+    pipe.time()
+    for name in names:
+        pipe.hgetall(keys.schedule(name))
+        pipe.get(keys.schedule_lease(name))
+
+
+def schedule_states(replies: list[Any], names: list[str]) -> list[ScheduleState]:
+    """The jobs' states from the replies of :func:`queue_schedule_reads`."""
+    seconds, micros = replies[0]
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    out = []
+    for i, name in enumerate(names):
+        raw, lease = replies[1 + 2 * i : 3 + 2 * i]
+        state = {reply_text(k): reply_text(v) for k, v in raw.items()}
+        out.append(_state(name, state, reply_text(lease) or None, now_ms))
+    return out
+
+
+def _state(name: str, s: dict[str, str], lease: str | None, now_ms: int) -> ScheduleState:
+    running = _ms(s.get("running"))
+    started_at = _ms(s.get("started_at"))
+    return ScheduleState(
+        job=name,
+        definition=json.loads(s["def"]) if s.get("def") else {},
+        running_tick=running,
+        runner=lease if running is not None else None,
+        running_for_s=(
+            round((now_ms - started_at) / 1000, 3)
+            if running is not None and started_at is not None
+            else None
+        ),
+        attempt=int(s.get("attempt") or 1),
+        buffered_tick=_ms(s.get("buffered")),
+        last_run=_ms(s.get("last_run")),
+        last_outcome=s.get("last_outcome") or None,
+        last_error=s.get("last_error") or None,
+        last_finished_at=_ms(s.get("last_finished_at")),
+        last_success=_ms(s.get("last_success")),
+        next_tick=_ms(s.get("next_tick")),
+        ticks={k: int(s.get(f"ticks_{k}") or 0) for k in TICK_OUTCOMES},
+        runs={
+            "ok": int(s.get("runs_ok") or 0),
+            "failed": int(s.get("runs_failed") or 0),
+            "interrupted": int(s.get("runs_interrupted") or 0),
+            "rerun": int(s.get("runs_rerun") or 0),
+        },
+    )
+
+
+def _ms(text: str | None) -> int | None:
+    return int(text) if text else None
