@@ -6,6 +6,7 @@ settings object (``ctx.obj``) that every subcommand uses.
 
 from __future__ import annotations
 
+import logging
 import signal
 
 import click
@@ -26,6 +27,7 @@ from .observability import init_sentry
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="keylane", prog_name="keylane", message="%(prog)s %(version)s")
 def cli() -> None:
     """keylane: webhook lanes with one owner per record and versioned writes.
 
@@ -145,6 +147,9 @@ def flower(ctx: click.Context) -> None:
 
     settings = settings_of(ctx)
     app = create_app(settings)
+    # Flower's own start-up lines are quiet at INFO (see configure_logging): say where it is.
+    where = f"http://{settings.flower_address}:{settings.flower_port}"
+    logging.getLogger("keylane.flower").info("Flower on %s", where)
     argv = ["flower", f"--port={settings.flower_port}", f"--address={settings.flower_address}"]
     if settings.flower_basic_auth is not None:
         argv.append(f"--basic-auth={settings.flower_basic_auth.get_secret_value()}")

@@ -38,6 +38,7 @@ from ..routing.contract.destinations import DestinationConfig, retry_delay_s
 from ..routing.contract.errors import AlreadyApplied
 from ..routing.contract.events import Event
 from ..routing.contract.faults import NO_FAULTS, Faults
+from ..routing.contract.logcontext import event_context
 from ..routing.contract.settings import Settings
 from ..routing.keys import message_digest
 from .apply import ApplyResult, dead_letter, event_write
@@ -135,12 +136,17 @@ class Dispatcher:
                 destination=config.name,
                 **notes,
             )
-            outcome = await self._call(io, destination, slot, events, context)
-            # A crash here: the call had its effect, the journal does not know it yet.
-            if self.faults:
-                await io.call(self.faults.hit, "destination.after_call", event.record_key)
-            if not isinstance(outcome, Conflict):
-                return await self._settle(io, fence, taken, events, destination, context, outcome)
+            # The call's log lines (the task's own among them) carry the attempt it is
+            # told, counting its retries, not only the message's deliveries.
+            with event_context(attempt=context.attempt):
+                outcome = await self._call(io, destination, slot, events, context)
+                # A crash here: the call had its effect, the journal does not know it yet.
+                if self.faults:
+                    await io.call(self.faults.hit, "destination.after_call", event.record_key)
+                if not isinstance(outcome, Conflict):
+                    return await self._settle(
+                        io, fence, taken, events, destination, context, outcome
+                    )
             log.info("conflict at %s (%s): running again", config.name, outcome.detail)
             if config.versioned:
                 notes = await io.call(self._write_notes, config, taken)
