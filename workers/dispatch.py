@@ -124,7 +124,8 @@ class Dispatcher:
                 slot,
                 config.max_in_flight,
                 config.rate_per_s,
-                int(config.timeout_s * 1000) + SLOT_MARGIN_MS,
+                _slot_ttl_ms(config),
+                config.adaptive,
             )
             if wait_s > 0:
                 return Wait(wait_s, why, requeue=destination.batched)
@@ -180,19 +181,31 @@ class Dispatcher:
         events: list[Event],
         ctx: Context,
     ) -> Outcome:
-        name = destination.config.name
+        config = destination.config
+        flow = self.gateway.flow
         try:
             if destination.batched:
                 outcome = await destination.call_batch(events, ctx, io.call)
             else:
                 outcome = await destination.call(events[0], ctx, io.call)
         except Exception:
-            await io.call(self.gateway.flow.release, name, slot, "failed")
+            await io.call(flow.release, config.name, slot, "failed", 0, False, _slot_ttl_ms(config))
             raise
         pause_s = 0.0
         if isinstance(outcome, RetryLater) and outcome.pause_destination:
             pause_s = outcome.delay_s or 0.0
-        await io.call(self.gateway.flow.release, name, slot, _counter(outcome), pause_s)
+        rate = await io.call(
+            flow.release,
+            config.name,
+            slot,
+            _counter(outcome),
+            pause_s,
+            _throttled(outcome),
+            _slot_ttl_ms(config),
+            config.adaptive,
+        )
+        if rate is not None:
+            log.info("%s: %s; calls to it slowed to %.2f/s", config.name, outcome.detail, rate)
         return outcome
 
     async def _settle(
@@ -243,6 +256,19 @@ class Dispatcher:
                 await destination.aclose()
             except Exception as exc:
                 log.debug("closing %s: %s", destination.config.name, exc)
+
+
+def _throttled(outcome: Outcome) -> bool:
+    """Whether the destination said "slower": a 429, or a wait it asked every caller for
+    (a Retry-After, a task's ``RetryLater(pause_destination=True)``)."""
+    paused = isinstance(outcome, RetryLater) and outcome.pause_destination
+    return paused or outcome.status == 429
+
+
+def _slot_ttl_ms(config: DestinationConfig) -> int:
+    """How long a call's flow-control slot lives: past the call's time-out, then it frees
+    itself (its worker died mid-call)."""
+    return int(config.timeout_s * 1000) + SLOT_MARGIN_MS
 
 
 def _idempotency_key(events: list[Event]) -> str:

@@ -346,12 +346,11 @@ class Lanes:
         if isinstance(results, Wait):  # waiting is not a failure
             if results.requeue:  # a batch: taken together again, with what came meanwhile
                 await self.io.call(self.gateway.requeue, lease, [q.raw for q in batch])
-                asyncio.get_running_loop().call_later(
-                    results.seconds, self.doorbell.ring, lease.shard
-                )
             else:
                 await self.io.call(self.gateway.uncount_delivery, lease.shard, taken.raw)
             self.ownership.back_off(lease.shard, results.seconds)
+            # The wait ends on a timer, not when an idle scan happens to reach the shard.
+            asyncio.get_running_loop().call_later(results.seconds, self.doorbell.ring, lease.shard)
             return None
         done = list(zip(batch, results, strict=False))
         acks = []
