@@ -161,43 +161,29 @@ def flower(ctx: click.Context) -> None:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option(
+    "--stuck-after",
+    default="60s",
+    show_default=True,
+    help="A shard whose oldest event is older than this is shown as stuck (90s, 15m, 2h).",
+)
 @click.pass_context
-def status(ctx: click.Context, as_json: bool) -> None:
-    """Shards (owner, fencing token, depth, oldest message, in flight) and workers."""
+def status(ctx: click.Context, as_json: bool, stuck_after: str) -> None:
+    """Stuck and busy shards first (owner, fencing token, depth, oldest event, the event in
+    flight), the idle ones in one line; workers; destinations and every outcome of their
+    calls; counters."""
     from .status import collect_status
-    from .tables import render_table
+    from .status_text import render_status
     from .telemetry import DeploymentView
+    from .triage import parse_age
 
     settings = settings_of(ctx)
     view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)
-    report = collect_status(settings, view)
+    report = collect_status(settings, view, parse_age(stuck_after))
     if as_json:
         emit_json(report)
         return
-    click.echo(
-        render_table(
-            ["shard", "owner", "token", "depth", "oldest_s", "in_flight"],
-            [
-                [s["shard"], s["owner"], s["token"], s["depth"], s["oldest_age_s"], s["in_flight"]]
-                for s in report["shards"]
-            ],
-        )
-    )
-    click.echo("")
-    click.echo(
-        render_table(
-            ["worker", "shards", "heartbeat_age_s"],
-            [[w["worker"], w["shards"], w["heartbeat_age_s"]] for w in report["workers"]],
-        )
-    )
-    if report["destinations"]:
-        click.echo("")
-        columns = ["destination", "in_flight", "max_in_flight", "rate_per_s", "next_token_s"]
-        columns += ["calls", "done", "retried", "waits"]
-        rows = [[d.get(c, 0) for c in columns] for d in report["destinations"]]
-        click.echo(render_table(columns, rows))
-    if report["unowned"]:
-        click.echo(f"\nunowned shards: {report['unowned']}")
+    click.echo(render_status(report))
 
 
 @cli.command("check")
