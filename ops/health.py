@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..routing.contract.settings import Settings
-from ..workers.stores import open_store
+from .cli_common import cli_store
 from .status import collect_status
 from .telemetry import DeploymentView
 
@@ -59,9 +59,8 @@ def _redis(settings: Settings) -> Check:
 
 
 def _store(settings: Settings) -> Check:
-    store = open_store(settings.store_dsn(), settings.store_timeout_ms, settings.sqlite_synchronous)
+    store = cli_store(settings)  # creates nothing: a store that is not there fails the check
     try:
-        store.migrate()
         store.fence_of(0)
     finally:
         store.close()
