@@ -336,10 +336,14 @@ def describe_failure(
 ) -> str:
     """The text of a destination's dead letter: what was sent, what came back."""
     request = destination.describe(events[0], ctx)
+    lines = [f"{destination.config.name}: {outcome.detail or type(outcome).__name__}"]
+    if "resource" in request and isinstance(outcome, GiveUp):
+        # A version-checked destination's review says itself what was read, written and
+        # found (a change refused for a field it does not own was never sent at all).
+        return "\n".join(lines)
     target = request.get("url") or (
         f"task {request['task']}" if "task" in request else f"the record in {request['resource']}"
     )
-    lines = [f"{destination.config.name}: {outcome.detail or type(outcome).__name__}"]
     batch = f" (one call for {len(events)} events of the record)" if len(events) > 1 else ""
     lines.append(f"{what} {ctx.attempt} call(s) to {target}{batch}")
     if outcome.response:
