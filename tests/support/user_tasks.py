@@ -91,3 +91,14 @@ def sync_list(events: list[keylane.Event], ctx: keylane.Context) -> keylane.Done
 def save_draft(events: list[keylane.Event], ctx: keylane.Context) -> keylane.Done:
     """A debounced batch task: a burst of edits to one draft is saved with one call."""
     return _post_batch(events, ctx)
+
+
+@keylane.task(key="signup:{email}")
+def flaky_signup(event: keylane.Event, ctx: keylane.Context) -> keylane.Done:
+    """Refuses a plan it does not know; fails ``fail_first`` times before it syncs."""
+    if event.payload.get("plan") == "unknown":
+        raise keylane.GiveUp("the CRM does not know the plan 'unknown'")
+    if ctx.attempt <= int(event.payload.get("fail_first", 0)):
+        raise keylane.RetryLater("CRM busy", delay_s=0.05)
+    ctx.log.info("synced (attempt %s)", ctx.attempt)
+    return keylane.Done()
