@@ -118,7 +118,8 @@ def run_once(opts: Options, adaptive: bool, es: ExitStack) -> Run:
     mode = "adaptive" if adaptive else "fixed"
     limited = Limited(opts.admit, opts.retry_after_s)
     server = serve(limited)
-    es.callback(server.shutdown)
+    es.callback(server.server_close)
+    es.callback(server.shutdown)  # first (the stack unwinds in reverse)
     bench = Bench(_bench_options(opts), es)
     path = bench.tmp / "sources.toml"
     url = f"http://127.0.0.1:{server.server_address[1]}"
