@@ -192,7 +192,8 @@ class Lanes:
         process can take from them meanwhile), at most ``TAKE_WINDOW`` at a time: the
         rung ones first, then the others in rotation.
         """
-        leases = self.ownership.reserve(self.doorbell.hints(), TAKE_WINDOW)
+        hints = self.doorbell.hints()
+        leases = self.ownership.reserve(hints, TAKE_WINDOW)
         if not leases:
             return False
         taken = None
@@ -204,6 +205,11 @@ class Lanes:
                     self.ownership.end(lease.shard)
         if taken is None:
             return False
+        # The take served the first rung shard with a message; the others rung with it
+        # (waits that ended together) are rung again for another lane, not forgotten.
+        for lease in leases:
+            if lease.shard != taken.shard and lease.shard in hints:
+                self.doorbell.ring(lease.shard)
         lease = next(lease for lease in leases if lease.shard == taken.shard)
         try:
             step: Step | None = Step(taken)
