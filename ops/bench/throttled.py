@@ -25,6 +25,7 @@ from collections import deque
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import pairwise
 from typing import Any
 
 import click
@@ -96,6 +97,7 @@ class Run:
     calls: int
     throttled: int
     busiest_second: int
+    longest_gap_s: float  # between two calls the destination saw: a stall shows here
 
     @property
     def events_per_s(self) -> float:
@@ -164,6 +166,8 @@ def _figures(mode: str, limited: Limited, opts: Options) -> Run:
             raise BenchFailure(f"{mode}: order o{order} delivered out of order: {seqs}")
     times = [at for at, _ in ok]
     busiest = max(sum(1 for u in times if t <= u < t + 1.0) for t in times)
+    starts = [at for at, _, _ in calls]
+    gap = max((b - a for a, b in pairwise(starts)), default=0.0)
     return Run(
         mode=mode,
         events=len(ids),
@@ -171,6 +175,7 @@ def _figures(mode: str, limited: Limited, opts: Options) -> Run:
         calls=len(calls),
         throttled=sum(1 for _, status, _ in calls if status == 429),
         busiest_second=busiest,
+        longest_gap_s=gap,
     )
 
 
@@ -233,11 +238,14 @@ def main(**kwargs: Any) -> None:
         f"keylane configured at rate_per_s = {opts.rate:g}; {opts.events} events over "
         f"{opts.records} records; load average {load[0]:.1f} at the start"
     )
-    print(f"{'RATE':<10}{'EVENTS/S':>10}{'ELAPSED S':>11}{'CALLS':>7}{'429S':>6}{'BUSIEST 1S':>12}")
+    print(
+        f"{'RATE':<10}{'EVENTS/S':>10}{'ELAPSED S':>11}{'CALLS':>7}{'429S':>6}"
+        f"{'BUSIEST 1S':>12}{'LONGEST GAP S':>15}"
+    )
     for run in runs:
         print(
             f"{run.mode:<10}{run.events_per_s:>10.2f}{run.elapsed_s:>11.1f}{run.calls:>7}"
-            f"{run.throttled:>6}{run.busiest_second:>12}"
+            f"{run.throttled:>6}{run.busiest_second:>12}{run.longest_gap_s:>15.2f}"
         )
     print("every event delivered once, each record's events in order")
 
