@@ -104,6 +104,8 @@ def serve(ctx: click.Context) -> None:
     settings = settings_of(ctx)
     init_sentry(settings, "receiver")  # before the app exists: the integration wraps it
     app = create_receiver(settings)
+    if settings.log_level != "DEBUG":
+        logging.getLogger("uvicorn.error").addFilter(_UvicornStartSteps())
     # uvicorn drains on SIGTERM/SIGINT, then raises the signal again for the previous
     # handler: a handler of ours turns that graceful stop into exit code 0.
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -117,6 +119,15 @@ def serve(ctx: click.Context) -> None:
         access_log=False,
         timeout_graceful_shutdown=10,
     )
+
+
+class _UvicornStartSteps(logging.Filter):
+    """uvicorn's start-up steps: three lines before the one that says where it listens."""
+
+    STEPS = ("Started server process", "Waiting for application startup", "Application startup")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.STEPS)
 
 
 @cli.command()
