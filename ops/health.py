@@ -1,8 +1,8 @@
 """``keylane check`` (and ``keylane up --check``): health as an exit code, for orchestrators.
 
-Checks, each with a one-line verdict: Redis answers; the store answers; every shard has a
-live owner; no shard's oldest message is older than a limit; and, when given a receiver
-URL, the receiver is ready.
+Checks, each with a one-line verdict: Redis answers; the store answers (creating nothing);
+every shard has a live owner; no shard's oldest event (queued or in flight) is older than
+a limit; and, when given a receiver URL, the receiver is ready.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def _shards(settings: Settings, max_age_s: float | None) -> Check:
         ]
         if stale:
             return Check(
-                "shards", False, f"shard(s) {stale[:10]} have messages older than {max_age_s:.0f}s"
+                "shards", False, f"shard(s) {stale[:10]} have events older than {max_age_s:.0f}s"
             )
     workers = len(report["workers"])
     return Check("shards", True, f"all {settings.shard_count} owned by {workers} worker(s)")
