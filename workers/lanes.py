@@ -205,10 +205,12 @@ class Lanes:
                     self.ownership.end(lease.shard)
         if taken is None:
             return False
-        # The take served the first rung shard with a message; the others rung with it
-        # (waits that ended together) are rung again for another lane, not forgotten.
-        for lease in leases:
-            if lease.shard != taken.shard and lease.shard in hints:
+        # The take serves the first shard of the window that has a message: the rung
+        # shards after it (waits that ended together) were not looked at, and are rung
+        # again for another lane rather than forgotten.
+        looked_at = [lease.shard for lease in leases].index(taken.shard)
+        for lease in leases[looked_at + 1 :]:
+            if lease.shard in hints:
                 self.doorbell.ring(lease.shard)
         lease = next(lease for lease in leases if lease.shard == taken.shard)
         try:
