@@ -6,6 +6,7 @@ settings object (``ctx.obj``) that every subcommand uses.
 
 from __future__ import annotations
 
+import logging
 import signal
 
 import click
@@ -27,6 +28,7 @@ from .observability import init_sentry
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="keylane", prog_name="keylane", message="%(prog)s %(version)s")
 def cli() -> None:
     """keylane: webhook lanes with one owner per record and versioned writes.
 
@@ -104,6 +106,8 @@ def serve(ctx: click.Context) -> None:
     settings = settings_of(ctx)
     init_sentry(settings, "receiver")  # before the app exists: the integration wraps it
     app = create_receiver(settings)
+    if settings.log_level != "DEBUG":
+        logging.getLogger("uvicorn.error").addFilter(_UvicornStartSteps())
     # uvicorn drains on SIGTERM/SIGINT, then raises the signal again for the previous
     # handler: a handler of ours turns that graceful stop into exit code 0.
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -117,6 +121,15 @@ def serve(ctx: click.Context) -> None:
         access_log=False,
         timeout_graceful_shutdown=10,
     )
+
+
+class _UvicornStartSteps(logging.Filter):
+    """uvicorn's start-up steps: three lines before the one that says where it listens."""
+
+    STEPS = ("Started server process", "Waiting for application startup", "Application startup")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.STEPS)
 
 
 @cli.command()
@@ -147,6 +160,9 @@ def flower(ctx: click.Context) -> None:
 
     settings = settings_of(ctx)
     app = create_app(settings)
+    # Flower's own start-up lines are quiet at INFO (see configure_logging): say where it is.
+    where = f"http://{settings.flower_address}:{settings.flower_port}"
+    logging.getLogger("keylane.flower").info("Flower on %s", where)
     argv = ["flower", f"--port={settings.flower_port}", f"--address={settings.flower_address}"]
     if settings.flower_basic_auth is not None:
         argv.append(f"--basic-auth={settings.flower_basic_auth.get_secret_value()}")
@@ -158,49 +174,30 @@ def flower(ctx: click.Context) -> None:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option(
+    "--stuck-after",
+    default="60s",
+    show_default=True,
+    help="A shard whose oldest event is older than this is shown as stuck (90s, 15m, 2h).",
+)
 @click.pass_context
-def status(ctx: click.Context, as_json: bool) -> None:
-    """Shards (owner, fencing token, depth, oldest message, records in flight and waiting),
-    the records that wait (why, attempts, when due, events behind them), workers,
-    destinations and scheduled jobs."""
+def status(ctx: click.Context, as_json: bool, stuck_after: str) -> None:
+    """Stuck and busy shards first (owner, fencing token, depth, oldest event, records in
+    flight and waiting), the idle ones in one line; the records that wait (why, attempts,
+    when due, events behind them); workers; destinations and every outcome of their calls;
+    scheduled jobs; counters."""
     from .deployment_view import DeploymentView
     from .status import collect_status
-    from .tables import render_table
+    from .status_text import render_status
+    from .triage import parse_age
 
     settings = settings_of(ctx)
     view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)
-    report = collect_status(settings, view)
+    report = collect_status(settings, view, parse_age(stuck_after))
     if as_json:
         emit_json(report)
         return
-    columns = ["shard", "owner", "token", "depth", "oldest_age_s", "in_flight", "waiting"]
-    headers = ["shard", "owner", "token", "depth", "oldest_s", "in_flight", "waiting"]
-    click.echo(render_table(headers, [[s[c] for c in columns] for s in report["shards"]]))
-    if report["waiting_records"]:
-        click.echo("")
-        columns = ["record_key", "shard", "state", "reason", "attempts", "due_in_s", "behind"]
-        rows = [[r.get(c) for c in columns] + [r.get("error")] for r in report["waiting_records"]]
-        click.echo(render_table([*columns, "error"], rows))
-    click.echo("")
-    click.echo(
-        render_table(
-            ["worker", "shards", "heartbeat_age_s"],
-            [[w["worker"], w["shards"], w["heartbeat_age_s"]] for w in report["workers"]],
-        )
-    )
-    if report["destinations"]:
-        click.echo("")
-        columns = ["destination", "in_flight", "max_in_flight", "rate_per_s", "next_token_s"]
-        columns += ["calls", "done", "retried", "waits"]
-        rows = [[d.get(c, 0) for c in columns] for d in report["destinations"]]
-        click.echo(render_table(columns, rows))
-    if report["schedules"]:
-        from .cli_schedules import schedule_table
-
-        click.echo("")
-        click.echo(render_table(*schedule_table(report["schedules"])))
-    if report["unowned"]:
-        click.echo(f"\nunowned shards: {report['unowned']}")
+    click.echo(render_status(report))
 
 
 @cli.command("check")

@@ -19,16 +19,21 @@ from typing import Any, TypeVar
 
 import click
 
+from ..routing.contract.errors import ConfigError, StoreMissing
 from ..routing.contract.logcontext import configure_logging
-from ..routing.contract.settings import Settings, env_var, load_settings
+from ..routing.contract.settings import InvalidSettings, Settings, env_var, load_settings
 from ..workers.store import Store
-from ..workers.stores import open_store
+from ..workers.stores import open_existing_store
 from .embedded_redis import with_embedded_redis
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _OVERRIDES = "keylane.overrides"
 _SETTINGS = "keylane.settings"
+
+
+#: The option of each setting that has one (setting name -> ``--option``), for messages.
+FLAGS: dict[str, str] = {}
 
 
 def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -43,6 +48,7 @@ def setting_param(flag: str, field: str, help_text: str, **kwargs: Any) -> click
     variable, both from :class:`Settings`."""
     default = Settings.model_fields[field].default
     shown = "none" if default is None else str(default)
+    FLAGS.setdefault(field, next(f for f in flag.split() if f.startswith("--")))
     return click.Option(
         [*flag.split(), field],
         default=None,
@@ -112,7 +118,10 @@ def settings_of(ctx: click.Context) -> Settings:
     by the options given (built once; logging is configured from them)."""
     root = ctx.find_root()
     if _SETTINGS not in root.meta:
-        settings = with_embedded_redis(load_settings(**root.meta.get(_OVERRIDES, {})))
+        try:
+            settings = with_embedded_redis(load_settings(**root.meta.get(_OVERRIDES, {})))
+        except InvalidSettings as exc:
+            raise ConfigError(exc.describe(FLAGS)) from None
         configure_logging(settings.log_level, settings.log_format)
         root.meta[_SETTINGS] = settings
     settings = root.meta[_SETTINGS]
@@ -121,11 +130,31 @@ def settings_of(ctx: click.Context) -> Settings:
 
 
 def cli_store(settings: Settings) -> Store:
-    """A store connection for one command (the schema is created if missing, so a fresh
-    data directory reads as empty rather than as an error)."""
-    store = open_store(settings.store_dsn(), settings.store_timeout_ms, settings.sqlite_synchronous)
-    store.migrate()
-    return store
+    """The deployment's store, for one command. Commands never create one (``keylane up``
+    and ``keylane worker`` do): a command run from another folder would otherwise open a
+    new, empty store there and answer "no such record". :class:`StoreMissing` says where
+    it looked and how to point it at the deployment."""
+    try:
+        return open_existing_store(
+            settings.store_dsn(), settings.store_timeout_ms, settings.sqlite_synchronous
+        )
+    except StoreMissing as exc:
+        raise StoreMissing(f"{exc}. {where_to_look(settings)}") from None
+
+
+def where_to_look(settings: Settings) -> str:
+    """How a command finds the deployment's store, for an error that found none."""
+    if settings.store_url is not None:
+        return (
+            "The store is KEYLANE_STORE_URL (--store-url): is it the one `keylane up` or "
+            "`keylane worker` uses, and has one of them started on it?"
+        )
+    return (
+        f"The store is the SQLite file of the data directory {settings.data_dir.resolve()} "
+        "(--data-dir / KEYLANE_DATA_DIR; default: keylane-data in the current folder). Run "
+        "the command from the folder `keylane up` runs in, or give its data directory: "
+        "keylane --data-dir /path/to/keylane-data ..."
+    )
 
 
 def emit_json(value: Any) -> None:

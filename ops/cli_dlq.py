@@ -21,9 +21,10 @@ from ..routing.contract.errors import KeylaneError
 from ..routing.contract.sources import load_sources
 from ..workers.brokers.redis import RedisLaneBroker
 from ..workers.store import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter, Store
-from .cli_common import age, cli_store, emit_json, settings_of, when
+from .cli_common import age, cli_store, emit_json, settings_of
+from .dlq_show import show_json, show_text
 from .tables import render_table
-from .triage import Handled, Triage, field_diffs, parse_age, record_now, stats_summary
+from .triage import Handled, Triage, field_diffs, kind_of, parse_age, record_now, stats_summary
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -158,74 +159,29 @@ def dlq_list(ctx: click.Context, /, all_statuses: bool, as_json: bool, **selecti
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def dlq_show(ctx: click.Context, /, row_id: int, as_json: bool) -> None:
-    """One row: why, when, and the attempted change beside the record as it is now
-    (``*`` marks the fields where applying the change now would change the record)."""
+    """One row: why, when, and what matters for its kind: for a change, the attempted
+    change beside the record as it is now, where it lives (``*`` marks the fields where
+    applying the change now would change the record); for a task or a forward, the
+    payload and the answer that came back."""
     settings = settings_of(ctx)
     store = cli_store(settings)
     try:
         row = store.dead_letter(row_id)
         if row is None:
             raise KeylaneError(f"no dead letter with id {row_id}")
-        record = record_now(row, store, load_sources(settings))
+        sources_file = None if settings.sources_file is None else str(settings.sources_file)
+        record = (
+            None
+            if kind_of(row) == "delivery"
+            else record_now(row, store, load_sources(settings), sources_file)
+        )
     finally:
         store.close()
-    diffs = field_diffs(row, record.fields)
+    diffs = [] if record is None else field_diffs(row, record.fields)
     if as_json:
-        emit_json(
-            {
-                **dead_letter_json(row),
-                "record_now": {
-                    "where": record.where,
-                    "revision": record.version,
-                    "fields": record.fields,
-                },
-                "fields": [
-                    {
-                        "field": d.field,
-                        "change": d.change,
-                        "now": d.now,
-                        "would_be": d.would_be,
-                        "differs": d.differs,
-                    }
-                    for d in diffs
-                ],
-            }
-        )
+        emit_json(show_json(dead_letter_json(row), row, record, diffs))
         return
-    click.echo(f"dead letter {row.id}  [{row.status}]  reason: {row.reason}")
-    click.echo(f"  event       {row.source}/{row.event_id}  ({row.event.get('event_type', '?')})")
-    click.echo(f"  record      {row.record_key}  (shard {row.shard})")
-    click.echo(
-        f"  revisions   read {row.revision_read}, found {row.revision_found}, "
-        f"now {record.version} (in {record.where})"
-    )
-    click.echo(f"  attempts    {row.attempts}   created {when(row.created_at)} UTC")
-    click.echo(f"  error       {row.error}")
-    if row.status != "open":
-        click.echo(
-            f"  {row.status:<11} by {row.status_by} at {when(row.status_at)}"
-            + (f": {row.note}" if row.note else "")
-        )
-    click.echo("")
-    click.echo(
-        render_table(
-            ["", "field", "attempted change", "now", "would be"],
-            [
-                [
-                    "*" if d.differs else "",
-                    d.field,
-                    json.dumps(d.change),
-                    _value(d.now),
-                    _value(d.would_be),
-                ]
-                for d in diffs
-            ],
-        )
-    )
-
-
-def _value(value: Any) -> str:
-    return value if isinstance(value, str) and value.startswith("(") else json.dumps(value)
+    click.echo("\n".join(show_text(row, record, diffs)))
 
 
 def _operator() -> str:

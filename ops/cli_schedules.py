@@ -10,6 +10,7 @@ import click
 
 from .cli_common import emit_json, setting_option, settings_of
 from .observability import init_sentry
+from .status_text import schedule_table
 
 APP_HELP = "Modules with your jobs and repairs, imported first (comma-separated)."
 
@@ -45,27 +46,6 @@ def schedules(ctx: click.Context, as_json: bool) -> None:
         emit_json(states)
         return
     click.echo(render_table(*schedule_table(states)))
-
-
-def schedule_table(states: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
-    """Headers and rows of the jobs' table (``keylane schedules``, ``keylane status``)."""
-    headers = ["job", "when", "overlap", "running", "last_run", "outcome", "next_run"]
-    headers += ["started", "buffered", "skipped", "missed", "interrupted"]
-    rows = [
-        [
-            s["job"],
-            s.get("timing"),
-            s.get("overlap"),
-            s["running"],
-            s["last_run"],
-            s["last_outcome"],
-            s["next_run"],
-            *(s["ticks"][k] for k in ("started", "buffered", "skipped", "missed")),
-            s["runs"]["interrupted"],
-        ]
-        for s in states
-    ]
-    return headers, rows
 
 
 @click.command("run")

@@ -13,6 +13,8 @@ import redis
 
 from ..routing import ShardMap
 from ..routing.contract.destinations import FlowState, flow_states, queue_flow_reads
+from ..routing.contract.errors import MalformedMessage
+from ..routing.contract.message import parse_message
 from ..routing.contract.replies import reply_int, reply_text
 from ..routing.contract.schedule_state import (
     ScheduleState,
@@ -152,12 +154,15 @@ class DeploymentView:
             )
         pipe = self.client.pipeline(transaction=False)
         for record in found:
-            pipe.llen(k.record(record["shard"], record["record_key"]))
+            key = k.record(record["shard"], record["record_key"])
+            pipe.llen(key)
+            pipe.lindex(key, 0)
         with broker_errors():
-            lengths = pipe.execute()
-        for record, length in zip(found, lengths, strict=True):
-            # the events behind the one in flight (or all of a waiting or held record's)
-            record["behind"] = max(0, int(length) - (1 if record["state"] == "in_flight" else 0))
+            replies = pipe.execute()
+        for i, record in enumerate(found):
+            length, head = replies[2 * i], replies[2 * i + 1]
+            record["behind"] = max(0, int(length) - 1)  # events of the record after its head
+            record.update(_head_event(head))
         return found
 
     def members(self) -> list[dict[str, Any]]:
@@ -234,3 +239,20 @@ class DeploymentView:
     def close(self) -> None:
         """Release the connection pool."""
         self.client.close()
+
+
+def _head_event(raw: bytes | None) -> dict[str, Any]:
+    """The event at a record's head (in flight, waiting or holding it up): which one, and
+    when it was accepted."""
+    try:
+        event = parse_message(raw).kwargs.get("event") if raw is not None else None
+    except MalformedMessage:
+        event = None
+    if not isinstance(event, dict):
+        return {"event": None, "accepted_at": None}
+    name = f"{event.get('source')}/{event.get('event_id')}"
+    accepted_at = event.get("accepted_at")
+    return {
+        "event": name,
+        "accepted_at": accepted_at if isinstance(accepted_at, int | float) else None,
+    }

@@ -1,8 +1,8 @@
 """``keylane check`` (and ``keylane up --check``): health as an exit code, for orchestrators.
 
-Checks, each with a one-line verdict: Redis answers; the store answers; every shard has a
-live owner; no shard's oldest message is older than a limit; and, when given a receiver
-URL, the receiver is ready.
+Checks, each with a one-line verdict: Redis answers; the store answers (creating nothing);
+every shard has a live owner; no shard's oldest event (queued or in flight) is older than
+a limit; and, when given a receiver URL, the receiver is ready.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..routing.contract.settings import Settings
-from ..workers.stores import open_store
+from .cli_common import cli_store
 from .deployment_view import DeploymentView
 from .status import collect_status
 
@@ -59,9 +59,8 @@ def _redis(settings: Settings) -> Check:
 
 
 def _store(settings: Settings) -> Check:
-    store = open_store(settings.store_dsn(), settings.store_timeout_ms, settings.sqlite_synchronous)
+    store = cli_store(settings)  # creates nothing: a store that is not there fails the check
     try:
-        store.migrate()
         store.fence_of(0)
     finally:
         store.close()
@@ -85,7 +84,7 @@ def _shards(settings: Settings, max_age_s: float | None) -> Check:
         ]
         if stale:
             return Check(
-                "shards", False, f"shard(s) {stale[:10]} have messages older than {max_age_s:.0f}s"
+                "shards", False, f"shard(s) {stale[:10]} have events older than {max_age_s:.0f}s"
             )
     workers = len(report["workers"])
     return Check("shards", True, f"all {settings.shard_count} owned by {workers} worker(s)")

@@ -1,4 +1,11 @@
-"""``keylane status``: who owns which shard, how deep each queue is, which workers live."""
+"""``keylane status``: who owns which shard, how deep each queue is, which records are in
+flight or wait and why, which workers live.
+
+:func:`collect_status` builds one JSON-ready report (``--json`` prints it as it is; the
+text view is :mod:`keylane.ops.status_text`). Each shard gets a ``state``: ``stuck`` (it
+has events and no owner, or its oldest event waits longer than ``stuck_after_s``),
+``busy`` (it has events) or ``idle``.
+"""
 
 from __future__ import annotations
 
@@ -10,28 +17,25 @@ from ..routing.contract.message import parse_message
 from ..routing.contract.settings import Settings
 from .deployment_view import DeploymentView
 
+#: A shard whose oldest event (queued, in flight or waiting) is older than this is ``stuck``.
+STUCK_AFTER_S = 60.0
 
-def collect_status(settings: Settings, view: DeploymentView) -> dict[str, Any]:
+
+def collect_status(
+    settings: Settings, view: DeploymentView, stuck_after_s: float = STUCK_AFTER_S
+) -> dict[str, Any]:
     """A JSON-ready picture of the deployment."""
     now = time.time()
-    shards = []
-    for state in view.shard_states():
-        holder = state.pop("holder")
-        head = state.pop("head")
-        state["owner"] = holder.rsplit("/", 1)[0] if holder else None
-        state["token"] = int(holder.rsplit("/", 1)[1]) if holder else None
-        head_event = _event_of(head)
-        state["oldest_age_s"] = round(now - head_event["accepted_at"], 3) if head_event else None
-        shards.append(state)
-    busy = [s["shard"] for s in shards if s["in_flight"] or s["waiting"]]
-    records = view.records(busy)
+    shards = [_shard(state, now) for state in view.shard_states()]
+    records = view.records([s["shard"] for s in shards if s["in_flight"] or s["waiting"]])
     for record in records:
         shard = shards[record["shard"]]
         shard.setdefault("records", []).append(record)
-        since = record.get("since")
-        if since is not None:
-            age = round(now - since, 3)
-            shard["oldest_age_s"] = max(age, shard["oldest_age_s"] or 0.0)
+        if record["accepted_at"] is not None:  # its head event: in flight, waiting or held
+            record["age_s"] = round(max(0.0, now - record["accepted_at"]), 3)
+            shard["oldest_age_s"] = max(record["age_s"], shard["oldest_age_s"] or 0.0)
+    for shard in shards:
+        shard["state"] = _state_of(shard, stuck_after_s)
     members = view.members()
     for member in members:
         member["heartbeat_age_s"] = round(now - member.pop("heartbeat_ms") / 1000, 3)
@@ -39,6 +43,7 @@ def collect_status(settings: Settings, view: DeploymentView) -> dict[str, Any]:
     return {
         "namespace": settings.namespace,
         "shard_count": settings.shard_count,
+        "stuck_after_s": stuck_after_s,
         "shards": shards,
         "workers": members,
         "counters": view.counters(),
@@ -50,6 +55,8 @@ def collect_status(settings: Settings, view: DeploymentView) -> dict[str, Any]:
                 "in_flight": d.in_flight,
                 "max_in_flight": d.max_in_flight,
                 "rate_per_s": d.rate_per_s,
+                "adapted_rate_per_s": d.adapted_rate_per_s,
+                "rate_now_per_s": d.rate_now,
                 "next_token_s": d.next_token_s,
                 "paused_s": d.paused_for_s,
                 **d.counters,
@@ -58,6 +65,28 @@ def collect_status(settings: Settings, view: DeploymentView) -> dict[str, Any]:
         ],
         "schedules": [state.as_dict() for state in view.schedules()],
     }
+
+
+def _shard(state: dict[str, Any], now: float) -> dict[str, Any]:
+    """One shard's row: owner and token from its lease, and the age of the event at the
+    head of its queue (records in flight and waiting are added by the caller)."""
+    holder = state.pop("holder")
+    head = _event_of(state.pop("head"))
+    state["owner"] = holder.rsplit("/", 1)[0] if holder else None
+    state["token"] = int(holder.rsplit("/", 1)[1]) if holder else None
+    accepted_at = None if head is None else head.get("accepted_at")
+    state["oldest_age_s"] = (
+        round(max(0.0, now - accepted_at), 3) if isinstance(accepted_at, int | float) else None
+    )
+    return state
+
+
+def _state_of(shard: dict[str, Any], stuck_after_s: float) -> str:
+    has_work = shard["depth"] > 0 or shard["in_flight"] or shard["waiting"]
+    if not has_work:
+        return "idle"
+    too_old = (shard["oldest_age_s"] or 0) > stuck_after_s
+    return "stuck" if shard["owner"] is None or too_old else "busy"
 
 
 def _event_of(raw: bytes | None) -> dict[str, Any] | None:

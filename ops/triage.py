@@ -107,25 +107,53 @@ ABSENT = "(absent)"
 @dataclass(frozen=True)
 class RecordNow:
     """The row's record as it is now, where it lives: keylane's own store (``where`` is
-    ``keylane``) or the version-checked destination the event was written to."""
+    ``keylane``) or the version-checked destination the event was written to. ``error``
+    says why it could not be read from here (then ``version`` is None and ``fields``
+    empty)."""
 
     where: str
     version: int | str | None
     fields: dict[str, Any]
+    error: str | None = None
 
 
-def record_now(row: DeadLetter, store: Store, sources: Sources) -> RecordNow:
-    """A fresh read of the row's record, from wherever its event was written."""
-    name = row.event.get("destination")
-    config = sources.destinations.get(name) if isinstance(name, str) else None
-    if config is None or config.resource is None:
+DeadLetterKind = Literal["records", "elsewhere", "delivery"]
+
+
+def kind_of(row: DeadLetter) -> DeadLetterKind:
+    """What the row's event was for: a change to keylane's own records, a change to a
+    record that lives elsewhere (a source's ``records_in``), or a delivery to a task or an
+    HTTP forward (its payload, no change)."""
+    if not isinstance(row.event.get("destination"), str):
+        return "records"
+    return "elsewhere" if row.attempted_change else "delivery"
+
+
+def record_now(
+    row: DeadLetter, store: Store, sources: Sources, sources_file: str | None
+) -> RecordNow:
+    """A fresh read of the row's record, from wherever its event was written (say why
+    not when it cannot be read from here)."""
+    if kind_of(row) == "records":
         record = store.read(row.record_key)
         return RecordNow("keylane", record.revision, record.fields)
-    resource = open_resource(config.resource)
+    name = str(row.event["destination"])
+    config = sources.destinations.get(name)
+    if config is None or config.resource is None:
+        where = f"the sources file {sources_file}" if sources_file else "no sources file"
+        why = (
+            f"destination {name} is not in this command's sources ({where}; "
+            "KEYLANE_SOURCES_FILE): run it with the workers' sources file to read the record"
+        )
+        return RecordNow(name, None, {}, f"cannot read the record in {name}: {why}")
     try:
-        snapshot = resource.read(row.record_key)
-    finally:
-        resource.close()
+        resource = open_resource(config.resource)
+        try:
+            snapshot = resource.read(row.record_key)
+        finally:
+            resource.close()
+    except Exception as exc:  # shown, not raised: the row itself is still worth reading
+        return RecordNow(name, None, {}, f"cannot read the record in {name}: {exc}")
     return RecordNow(config.name, snapshot.version, snapshot.fields)
 
 

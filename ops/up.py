@@ -30,6 +30,7 @@ from ..routing.contract.sources import load_sources
 from ..workers.service import check_worker_config
 from ..workers.stores import open_store
 from .embedded_redis import EmbeddedRedis
+from .up_checks import DataDirLock, check_port_free
 
 log = logging.getLogger("keylane.up")
 
@@ -76,40 +77,60 @@ class Supervisor:
         self.redis_child: Child | None = None  # the embedded Redis, when this process runs it
         self.children: list[Child] = []
         self._stop = threading.Event()
+        self._lock = DataDirLock(settings.data_dir)
         # Children build the very same settings, whatever came from flags or the environment.
         self._env = {**os.environ, **settings_environ(settings)}
 
     def run(self) -> int:
-        """Start everything, supervise until told to stop, stop everything."""
+        """Check, start everything, supervise until told to stop, stop everything; the
+        exit code (1: a child died before the stack was up). A configuration that cannot
+        work raises :class:`ConfigError` before anything is started."""
+        self._check()
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         try:
             self._prepare()
             self._spawn_all()
-            self._announce()
+            if not self._announce():
+                return 1
             self._watch()
         finally:
             self._shutdown()
+            self._lock.release()
         return 0
 
     def _on_signal(self, signum: int, frame: object) -> None:
         log.info("received %s, stopping", signal.Signals(signum).name)
         self._stop.set()
 
-    def _prepare(self) -> None:
+    def _check(self) -> None:
+        """Fail here, once and clearly, rather than in children restarted forever."""
         s = self.settings
         s.worker_process_count()  # refuses several worker processes on SQLite
-        # Fail here, once and clearly, rather than in a receiver restarted forever.
         sources = load_sources(s)
         verifiers_of(sources, os.environ)
         check_worker_config(s)  # the app's tasks and every destination, before any child
         for source in sources.all():
             load_hook(source)
-            if source.unsigned and source.name != "demo":
-                log.warning(
-                    "source %s accepts UNSIGNED deliveries (verify.scheme = none)", source.name
+        self._lock.acquire()  # one keylane up per data directory
+        try:
+            check_port_free(s.host, s.port, "the receiver", "--port / KEYLANE_PORT")
+            if self.options.flower:
+                check_port_free(
+                    s.flower_address,
+                    s.flower_port,
+                    "Flower",
+                    "--flower-port / KEYLANE_FLOWER_PORT (or --no-flower)",
                 )
-        s.data_dir.mkdir(parents=True, exist_ok=True)
+        except ConfigError:
+            self._lock.release()
+            raise
+        for source in sources.all():
+            if source.unsigned:
+                log.warning("%s", unsigned_warning(source.name, s.sources_file is None))
+
+    def _prepare(self) -> None:
+        s = self.settings
         self._env["KEYLANE_DATA_DIR"] = str(s.data_dir.resolve())
         if s.redis_url is None:
             embedded = EmbeddedRedis(s.data_dir)
@@ -163,24 +184,40 @@ class Supervisor:
         child.process = self.redis.process
         log.info("restarted the embedded Redis on %s", self.redis.url)
 
-    def _announce(self) -> None:
+    def _announce(self) -> bool:
+        """Wait for this stack's receiver to answer, then say where it is; False when a
+        child died while starting (its log is above: a second deployment on the same
+        port, a configuration a child refuses), after which everything is stopped."""
         s = self.settings
         base = f"http://{s.host}:{s.port}"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not self._stop.is_set():
-            try:
-                with urllib.request.urlopen(f"{base}/healthz", timeout=1) as reply:  # noqa: S310
-                    if reply.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.2)
+            dead = self._dead_children()
+            if dead:
+                log.error("%s; stopping (see the log above)", dead)
+                return False
+            if _answers(f"{base}/healthz") and not self._dead_children():
+                break
+            time.sleep(0.2)
         else:
-            log.error("the receiver did not answer on %s within 30s; see the logs above", base)
-            return
+            if not self._stop.is_set():
+                log.error("the receiver did not answer on %s within 30s; see the logs above", base)
+            return True
         names = ", ".join(load_sources(s).names())
         print(f"keylane is up: POST {base}/webhooks/<source> (sources: {names})", flush=True)
         if self.options.flower:
-            print(f"Flower: http://{s.host}:{s.flower_port}", flush=True)
+            print(f"Flower: http://{s.flower_address}:{s.flower_port}", flush=True)
+        return True
+
+    def _dead_children(self) -> str:
+        """Which children have exited, and how (empty: none)."""
+        watched = [self.redis_child] if self.redis_child is not None else []
+        dead = [
+            f"{c.name} exited with {c.process.returncode} while starting"
+            for c in watched + self.children
+            if c.process is not None and c.process.poll() is not None
+        ]
+        return "; ".join(dead)
 
     def _watch(self) -> None:
         while not self._stop.wait(0.5):
@@ -211,7 +248,28 @@ class Supervisor:
                 _wait_or_kill(child)
         if self.redis is not None:
             self.redis.stop()
-        log.info("keylane stopped")
+        if self.children or self.redis is not None:
+            log.info("keylane stopped")
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as reply:  # noqa: S310
+            return bool(reply.status == 200)
+    except OSError:
+        return False
+
+
+def unsigned_warning(source: str, built_in: bool) -> str:
+    """What ``keylane up`` says about a source that takes unsigned deliveries (``built_in``:
+    the ``demo`` source that exists when there is no sources file)."""
+    if built_in:
+        return (
+            "source demo accepts UNSIGNED deliveries from anyone who can reach the receiver "
+            "(no sources file: KEYLANE_SOURCES_FILE is unset); declare your senders and their "
+            "signatures in a sources file before exposing the receiver"
+        )
+    return f"source {source} accepts UNSIGNED deliveries (verify.scheme = none)"
 
 
 def _wait_or_kill(child: Child) -> None:

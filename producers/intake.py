@@ -187,12 +187,25 @@ def _changes(raw: object) -> dict[str, Change]:
         raise InvalidEvent(f"changes: {exc}") from None
 
 
+#: What a sender reads for pydantic's error types (its own words name Python classes).
+_PLAIN = {
+    "model_type": "must be a JSON object: keylane's envelope "
+    '{"id", "type", "record_key", "changes"}',
+    "dict_type": "must be a JSON object",
+    "missing": "is missing",
+    "extra_forbidden": "is not a field of keylane's envelope (id, type, record_key, changes)",
+    "string_type": "must be a string",
+    "string_too_short": "must not be empty",
+}
+
+
 def describe(exc: ValidationError) -> str:
     """A short, readable summary of a pydantic validation error."""
     parts = []
     for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err["loc"]) or "body"
-        parts.append(f"{where}: {err['msg']}")
+        where = ".".join(str(p) for p in err["loc"]) or "the body"
+        text = _PLAIN.get(err["type"]) or str(err["msg"]).removeprefix("Value error, ")
+        parts.append(f"{where}: {text}")
     return "; ".join(parts)
 
 

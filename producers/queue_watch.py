@@ -18,10 +18,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from ..routing.contract.destinations import CALL_OUTCOMES
 from ..routing.contract.errors import BrokerUnavailable, MalformedMessage
 from ..routing.contract.message import parse_message
 from ..routing.redis_keys import LATENCY_BUCKETS_S
@@ -165,13 +166,8 @@ class ReceiverMetrics:
 
     def __init__(self, watch: QueueWatch, gateway: ReceiverGateway) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.refused = Counter(
-            "keylane_refused_total",
-            "Deliveries refused, by reason (the error code answered).",
-            ["reason"],
-            registry=self.registry,
-        )
-        self._snapshot = _Snapshot(watch, gateway)
+        self.refused = RefusalCounts()
+        self._snapshot = _Snapshot(watch, gateway, self.refused)
         self.registry.register(self._snapshot)
 
     async def render(self) -> bytes:
@@ -180,18 +176,49 @@ class ReceiverMetrics:
         return generate_latest(self.registry)
 
 
+@dataclass
+class _Refusal:
+    counts: dict[str, float]
+    reason: str
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.counts[self.reason] = self.counts.get(self.reason, 0.0) + amount
+
+
+@dataclass
+class RefusalCounts:
+    """Deliveries this receiver process refused, by reason (``labels(reason).inc()``, as
+    with a prometheus_client ``Counter``), exported as ``keylane_refused_total`` alone:
+    a ``Counter`` would add a ``keylane_refused_created`` series of its own."""
+
+    counts: dict[str, float] = field(default_factory=dict)
+
+    def labels(self, reason: str) -> _Refusal:
+        """The count of ``reason``."""
+        return _Refusal(self.counts, reason)
+
+
 class _Snapshot(Collector):
     """Metric families from Redis counters and the queue watch, read at scrape time."""
 
-    def __init__(self, watch: QueueWatch, gateway: ReceiverGateway) -> None:
+    def __init__(self, watch: QueueWatch, gateway: ReceiverGateway, refused: RefusalCounts) -> None:
         self.watch = watch
         self.gateway = gateway
+        self.refused = refused
         self.snapshot = MetricSnapshot({}, {}, 0, 0)
 
     async def refresh(self) -> None:
         self.snapshot = await self.gateway.metrics()
 
     def collect(self) -> Iterable[Any]:
+        refused = CounterMetricFamily(
+            "keylane_refused",
+            "Deliveries refused, by reason (the error code answered).",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.refused.counts.items()):
+            refused.add_metric([reason], count)
+        yield refused
         for key, name, doc in REDIS_COUNTERS:
             family = CounterMetricFamily(name.removesuffix("_total"), doc)
             family.add_metric([], self.snapshot.counters.get(key, 0.0))
@@ -253,7 +280,14 @@ class _Snapshot(Collector):
             "keylane_destination_in_flight", "Calls in flight, over every worker.", labels=label
         )
         limit = GaugeMetricFamily(
-            "keylane_destination_rate_limit", "Calls per second allowed (0: none).", labels=label
+            "keylane_destination_rate_limit",
+            "Calls per second configured (0: none).",
+            labels=label,
+        )
+        rate_now = GaugeMetricFamily(
+            "keylane_destination_rate",
+            "Calls per second allowed now: the configured rate, or lower after a 429 (0: none).",
+            labels=label,
         )
         next_token = GaugeMetricFamily(
             "keylane_destination_next_token_seconds",
@@ -262,16 +296,30 @@ class _Snapshot(Collector):
         )
         calls = CounterMetricFamily(
             "keylane_destination_calls",
-            "Calls by outcome (done, retried, gave_up, conflicts, failed) and waits.",
+            "Calls that ended, by outcome (" + ", ".join(CALL_OUTCOMES) + "); their sum is "
+            "every call made but those in flight.",
             labels=["destination", "outcome"],
+        )
+        waits = CounterMetricFamily(
+            "keylane_destination_waits",
+            "Times a call had to wait (in-flight limit, rate, Retry-After).",
+            labels=label,
+        )
+        cuts = CounterMetricFamily(
+            "keylane_destination_rate_cuts",
+            "Times the destination's rate was lowered after a 429.",
+            labels=label,
         )
         for state in self.snapshot.destinations:
             in_flight.add_metric([state.name], state.in_flight)
             limit.add_metric([state.name], state.rate_per_s or 0)
+            rate_now.add_metric([state.name], state.rate_now or 0)
             next_token.add_metric([state.name], state.next_token_s)
-            for outcome, count in sorted(state.counters.items()):
-                calls.add_metric([state.name, outcome], count)
-        return [in_flight, limit, next_token, calls]
+            for outcome in CALL_OUTCOMES:
+                calls.add_metric([state.name, outcome], state.counters.get(outcome, 0))
+            waits.add_metric([state.name], state.counters.get("waits", 0))
+            cuts.add_metric([state.name], state.counters.get("rate_cuts", 0))
+        return [in_flight, limit, rate_now, next_token, calls, waits, cuts]
 
     def _latency(self) -> HistogramMetricFamily:
         cumulative, buckets = 0.0, []

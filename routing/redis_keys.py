@@ -162,8 +162,14 @@ class RedisKeys:
 
     def flow_bucket(self, destination: str) -> str:
         """Hash of a destination's limits and token bucket (``max``, ``rate``, ``tokens``,
-        ``ts``) and the time it is paused until after a ``Retry-After`` (``paused``)."""
+        ``ts``), the time it is paused until after a ``Retry-After`` (``paused``) and its
+        adapted rate after a 429 (``adapted``, ``cut_rate``, ``cut_at``)."""
         return f"{self.prefix}flow:{destination}:bucket"
+
+    def flow_admitted(self, destination: str) -> str:
+        """Sorted set of a destination's successful calls of the last second (member ->
+        ms since epoch), the measure of what it admits when it starts to refuse."""
+        return f"{self.prefix}flow:{destination}:admitted"
 
     def flow_counters(self, destination: str) -> str:
         """Hash of a destination's counters (calls, done, waits, retries, ...)."""

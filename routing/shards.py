@@ -6,6 +6,7 @@ change. Changing it safely means draining every queue first (``keylane status`` 
 depths) and restarting everything with the new count.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .hashing import stable_hash
@@ -64,3 +65,15 @@ class ShardMap:
         """Raise ``ValueError`` unless ``shard`` is a shard of this map."""
         if not 0 <= shard < self.count:
             raise ValueError(f"shard {shard} out of range 0..{self.count - 1}")
+
+
+def shard_ranges(shards: Iterable[int]) -> str:
+    """Shard numbers as short text for a log line or a summary: ``0-5, 9, 12-63``."""
+    ordered = sorted(set(shards))
+    runs: list[list[int]] = []
+    for shard in ordered:
+        if runs and shard == runs[-1][1] + 1:
+            runs[-1][1] = shard
+        else:
+            runs.append([shard, shard])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -256,6 +257,15 @@ def test_a_429_storm_loses_nothing_reorders_nothing_and_the_rate_holds_across_wo
     metrics = httpx.get(f"{stack.url}/metrics").text
     assert f'keylane_destination_rate_limit{{destination="hook"}} {float(rate)}' in metrics
     assert 'keylane_destination_calls_total{destination="hook",outcome="done"} 50.0' in metrics
+    # And the outcomes are only outcomes: they add up to the calls made, counted once
+    outcomes = re.findall(
+        r'keylane_destination_calls_total\{destination="hook",outcome="(\w+)"\} (\S+)', metrics
+    )
+    assert {name for name, _ in outcomes} == {"done", "retried", "gave_up", "conflicts", "failed"}
+    assert sum(float(v) for _, v in outcomes) == hook_status["calls"]
+    assert "_created" not in metrics
+    # And no worker logged a line per call (httpx's INFO lines are left out)
+    assert not any(" INFO httpx " in proc.log() for proc in stack.procs)
 
 
 @SQLITE
@@ -433,3 +443,124 @@ def test_a_worker_refuses_to_start_with_a_task_or_destination_that_cannot_work(
     # Then it stops at once with exit code 2, saying what is wrong
     assert result.returncode == 2, result.stderr
     assert error in result.stderr
+
+
+@SQLITE
+def test_dlq_show_of_a_task_and_a_forward_shows_payload_answer_and_attempts(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Given a forward whose destination refuses o1-1 (422), and a task that refuses an
+    # unknown plan and fails twice before it syncs another contact
+    hook = HookServer(secret=HOOK_SECRET, refuse={"o1-1"})
+    hook.start()
+    try:
+        sources = _forward_sources(hook.url) + (
+            '\n[sources.signup]\ntask = "flaky_signup"\nrecord_key = "signup:{body:email}"\n'
+        )
+        _configure(stack, tmp_path, sources)
+        stack.extra_env["TEST_HOOK_SECRET"] = HOOK_SECRET
+        worker = stack.worker()
+        stack.receiver()
+        stack.wait_all_owned()
+        _ok(stack.post({"id": "o1-1", "order": "o1", "seq": 1}, source="shop"))
+        _ok(stack.post({"id": "s1", "email": "a@x", "plan": "unknown"}, source="signup"))
+        _ok(stack.post({"id": "s2", "email": "b@x", "fail_first": 2}, source="signup"))
+        stack.wait_journal(3)
+    finally:
+        hook.stop()
+    rows = {r.event_id: r for r in stack.open_store().dead_letters(DeadLetterFilter())}
+    assert set(rows) == {"o1-1", "s1"}
+    # When `dlq show` shows the forward's dead letter
+    forward = keylane_cli(stack, "dlq", "show", str(rows["o1-1"].id)).stdout
+    # Then it shows where it went, the answer that came back, the attempts, the payload;
+    # no revisions and no table of fields (a forward has no change)
+    assert "reason: rejected" in forward
+    assert "sent to     hook" in forward
+    assert "HTTP 422" in forward
+    assert '"refused"' in forward
+    assert "attempts    1" in forward
+    assert 'payload:\n  {\n    "id": "o1-1",\n    "order": "o1",\n    "seq": 1\n  }' in forward
+    assert "revisions" not in forward
+    assert "ATTEMPTED CHANGE" not in forward
+    # And the same for the task's
+    task = keylane_cli(stack, "dlq", "show", str(rows["s1"].id)).stdout
+    assert "reason: gave_up" in task
+    assert "the CRM does not know the plan 'unknown'" in task
+    assert '"plan": "unknown"' in task
+    assert "revisions" not in task
+    assert "ATTEMPTED CHANGE" not in task
+    # And the task's own log line says the attempt its context field says
+    synced = next(line for line in worker.log().splitlines() if "synced (attempt" in line)
+    assert "synced (attempt 3)" in synced, synced
+    assert "attempt=3" in synced, synced
+
+
+@SQLITE
+def test_status_shows_what_is_stuck_first_and_every_outcome(stack: Stack, tmp_path: Path) -> None:
+    # Given a task that gives up on an unknown plan, and one contact it keeps retrying
+    _configure(
+        stack,
+        tmp_path,
+        '[sources.signup]\ntask = "flaky_signup"\nrecord_key = "signup:{body:email}"\n',
+    )
+    stack.worker()
+    stack.receiver()
+    stack.wait_all_owned()
+    _ok(stack.post({"id": "s1", "email": "a@x", "plan": "unknown"}, source="signup"))
+    stack.wait_journal(1)
+    _ok(stack.post({"id": "s2", "email": "c@x", "fail_first": 10**6}, source="signup"))
+    _ok(stack.post({"id": "s3", "email": "c@x"}, source="signup"))
+    shard = stack.settings.shards.shard_for_key("signup:c@x")
+    # When the contact has been retrying in place for more than a second (it waits between
+    # its calls: status shows it waiting, at the head of its record)
+    seen: list[str] = []
+
+    def retrying_for_a_while() -> bool:
+        if _retried(stack) < 3 or _oldest_s(stack, shard) <= 1.5:
+            return False
+        seen[:] = [keylane_cli(stack, "status", "--stuck-after", "1s").stdout]
+        return any(line.split()[2:3] == ["waiting"] for line in _record_rows(seen[0]))
+
+    wait_until(retrying_for_a_while, 60, "the contact to retry for a while", on_timeout=stack.logs)
+    text = seen[0]
+    lines = text.splitlines()
+    # Then its shard comes first, stuck, with how old its oldest event is
+    header = next(n for n, line in enumerate(lines) if line.startswith("SHARD"))
+    row = lines[header + 1].split()
+    assert row[:2] == [str(shard), "stuck"], text
+    assert float(row[5]) > 1.0, text  # OLDEST_S: the event retrying in place
+    assert row[4] == "2", text  # s2 and s3, neither done yet
+    # And the record waiting: its event, why, how often tried, and s3 behind it
+    record = _record_rows(text)[0].split()
+    assert record[2:4] == ["waiting", "signup/s2"], text
+    assert record[5] == "retry", text
+    assert int(record[6]) >= 1, text
+    assert record[8] == "1", text
+    # And one line for every idle shard
+    assert f"idle: {stack.settings.shard_count - 1} shard(s)" in text
+    # And every outcome of the destination's calls, the gave-up one among them
+    columns = next(line for line in lines if line.startswith("DESTINATION")).split()
+    for name in ("CALLS", "DONE", "RETRIED", "GAVE_UP", "CONFLICTS", "FAILED", "WAITS"):
+        assert name in columns, columns
+    values = next(line for line in lines if line.startswith("task:flaky_signup")).split()
+    by_column = dict(zip(columns, values, strict=True))
+    assert by_column["GAVE_UP"] == "1", text
+    assert int(by_column["RETRIED"]) >= 3, text
+    # And the counters
+    assert "counters: " in text
+    assert "dead_lettered 1" in text
+
+
+def _record_rows(status_text: str) -> list[str]:
+    """The rows of the waiting records' table of ``keylane status``."""
+    return [line for line in status_text.splitlines() if line.startswith("signup:c@x ")]
+
+
+def _retried(stack: Stack) -> int:
+    status = json.loads(keylane_cli(stack, "status", "--json").stdout)
+    return sum(d.get("retried", 0) for d in status["destinations"])
+
+
+def _oldest_s(stack: Stack, shard: int) -> float:
+    status = json.loads(keylane_cli(stack, "status", "--json").stdout)
+    return float(status["shards"][shard]["oldest_age_s"] or 0)

@@ -135,6 +135,9 @@ def test_bad_input_gets_a_clear_4xx_and_changes_nothing(
     assert answer.status_code == status, answer.text
     assert answer.json()["error"] == code
     assert answer.json()["detail"]
+    # in a sender's words: none of pydantic's own phrases or class names
+    for leak in ("Input should", "instance of", "Value error", "Field required", "Envelope"):
+        assert leak not in answer.json()["detail"], answer.json()["detail"]
     # And nothing changed: no queue entry, no dedupe mark, no record, no journal entry
     assert _snapshot(running) == before
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 import threading
 from collections import Counter
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 
 from keylane.workers.store import DeadLetterFilter
 from tests.support.etag_server import EtagServer
-from tests.support.stack import Stack, event, wait_until
+from tests.support.stack import REPO, Stack, event, settings_env, wait_until
 from tests.test_dead_letters import keylane
 
 # keylane's store only keeps the journal and review rows here; both kinds of store are
@@ -127,6 +129,31 @@ def test_a_change_that_cannot_apply_is_reviewed_against_the_record_where_it_live
         assert shown["record_now"]["fields"] == {"visits": 41, "tags": []}
         by_field = {d["field"]: d for d in shown["fields"]}
         assert (by_field["visits"]["now"], by_field["visits"]["would_be"]) == (41, 42)
+        # And as text: the versions where it lives, the error without its JSON trailer
+        text = keylane(stack, "dlq", "show", str(rows["t-1"].id)).stdout
+        assert "(in contacts)" in text, text
+        assert "fields_found" not in text
+        # And a change refused before anything was sent does not claim a call was made
+        refused = keylane(stack, "dlq", "show", str(rows["t-2"].id)).stdout
+        assert "call(s)" not in refused, refused
+        assert "notes" in refused
+        # And where the sources file is not in the command's environment, it says it
+        # cannot read the record there, rather than showing keylane's empty record
+        env = settings_env(stack.settings)
+        del env["KEYLANE_SOURCES_FILE"]
+        blind = subprocess.run(
+            [sys.executable, "-m", "keylane.ops.cli", "dlq", "show", str(rows["t-1"].id)],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert blind.returncode == 0, blind.stderr
+        assert "cannot read the record in contacts" in blind.stdout, blind.stdout
+        assert "KEYLANE_SOURCES_FILE" in blind.stdout
+        assert "(in keylane)" not in blind.stdout
+        assert "now 0" not in blind.stdout
         # And `dlq retry` runs it again through the lane, from a fresh read
         retried = keylane(stack, "dlq", "retry", str(rows["t-1"].id), "--yes")
         assert retried.returncode == 0, retried.stderr

@@ -31,6 +31,7 @@ from keylane.workers.resource import Review, VersionedResource, Written, apply_v
 from keylane.workers.resources import open_resource
 from keylane.workers.store import DeadLetterDraft
 from tests.support.etag_server import EtagServer
+from tests.support.readme import readme_block
 
 OWNS = FieldOwnership.of(["count", "tags", "status"])
 Result = Written | Review
@@ -640,3 +641,41 @@ def test_the_readme_examples_are_valid_destinations() -> None:
         "warehouse": "pg_table",
         "airtable": "stamped",
     }
+
+
+def test_the_readme_warehouse_table_takes_keylane_writes(pg_schema: tuple[str, str]) -> None:
+    url, schema = pg_schema
+    schema_url = f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+    # Given README's CREATE TABLE, run as written where the URL's default schema is
+    with psycopg.connect(schema_url, autocommit=True) as conn:
+        conn.execute(readme_block("CREATE TABLE contacts"))
+    # And README's [destinations.warehouse], its WAREHOUSE_URL pointing there
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    example = next(
+        block.split("```", 1)[0]
+        for block in readme.split("```toml")[1:]
+        if "[destinations.warehouse]" in block.split("```", 1)[0]
+    )
+    table = tomllib.loads(example)["destinations"]["warehouse"]
+    config = DestinationConfig(name="warehouse", **table)
+    assert config.resource is not None
+    warehouse = open_resource(config.resource, {"WAREHOUSE_URL": schema_url})
+    try:
+        # When a change creates contact:42, and a second one changes it
+        first = apply_versioned(
+            warehouse,
+            "contact:42",
+            changes(email={"set": "a@b.c"}, visits={"increment": 1}, tags={"add": "vip"}),
+        )
+        second = apply_versioned(
+            warehouse, "contact:42", changes(visits={"increment": 1}, tags={"append": "new"})
+        )
+    finally:
+        warehouse.close()
+    # Then the row keylane created started at revision 1, and each write moved it on
+    assert isinstance(first, Written), first
+    assert isinstance(second, Written), second
+    assert (first.version, second.version) == (1, 2)
+    with psycopg.connect(schema_url) as conn:
+        row = conn.execute("SELECT id, email, visit_count, tags, revision FROM contacts").fetchone()
+    assert row == ("42", "a@b.c", 2, ["vip", "new"], 2)

@@ -4,11 +4,13 @@ applied. Ctrl-C/SIGTERM stops every process it started."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ import pytest
 from keylane.ops.embedded_redis import free_port
 from keylane.routing.contract.settings import load_settings
 from tests.support.load import SequentialLoad
+from tests.support.readme import keylane_command, readme_block
 from tests.support.stack import REPO, Stack, start_up, wait_until
 
 pytestmark = pytest.mark.slow
@@ -191,3 +194,161 @@ def test_up_restarts_its_redis_killed_under_load(tmp_path: Path) -> None:
         code = up.wait(90)
     assert code == 0, log_path.read_text()
     assert "redis (pid" in log_path.read_text()  # its death was reported
+
+
+def test_a_second_up_or_a_taken_port_is_refused_at_once(tmp_path: Path) -> None:
+    # Given `keylane up` running on a data directory (the demo source, no sources file)
+    data_dir, port = tmp_path / "data", free_port()
+    log_path = tmp_path / "up.log"
+    args = ["--data-dir", str(data_dir), "up", "--port", str(port), "--no-flower"]
+    up = start_up(args, _clean_env(), log_path)
+    try:
+        # Then its start-up says what a person needs, once: the shards taken in one line,
+        # the demo source's missing signature; no Celery banner, no root warning
+        wait_until(lambda: "acquired" in log_path.read_text(), 30, "the shards to be taken")
+        started = log_path.read_text()
+        assert started.count("acquired 64 shard(s): 0-63") == 1, started
+        assert "acquired shard " not in started
+        assert "source demo accepts UNSIGNED deliveries" in started
+        for noise in ("SecurityWarning", "[config]", "[queues]", "Registered tasks"):
+            assert noise not in started, noise
+        # When a second `keylane up` starts on the same data directory (another port)
+        again = ["up", "--port", str(free_port()), "--no-flower"]
+        second = _keylane(data_dir, *again, env=_clean_env())
+        # Then it refuses at once, saying which keylane up holds the data directory
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert "keylane up is already running on the data directory" in second.stderr
+        assert f"(pid {up.pid})" in second.stderr
+        assert "keylane is up" not in second.stdout + second.stderr
+        # When another data directory's `keylane up` asks for the same receiver port
+        other = tmp_path / "other"
+        taken = _keylane(other, "up", "--port", str(port), "--no-flower", env=_clean_env())
+        # Then it refuses before starting anything, naming the port and the option
+        assert taken.returncode == 2, taken.stdout + taken.stderr
+        assert f"port {port} on 127.0.0.1 is already in use" in taken.stderr
+        assert "--port / KEYLANE_PORT" in taken.stderr
+        assert "started" not in taken.stderr
+        assert not (other / "redis").exists()
+        # And the same for Flower's port
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            flower_port = busy.getsockname()[1]
+            flower = _keylane(
+                other,
+                "up",
+                "--port",
+                str(free_port()),
+                "--flower-port",
+                str(flower_port),
+                env=_clean_env(),
+            )
+        assert flower.returncode == 2, flower.stdout + flower.stderr
+        assert "--flower-port / KEYLANE_FLOWER_PORT" in flower.stderr
+        # And the first deployment never noticed
+        accepted = httpx.post(
+            f"http://127.0.0.1:{port}/webhooks/demo",
+            json={"id": "e1", "type": "t", "record_key": "k:1", "changes": {"n": {"set": 1}}},
+            timeout=30,
+        )
+        assert accepted.status_code == 202, accepted.text
+        assert up.poll() is None
+        assert "exited with" not in log_path.read_text()
+    finally:
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(90) == 0, log_path.read_text()
+
+
+def test_a_configuration_error_stops_up_before_anything_starts(tmp_path: Path) -> None:
+    # Given a sources file naming a signing secret that is not set
+    sources = tmp_path / "sources.toml"
+    sources.write_text(
+        '[sources.forms]\nverify = { scheme = "standard_webhooks", secrets_env = ["NOT_SET_X"] }\n'
+    )
+    env = {**_clean_env(), "KEYLANE_SOURCES_FILE": str(sources)}
+    env.pop("NOT_SET_X", None)
+    # When `keylane up` starts
+    refused = _keylane(tmp_path / "data", "up", "--port", str(free_port()), env=env)
+    # Then it exits 2 naming the variable, and never claims to have run or stopped anything
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "NOT_SET_X" in refused.stderr
+    assert "keylane stopped" not in refused.stderr
+    assert "started" not in refused.stderr
+
+
+def test_the_readme_task_example_runs_from_its_folder(
+    tmp_path: Path, redis_url: str, namespace: str
+) -> None:
+    # Given a folder holding README's myapp/tasks.py and sources.toml, as README shows
+    folder = tmp_path / "project"
+    (folder / "myapp").mkdir(parents=True)
+    (folder / "myapp" / "__init__.py").write_text("")
+    (folder / "myapp" / "tasks.py").write_text(readme_block("# myapp/tasks.py"))
+    (folder / "sources.toml").write_text(readme_block("# sources.toml: deliveries"))
+    command = readme_block("export SIGNUP_SECRET").splitlines()[1]
+    up_line, worker_line = (part.strip() for part in command.split("# or:"))
+    bin_dir = str(Path(keylane_command()[0]).parent)
+    env = {**_clean_env(), "SIGNUP_SECRET": "whsec_" + base64.b64encode(b"k" * 24).decode()}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    env.pop("PYTHONPATH")  # as a user's shell: keylane comes from the environment it is in
+    # When `keylane worker -A myapp.tasks` runs there (on a Redis of the test's own)
+    worker_env = {**env, "KEYLANE_REDIS_URL": redis_url, "KEYLANE_NAMESPACE": namespace}
+    worker_log = tmp_path / "worker.log"
+    with worker_log.open("wb") as out:
+        worker = subprocess.Popen(
+            ["bash", "-c", f"KEYLANE_SOURCES_FILE=sources.toml {worker_line}"],
+            cwd=folder,
+            env=worker_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        # Then it imports the tasks and starts its lanes
+        wait_until(
+            lambda: "started with" in worker_log.read_text() or worker.poll() is not None,
+            60,
+            "the worker to start",
+            on_timeout=worker_log.read_text,
+        )
+        assert worker.poll() is None, worker_log.read_text()
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)  # the shell and the command it runs
+        assert worker.wait(60) == 0, worker_log.read_text()
+    # When README's `keylane up -A myapp.tasks` runs there (ports of the test's choosing)
+    log_path = tmp_path / "up.log"
+    with log_path.open("wb") as out:
+        up = subprocess.Popen(
+            ["bash", "-c", f"{up_line} --port {free_port()} --no-flower"],
+            cwd=folder,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until(
+            lambda: "keylane is up" in log_path.read_text() or up.poll() is not None,
+            60,
+            "keylane up",
+            on_timeout=log_path.read_text,
+        )
+        assert up.poll() is None, log_path.read_text()
+        # And README's sender script runs next to it: the same id is sent once
+        (folder / "send_signup.py").write_text(readme_block("# send_signup.py"))
+        sent = subprocess.run(
+            [sys.executable, "send_signup.py"],
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert sent.returncode == 0, sent.stderr
+        first, second = sent.stdout.splitlines()
+        assert first.startswith("Sent(status='accepted', event_id='order-17'"), first
+        assert "record_key='contact:ada@example.com'" in first
+        assert second.startswith("Sent(status='duplicate'"), second
+    finally:
+        os.killpg(up.pid, signal.SIGTERM)
+        assert up.wait(90) == 0, log_path.read_text()

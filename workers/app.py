@@ -49,6 +49,7 @@ def create_app(settings: Settings) -> Celery:
         task_create_missing_queues=False,
         task_routes=(ShardRouter(settings.shards),),
         task_ignore_result=True,
+        accept_content=["json"],  # never pickle (and no root warning about it)
         task_acks_late=True,
         worker_prefetch_multiplier=1,
         worker_send_task_events=True,

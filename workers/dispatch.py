@@ -38,6 +38,7 @@ from typing import Any
 from ..routing.contract.destinations import DestinationConfig, retry_delay_s
 from ..routing.contract.events import Event
 from ..routing.contract.faults import NO_FAULTS, Faults
+from ..routing.contract.logcontext import event_context
 from ..routing.contract.settings import Settings
 from ..routing.redis_keys import message_digest
 from .blocking import BlockingPool
@@ -129,7 +130,8 @@ class Dispatcher:
                 slot,
                 config.max_in_flight,
                 config.rate_per_s,
-                int(config.timeout_s * 1000) + SLOT_MARGIN_MS,
+                _slot_ttl_ms(config),
+                config.adaptive,
             )
             if wait_s > 0:
                 return Wait(wait_s, why, batch=destination.batched)
@@ -141,14 +143,17 @@ class Dispatcher:
                 destination=config.name,
                 **notes,
             )
-            outcome = await self._call(io, destination, slot, events, context)
-            # A crash here: the call had its effect, the journal does not know it yet.
-            if self.faults:
-                await io.call(self.faults.hit, "destination.after_call", event.record_key)
-            if not isinstance(outcome, Conflict):
-                return await self._settle(
-                    store, fence, taken, events, destination, context, outcome
-                )
+            # The call's log lines (the task's own among them) carry the attempt it is
+            # told, counting its retries, not only the message's deliveries.
+            with event_context(attempt=context.attempt):
+                outcome = await self._call(io, destination, slot, events, context)
+                # A crash here: the call had its effect, the journal does not know it yet.
+                if self.faults:
+                    await io.call(self.faults.hit, "destination.after_call", event.record_key)
+                if not isinstance(outcome, Conflict):
+                    return await self._settle(
+                        store, fence, taken, events, destination, context, outcome
+                    )
             log.info("conflict at %s (%s): running again", config.name, outcome.detail)
             if config.versioned:
                 notes = await io.call(self._write_notes, config, taken)
@@ -181,19 +186,32 @@ class Dispatcher:
         events: list[Event],
         ctx: Context,
     ) -> Outcome:
-        name = destination.config.name
+        config = destination.config
         try:
             if destination.batched:
                 outcome = await destination.call_batch(events, ctx, io.call)
             else:
                 outcome = await destination.call(events[0], ctx, io.call)
         except Exception:
-            await io.call(self.flow.release, name, slot, "failed")
+            await io.call(
+                self.flow.release, config.name, slot, "failed", 0, False, _slot_ttl_ms(config)
+            )
             raise
         pause_s = 0.0
         if isinstance(outcome, RetryLater) and outcome.pause_destination:
             pause_s = outcome.delay_s or 0.0
-        await io.call(self.flow.release, name, slot, _counter(outcome), pause_s)
+        rate = await io.call(
+            self.flow.release,
+            config.name,
+            slot,
+            _counter(outcome),
+            pause_s,
+            _throttled(outcome),
+            _slot_ttl_ms(config),
+            config.adaptive,
+        )
+        if rate is not None:
+            log.info("%s: %s; calls to it slowed to %.2f/s", config.name, outcome.detail, rate)
         return outcome
 
     async def _settle(
@@ -246,6 +264,19 @@ class Dispatcher:
                 log.debug("closing %s: %s", destination.config.name, exc)
 
 
+def _throttled(outcome: Outcome) -> bool:
+    """Whether the destination said "slower": a 429, or a wait it asked every caller for
+    (a Retry-After, a task's ``RetryLater(pause_destination=True)``)."""
+    paused = isinstance(outcome, RetryLater) and outcome.pause_destination
+    return paused or outcome.status == 429
+
+
+def _slot_ttl_ms(config: DestinationConfig) -> int:
+    """How long a call's flow-control slot lives: past the call's time-out, then it frees
+    itself (its worker died mid-call)."""
+    return int(config.timeout_s * 1000) + SLOT_MARGIN_MS
+
+
 def _idempotency_key(events: list[Event]) -> str:
     """The key of one call: its one event's, or one derived from each of the batch's."""
     if len(events) == 1:
@@ -265,10 +296,14 @@ def describe_failure(
 ) -> str:
     """The text of a destination's dead letter: what was sent, what came back."""
     request = destination.describe(events[0], ctx)
+    lines = [f"{destination.config.name}: {outcome.detail or type(outcome).__name__}"]
+    if "resource" in request and isinstance(outcome, GiveUp):
+        # A version-checked destination's review says itself what was read, written and
+        # found (a change refused for a field it does not own was never sent at all).
+        return "\n".join(lines)
     target = request.get("url") or (
         f"task {request['task']}" if "task" in request else f"the record in {request['resource']}"
     )
-    lines = [f"{destination.config.name}: {outcome.detail or type(outcome).__name__}"]
     batch = f" (one call for {len(events)} events of the record)" if len(events) > 1 else ""
     lines.append(f"{what} {ctx.attempt} call(s) to {target}{batch}")
     if outcome.response:

@@ -1,7 +1,8 @@
 """Flow control of destinations, shared by every worker: at most N calls in flight and R
-calls per second per destination, and a pause after a ``Retry-After`` — all kept in Redis
-by one Lua script (:data:`~keylane.routing.contract.redis_scripts.FLOW_ACQUIRE`), on
-Redis's clock. Part of the lanes' Redis broker (``RedisLaneBroker.flow``).
+calls per second per destination, a pause after a ``Retry-After``, and a rate that adapts
+to what the destination admits (lowered after a 429, raised slowly while calls succeed) —
+all kept in Redis by two Lua scripts (:data:`~keylane.routing.contract.redis_scripts.FLOW_ACQUIRE`,
+``FLOW_RELEASE``), on Redis's clock. Part of the lanes' Redis broker (``RedisLaneBroker.flow``).
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ class DestinationFlow:
         max_in_flight: int | None,
         rate_per_s: float | None,
         slot_ttl_ms: int,
+        adaptive: bool = True,
     ) -> tuple[float, str]:
         """Ask to start a call to ``destination`` (every worker shares its limits):
         ``(0, "ok")`` holds ``slot`` until :meth:`release`, else the seconds to wait and
-        why (``paused``, ``in_flight``, ``rate``)."""
+        why (``paused``, ``in_flight``, ``rate``). ``rate_per_s`` is the configured rate;
+        the adapted one applies when lower."""
         k = self.keys
         ok, wait_ms, why = self._run(
             self._acquire,
@@ -43,16 +46,41 @@ class DestinationFlow:
                 k.flow_counters(destination),
                 k.destinations,
             ],
-            [slot, max_in_flight or 0, rate_per_s or 0, slot_ttl_ms, destination],
+            [
+                slot,
+                max_in_flight or 0,
+                rate_per_s or 0,
+                slot_ttl_ms,
+                destination,
+                int(adaptive),
+            ],
         )
         return (0.0 if ok else int(wait_ms) / 1000), reply_text(why)
 
-    def release(self, destination: str, slot: str, outcome: str, pause_s: float = 0) -> None:
-        """The call in ``slot`` ended with ``outcome`` (counted); ``pause_s`` pauses the
-        destination for every worker (a ``Retry-After``)."""
+    def release(
+        self,
+        destination: str,
+        slot: str,
+        outcome: str,
+        pause_s: float = 0,
+        throttled: bool = False,
+        slot_ttl_ms: int = 0,
+        adaptive: bool = True,
+    ) -> float | None:
+        """The call in ``slot`` (held for ``slot_ttl_ms``) ended with ``outcome``
+        (counted); ``pause_s`` pauses the destination for every worker (a
+        ``Retry-After``); ``throttled`` (a 429) lowers its rate when it adapts, and a
+        ``done`` raises it slowly. The new rate (calls/s) when this call cut it."""
         k = self.keys
-        self._run(
+        cut = self._run(
             self._release,
-            [k.flow_calls(destination), k.flow_bucket(destination), k.flow_counters(destination)],
-            [slot, outcome, int(pause_s * 1000)],
+            [
+                k.flow_calls(destination),
+                k.flow_bucket(destination),
+                k.flow_counters(destination),
+                k.flow_admitted(destination),
+            ],
+            [slot, outcome, int(pause_s * 1000), int(throttled), slot_ttl_ms, int(adaptive)],
         )
+        text = reply_text(cut)
+        return float(text) if text else None

@@ -232,7 +232,8 @@ class Lanes:
         others in rotation. Shards with records waiting get a timer for when the first is
         due.
         """
-        leases = self.ownership.reserve(lane, self.doorbell.hints(), TAKE_WINDOW)
+        hints = self.doorbell.hints()
+        leases = self.ownership.reserve(lane, hints, TAKE_WINDOW)
         if not leases:
             return False
         got: Taken | Idle | None = None
@@ -246,6 +247,13 @@ class Lanes:
             for shard, due_in_s in got.due_in_s.items() if got is not None else ():
                 self.doorbell.ring_in(shard, due_in_s)
             return False
+        # The take serves the first shard of the window that has a record due: the rung
+        # shards after it were not looked at, and are rung again for another lane rather
+        # than forgotten.
+        looked_at = [lease.shard for lease in leases].index(got.shard)
+        for lease in leases[looked_at + 1 :]:
+            if lease.shard in hints:
+                self.doorbell.ring(lease.shard)
         lease = next(lease for lease in leases if lease.shard == got.shard)
         try:
             step: Step | None = Step(got)

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from ..routing.assignment import assign_shards
 from ..routing.contract.errors import BrokerUnavailable, StoreUnavailable
 from ..routing.contract.settings import Settings
-from .broker import LaneBroker, Lease
+from ..routing.shards import shard_ranges
+from .broker import Acquired, LaneBroker, Lease
 from .store import Store
 from .writer import EXIT_NOT_THE_WRITER, StoreWriter
 
@@ -231,8 +232,17 @@ class Ownership:
             else set(assign_shards(s.shard_count, members).get(self.worker_id, []))
         )
         self._release_unwanted(wanted)
-        for shard in sorted(wanted - set(self.owned())):
-            self._acquire(shard)
+        acquired = [got for s in sorted(wanted - set(self.owned())) if (got := self._acquire(s))]
+        if acquired:
+            restored = sum(got.restored for got in acquired)
+            log.info(
+                "acquired %s shard(s): %s%s",
+                len(acquired),
+                shard_ranges([got.lease.shard for got in acquired if got.lease is not None]),
+                f" ({restored} in-flight message(s) of a previous owner restored)"
+                if restored
+                else "",
+            )
 
     def _renew(self) -> None:
         held = list(self.owned().values())
@@ -307,6 +317,7 @@ class Ownership:
                 if shard not in wanted:
                     held.releasing = True
             ready = [h.lease for h in self._held.values() if h.releasing and not h.busy]
+        released = []
         for lease in ready:
             try:
                 self.broker.release_lease(lease, self.worker_id)
@@ -315,22 +326,28 @@ class Ownership:
                 continue
             with self._lock:
                 self._held.pop(lease.shard, None)
-            log.info("released shard %s (token %s)", lease.shard, lease.token)
+            log.debug("released shard %s (token %s)", lease.shard, lease.token)
+            released.append(lease.shard)
+        if released:
+            log.info("released %s shard(s): %s", len(released), shard_ranges(released))
 
-    def _acquire(self, shard: int) -> None:
+    def _acquire(self, shard: int) -> Acquired | None:
+        """Take ``shard``'s lease if it is free (one line per shard at DEBUG; the
+        heartbeat logs one line for all it took)."""
         sent_at = self._clock()
         try:
             got = self.broker.acquire(shard, self.worker_id, self.settings.lease_ttl_ms)
         except BrokerUnavailable as exc:
             log.warning("cannot acquire shard %s: %s", shard, exc)
-            return
+            return None
         if got.lease is None:
-            return
+            return None
         valid_until = sent_at + self.settings.lease_ttl_ms / 1000 * VALIDITY_FRACTION
         with self._lock:
             self._held[shard] = HeldShard(got.lease, valid_until)
         self._unregistered.put(got.lease)
-        log.info("acquired shard %s (token %s, restored %s)", shard, got.lease.token, got.restored)
+        log.debug("acquired shard %s (token %s, restored %s)", shard, got.lease.token, got.restored)
+        return got
 
     # -- the registrar thread ------------------------------------------------------------
 

@@ -111,10 +111,11 @@ class LaneService:
         self.ownership.start()
         self.lanes.start()
         log.info(
-            "worker %s started with %s lanes, owns %s shards",
+            "worker %s started with %s lanes, owns %s shards%s",
             self.worker_id,
             self.settings.lanes,
             len(self.ownership.owned()),
+            "; the SQLite store's one writer" if self.writer is not None else "",
         )
 
     def stop(self, timeout_s: float = 30.0) -> None:

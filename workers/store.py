@@ -149,6 +149,10 @@ class Store(ABC):
         """Release the connection."""
 
     @abstractmethod
+    def has_schema(self) -> bool:
+        """Whether keylane's tables are there (:meth:`migrate` has run)."""
+
+    @abstractmethod
     def read(self, record_key: str) -> Record:
         """The record as it is now (revision 0 and no fields when absent)."""
 

@@ -11,7 +11,9 @@ newest waiting event is D ms old (or N are waiting) before it runs it.
 from __future__ import annotations
 
 import importlib
+import os
 import string
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -103,11 +105,21 @@ def all_tasks() -> list[TaskSpec]:
 
 def import_app(modules: list[str]) -> None:
     """Import the user's modules (``-A`` / ``KEYLANE_APP``), which register their tasks;
-    ``ConfigError`` names a module that cannot be imported and why."""
+    ``ConfigError`` names a module that cannot be imported and why.
+
+    The working directory goes first on the import path, as ``celery -A`` does: a console
+    script (``keylane``) has its own folder there instead, so ``keylane worker -A
+    myapp.tasks`` run next to ``myapp/`` would not find it otherwise."""
+    cwd = os.getcwd()
+    if modules and cwd not in sys.path:
+        sys.path.insert(0, cwd)
     for module in modules:
         try:
             importlib.import_module(module)
         except Exception as exc:
+            where = ""
+            if isinstance(exc, ModuleNotFoundError):
+                where = f" (looked in the working directory {cwd} and on the import path)"
             raise ConfigError(
-                f"cannot import the app module {module!r}: {type(exc).__name__}: {exc}"
+                f"cannot import the app module {module!r}: {type(exc).__name__}: {exc}{where}"
             ) from exc

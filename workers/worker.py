@@ -11,9 +11,11 @@ import logging
 import os
 import socket
 import threading
+import warnings
 from typing import Any
 
 from celery import bootsteps
+from celery.exceptions import SecurityWarning
 from celery.worker.control import control_command, inspect_command
 from kombu.entity import Queue
 
@@ -191,6 +193,9 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
     app.keylane_settings = settings
     app.keylane_worker_id = worker_id
     app.steps["worker"].add(LaneStep)
+    # Celery warns a root process against unpickling messages; keylane's app accepts JSON
+    # only (Celery's default accept_content), so the warning is about nothing it does.
+    warnings.filterwarnings("ignore", category=SecurityWarning)
     worker = app.Worker(
         hostname=f"keylane-{os.getpid()}@{socket.gethostname()}",
         pool="solo",
@@ -199,6 +204,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
         without_mingle=True,
         without_gossip=True,
         loglevel=loglevel,
+        quiet=True,  # no banner: keylane logs what the worker runs in one line
     )
     worker.start()
     raise SystemExit(worker.exitcode)

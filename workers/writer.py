@@ -72,7 +72,9 @@ class StoreWriter:
                 raise ConfigError(self._refusal(holder, state))
             self._sleep(min(0.25, s.heartbeat_ms / 1000))
             holder = self.broker.claim_store_writer(self.worker_id, s.lease_ttl_ms)
-        log.info("this worker is the SQLite store's one writer (%s)", self.worker_id)
+        # Claimed twice at start (before Celery starts, then by the lanes): the worker's
+        # start-up line says it once.
+        log.debug("this worker is the SQLite store's one writer (%s)", self.worker_id)
 
     def renew(self) -> str:
         """Renew the claim; the holder now (another worker's id: the claim was lost)."""

@@ -83,6 +83,7 @@ class _FlowKeys(BaseModel):
     kind: Literal["http", "task"] | ResourceKind
     max_in_flight: int | None = Field(None, ge=1, le=10_000)
     rate_per_s: float | None = Field(None, gt=0, le=100_000)
+    adaptive: bool = True  # after a 429, lower the rate, then raise it while calls succeed
     retry_for_s: float = Field(3600.0, ge=0)
     max_backoff_s: float = Field(60.0, gt=0, le=3600)
 
@@ -199,6 +200,11 @@ def retry_delay_s(retries: int, max_backoff_s: float, jitter: float) -> float:
     return delay / 2 + delay / 2 * jitter
 
 
+#: What a destination's calls ended with, as counted by the flow script (the other
+#: counters: ``calls`` started, ``waits`` refused for a while, ``rate_cuts`` after 429s).
+CALL_OUTCOMES = ("done", "retried", "gave_up", "conflicts", "failed")
+
+
 @dataclass(frozen=True)
 class FlowState:
     """One destination's flow control as the flow script keeps it, at ``now_ms``."""
@@ -206,17 +212,28 @@ class FlowState:
     name: str
     in_flight: int
     max_in_flight: int | None
-    rate_per_s: float | None
+    rate_per_s: float | None  # as configured
     tokens: float
     paused_for_s: float
     counters: dict[str, int]
+    adapted_rate_per_s: float | None = None  # lowered after a 429, while it is lower
+
+    @property
+    def rate_now(self) -> float | None:
+        """Calls per second allowed now: the adapted rate when lower than the configured
+        one (None: no limit)."""
+        adapted, configured = self.adapted_rate_per_s, self.rate_per_s
+        if adapted is not None and (configured is None or adapted < configured):
+            return adapted
+        return configured
 
     @property
     def next_token_s(self) -> float:
         """Seconds until a call may start as far as the rate allows (0: now)."""
         wait = self.paused_for_s
-        if self.rate_per_s and self.tokens < 1:
-            wait = max(wait, (1 - self.tokens) / self.rate_per_s)
+        rate = self.rate_now
+        if rate and self.tokens < 1:
+            wait = max(wait, (1 - self.tokens) / rate)
         return round(wait, 3)
 
     @classmethod
@@ -228,13 +245,16 @@ class FlowState:
         counters: dict[str, int],
         now_ms: int,
     ) -> FlowState:
-        """Read the bucket hash (``max``, ``rate``, ``tokens``, ``ts``, ``paused``)."""
+        """Read the bucket hash (``max``, ``rate``, ``adapted``, ``tokens``, ``ts``,
+        ``paused``)."""
         rate = float(bucket.get("rate") or 0)
+        adapted = float(bucket.get("adapted") or 0)
         max_in_flight = int(float(bucket.get("max") or 0))
         tokens = float(bucket.get("tokens") or 1)
-        if rate > 0:
+        filling = adapted if adapted and (not rate or adapted < rate) else rate
+        if filling > 0:
             elapsed_s = max(0, now_ms - int(float(bucket.get("ts") or now_ms))) / 1000
-            tokens = min(1.0, tokens + elapsed_s * rate)
+            tokens = min(1.0, tokens + elapsed_s * filling)
         paused_ms = max(0, int(float(bucket.get("paused") or 0)) - now_ms)
         return cls(
             name=name,
@@ -244,6 +264,7 @@ class FlowState:
             tokens=round(tokens, 3) if not math.isnan(tokens) else 0.0,
             paused_for_s=paused_ms / 1000,
             counters=counters,
+            adapted_rate_per_s=round(adapted, 3) if adapted else None,
         )
 
 

@@ -69,6 +69,11 @@ class StoreError(KeylaneError):
     """A store operation failed."""
 
 
+class StoreMissing(StoreError):
+    """There is no keylane store where a command that only uses one looked (nothing was
+    created there)."""
+
+
 class StoreUnavailable(StoreError):
     """The store cannot be reached or is busy; the operation may be retried as is."""
 

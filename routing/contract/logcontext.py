@@ -21,6 +21,10 @@ _EVENT_CONTEXT: contextvars.ContextVar[dict[str, Any] | None] = contextvars.Cont
     "keylane_event", default=None
 )
 CONTEXT_FIELDS = ("source", "event_id", "record_key", "shard", "attempt", "batch")
+#: Libraries whose INFO lines come once per call (httpx logs every request a forward
+#: makes) or repeat at start-up what keylane says itself (Celery's and Flower's banners,
+#: connections, task lists): shown from WARNING up, unless the level is DEBUG.
+CHATTY_LOGGERS = ("httpx", "httpcore", "celery", "kombu", "flower", "tornado")
 
 
 @contextlib.contextmanager
@@ -94,3 +98,6 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    quiet = logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(quiet)

@@ -7,11 +7,20 @@ their entry point and pass the object down.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .. import DEFAULT_SHARD_COUNT, ShardMap
@@ -23,6 +32,7 @@ from .errors import ConfigError
 MAX_BATCH = 256
 
 THREE_DAYS_S = 3 * 24 * 3600
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class FaultSpec(BaseModel):
@@ -84,24 +94,32 @@ class Settings(BaseSettings):
     flower_address: str = "127.0.0.1"
     flower_basic_auth: SecretStr | None = None
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "FULL"
-    log_level: str = "INFO"
+    log_level: str = "INFO"  # DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)
     log_format: Literal["text", "json"] = "text"
     task_events: bool = True  # Celery task events for Flower's task list
     faults: list[FaultSpec] = Field(default_factory=list)
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_log_level(cls, level: str) -> str:
+        if level.upper() not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+        return level.upper()
 
     @model_validator(mode="after")
     def _check_timing(self) -> Settings:
         if self.heartbeat_ms * 3 > self.lease_ttl_ms:
             raise ValueError(
-                f"heartbeat_ms ({self.heartbeat_ms}) must be at most a third of "
-                f"lease_ttl_ms ({self.lease_ttl_ms}), so two renewals can fail before it expires"
+                f"KEYLANE_HEARTBEAT_MS ({self.heartbeat_ms}) must be at most a third of "
+                f"KEYLANE_LEASE_TTL_MS ({self.lease_ttl_ms}), so two renewals can fail before "
+                "the lease expires"
             )
         if self.worst_case_ms * 2 > self.inflight_deadline_ms:
             raise ValueError(
-                f"a message's worst case, max_attempts x (handler_time_limit_ms + "
-                f"2 x store_timeout_ms) = {self.worst_case_ms} ms, must stay under half of "
-                f"inflight_deadline_ms ({self.inflight_deadline_ms}), after which a lane "
-                "counts as stuck"
+                f"a message's worst case, KEYLANE_MAX_ATTEMPTS x (KEYLANE_HANDLER_TIME_LIMIT_MS "
+                f"+ 2 x KEYLANE_STORE_TIMEOUT_MS) = {self.worst_case_ms} ms, must stay under "
+                f"half of KEYLANE_INFLIGHT_DEADLINE_MS ({self.inflight_deadline_ms}), after "
+                "which a lane counts as stuck"
             )
         return self
 
@@ -121,8 +139,8 @@ class Settings(BaseSettings):
         worst_ms = self.max_attempts * timeout_s * 1000
         if worst_ms * 2 > self.inflight_deadline_ms:
             raise ConfigError(
-                f"destination {name}: max_attempts x timeout_s = {worst_ms:.0f} ms must stay "
-                f"under half of inflight_deadline_ms ({self.inflight_deadline_ms})"
+                f"destination {name}: KEYLANE_MAX_ATTEMPTS x timeout_s = {worst_ms:.0f} ms must "
+                f"stay under half of KEYLANE_INFLIGHT_DEADLINE_MS ({self.inflight_deadline_ms})"
             )
 
     @property
@@ -174,8 +192,10 @@ class Settings(BaseSettings):
         if self.redis_url is not None:
             return self.redis_url.get_secret_value()
         raise ConfigError(
-            "no Redis configured: set KEYLANE_REDIS_URL, or run `keylane up`, which starts an "
-            f"embedded Redis in {self.data_dir}"
+            "no Redis: KEYLANE_REDIS_URL (--redis-url) is not set, and no `keylane up` runs an "
+            f"embedded Redis for the data directory {self.data_dir.resolve()} (--data-dir / "
+            "KEYLANE_DATA_DIR; default: keylane-data in the current folder). Run the command "
+            "from the folder `keylane up` runs in, give its --data-dir, or set KEYLANE_REDIS_URL"
         )
 
 
@@ -202,9 +222,66 @@ def env_var(name: str) -> str:
     return f"KEYLANE_{name.upper()}"
 
 
+class InvalidSettings(ConfigError):
+    """Settings that cannot work: each problem names the setting's environment variable
+    (``problems``: setting name or None for a rule across settings, and what is wrong),
+    so a command line can name its option too (:meth:`describe`)."""
+
+    def __init__(self, problems: list[tuple[str | None, str]]) -> None:
+        self.problems = problems
+        super().__init__(self.describe({}))
+
+    def describe(self, flags: Mapping[str, str]) -> str:
+        """The message, naming each setting by its option in ``flags`` (setting name ->
+        ``--option``) and its environment variable."""
+        lines = []
+        for field, text in self.problems:
+            if field is None:
+                lines.append(text)
+                continue
+            flag = flags.get(field)
+            lines.append(f"{f'{flag} / ' if flag else ''}{env_var(field)}: {text}")
+        return "invalid settings: " + "; ".join(lines)
+
+
 def load_settings(**overrides: object) -> Settings:
-    """Build the settings from the environment, with explicit overrides (e.g. CLI flags)."""
+    """Build the settings from the environment, with explicit overrides (e.g. CLI flags);
+    :class:`InvalidSettings` says what is wrong, by environment variable."""
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise InvalidSettings([_problem(error) for error in exc.errors()]) from None
     except ValueError as exc:
         raise ConfigError(f"invalid settings: {exc}") from exc
+
+
+#: What a person reads for pydantic's error types.
+_PLAIN = {
+    "greater_than_equal": "must be at least {ge}",
+    "less_than_equal": "must be at most {le}",
+    "greater_than": "must be more than {gt}",
+    "less_than": "must be less than {lt}",
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_parsing": "must be a number",
+    "bool_parsing": "must be true or false",
+    "literal_error": "must be {expected}",
+}
+
+
+def _problem(error: Any) -> tuple[str | None, str]:
+    """One pydantic error as (setting name, what is wrong, with the value given unless
+    the setting is a secret)."""
+    loc = error.get("loc") or ()
+    field = str(loc[0]) if loc and str(loc[0]) in Settings.model_fields else None
+    template = _PLAIN.get(error.get("type", ""))
+    context = error.get("ctx") or {}
+    try:
+        text = template.format(**context) if template else str(error.get("msg", ""))
+    except (KeyError, IndexError):
+        text = str(error.get("msg", ""))
+    text = text.removeprefix("Value error, ")
+    secret = field is not None and "Secret" in str(Settings.model_fields[field].annotation)
+    if field is not None and not secret and "input" in error:
+        text += f" (got {error['input']!r})"
+    return field, text

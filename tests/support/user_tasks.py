@@ -98,3 +98,14 @@ def sync_page(events: list[keylane.Event], ctx: keylane.Context) -> keylane.Done
     """A debounced batch task as the README shows it: a page edited many times in a burst
     is written with one call (up to 20 edits; 2 s after its newest edit)."""
     return _post_batch(events, ctx)
+
+
+@keylane.task(key="signup:{email}")
+def flaky_signup(event: keylane.Event, ctx: keylane.Context) -> keylane.Done:
+    """Refuses a plan it does not know; fails ``fail_first`` times before it syncs."""
+    if event.payload.get("plan") == "unknown":
+        raise keylane.GiveUp("the CRM does not know the plan 'unknown'")
+    if ctx.attempt <= int(event.payload.get("fail_first", 0)):
+        raise keylane.RetryLater("CRM busy", delay_s=0.05)
+    ctx.log.info("synced (attempt %s)", ctx.attempt)
+    return keylane.Done()

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlparse
 
-from ...routing.contract.errors import ConfigError
+from ...routing.contract.errors import ConfigError, StoreMissing
 from ..store import Store
 from .sql import SqlStore
 
@@ -29,3 +29,32 @@ def open_store(
 
         return SqlStore(PostgresDialect(url, timeout_ms=timeout_ms))
     raise ConfigError(f"unsupported store URL scheme {scheme!r}: use sqlite:/// or postgresql://")
+
+
+def open_existing_store(
+    url: str, timeout_ms: int = 5000, sqlite_synchronous: Literal["NORMAL", "FULL"] = "FULL"
+) -> Store:
+    """Open a store that a worker (or ``keylane up``) has created, creating nothing: a
+    SQLite file that is not there, or a database without keylane's tables, raises
+    :class:`StoreMissing` saying where it looked."""
+    if urlparse(url).scheme == "sqlite":
+        path = Path(url[len("sqlite://") :])
+        if not path.is_file():
+            shown = str(path)[1:] if str(path).startswith("//") else path  # sqlite:////abs
+            raise StoreMissing(f"there is no keylane store at {shown}")
+    store = open_store(url, timeout_ms, sqlite_synchronous)
+    try:
+        if not store.has_schema():
+            raise StoreMissing(f"the database of {_where(url)} has no keylane tables")
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def _where(url: str) -> str:
+    """A store URL without its password."""
+    parts = urlparse(url)
+    if parts.password is None:
+        return url
+    return url.replace(f":{parts.password}@", ":***@", 1)

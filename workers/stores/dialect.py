@@ -54,6 +54,10 @@ class Dialect(Protocol):
         """Run the schema's DDL."""
         ...
 
+    def has_table(self, name: str) -> bool:
+        """Whether the table ``name`` exists (where the connection looks for tables)."""
+        ...
+
     def close(self) -> None:
         """Release the connection."""
         ...

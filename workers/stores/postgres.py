@@ -53,6 +53,14 @@ class PostgresDialect:
             cur.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
             cur.execute(ddl)
 
+    def has_table(self, name: str) -> bool:
+        # to_regclass resolves the name on the connection's search_path, as every
+        # statement of the store does.
+        with self.cursor() as cur:
+            cur.execute("SELECT to_regclass(?) IS NOT NULL", (name,))
+            row = cur.fetchone()
+            return bool(row and row[0])
+
     def close(self) -> None:
         self._conn.close()
 

@@ -49,6 +49,9 @@ class SqlStore(Store):
     def close(self) -> None:
         self.dialect.close()
 
+    def has_schema(self) -> bool:
+        return self.dialect.has_table("records")
+
     # -- the write path: effect, journal entry and fence check in one transaction ----------
 
     def commit_group(self, commits: Sequence[Commit]) -> list[int | CommitRefused]:

@@ -56,6 +56,11 @@ class SqliteDialect:
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot create schema in {self.path}: {exc}") from exc
 
+    def has_table(self, name: str) -> bool:
+        with self.cursor() as cur:
+            cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+            return cur.fetchone() is not None
+
     def close(self) -> None:
         self._conn.close()
 

@@ -1,0 +1,87 @@
+"""What ``keylane up`` checks before it starts any child: that no other ``keylane up``
+runs on its data directory, and that the ports its receiver and Flower will listen on are
+free. Either failing is a :class:`ConfigError` that names the problem and the option to
+change, raised before anything is started or changed: a second ``keylane up`` would
+otherwise start children that die on ``address already in use`` and are restarted forever,
+while the banner names ports another deployment answers on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+from pathlib import Path
+from typing import IO
+
+from ..routing.contract.errors import ConfigError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no advisory locks; the port check remains
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_FILE = "up.lock"
+
+
+class DataDirLock:
+    """An exclusive lock on ``<data dir>/up.lock``, held while ``keylane up`` runs. The
+    kernel releases it when the process ends, however it ends, so a crashed supervisor
+    never leaves a stale lock behind; the file keeps the holder's pid for the message."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / LOCK_FILE
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise :class:`ConfigError` naming the ``keylane up`` that has it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = self.path.open("a+")
+        if fcntl is not None:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.seek(0)
+                holder = handle.read().strip() or "?"
+                handle.close()
+                raise ConfigError(
+                    f"keylane up is already running on the data directory "
+                    f"{self.path.parent.resolve()} (pid {holder}): stop that one first, or "
+                    "give this one another --data-dir / KEYLANE_DATA_DIR"
+                ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self._file = handle
+
+    def release(self) -> None:
+        """Let go of the lock (the file stays; an unlocked file means nothing)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def check_port_free(host: str, port: int, what: str, options: str) -> None:
+    """Raise :class:`ConfigError` when nothing of ours could listen on ``host:port``:
+    ``what`` names the listener, ``options`` the settings that choose another port."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigError(f"{what}: cannot resolve the address {host!r}: {exc}") from None
+    family, kind, proto, _, address = infos[0]
+    with contextlib.closing(socket.socket(family, kind, proto)) as sock:
+        # As uvicorn and tornado bind: a port whose old connections linger in TIME_WAIT
+        # is free for them, so it is free here too.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"{what}: port {port} on {host} is already in use (another keylane up, or "
+                    f"another program, listens there): stop it, or choose another port with "
+                    f"{options}"
+                ) from None
+            raise ConfigError(f"{what}: cannot listen on {host}:{port}: {exc}") from None
