@@ -82,6 +82,7 @@ def rabbitmq_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rabbi
         yield cluster
     finally:
         cluster.stop()
+        print(f"\nRabbitMQ test cluster, seconds: {cluster.timings}")
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -385,3 +386,26 @@ class RabbitCluster:
         status = self.ctl_json("status")
         assert isinstance(status, dict)
         return str(status["rabbitmq_version"])
+
+
+def measure() -> dict[str, float]:
+    """Start a cluster, kill -9 and restart its second node, stop it: the seconds each
+    step took (``ops/dev python -m tests.support.rabbitmq`` prints them)."""
+    sbin = find_rabbitmq_sbin()
+    if sbin is None:
+        raise SystemExit("rabbitmq-server is not installed")
+    with tempfile.TemporaryDirectory(prefix="kl-rabbitmq-") as tmp:
+        cluster = RabbitCluster(Path(tmp) / "cluster", sbin)
+        try:
+            cluster.start()
+            began = time.monotonic()
+            cluster.kill(cluster.nodes[1])
+            cluster.restart(cluster.nodes[1])
+            cluster.timings["kill_restart_s"] = time.monotonic() - began
+        finally:
+            cluster.stop()
+    return {"load_1m": os.getloadavg()[0], **cluster.timings}
+
+
+if __name__ == "__main__":
+    print(json.dumps({k: round(v, 2) for k, v in measure().items()}))
