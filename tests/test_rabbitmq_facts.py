@@ -670,3 +670,28 @@ def test_a_killed_leader_loses_no_message_and_no_consumer(
     assert all(d.delivery_count == 0 for d in active.deliveries)
     assert waiting.deliveries == []
     assert rabbitmq.leader_of(queue.name) in (follower, other)
+
+
+def test_the_active_consumers_node_dying_fails_over_with_its_unacked_first(
+    rabbitmq: RabbitCluster, amqp: AmqpClients
+) -> None:
+    # Given a SAC queue led by node 1 whose active consumer, connected to node 1 too,
+    # holds two deliveries; a consumer waits on node 2, the publisher is on node 3
+    doomed, survivor, other = rabbitmq.nodes
+    queue = amqp.queue("node-death", doomed, **SAC)
+    publisher = amqp.publisher(other)
+    for i in range(6):
+        publisher.publish(queue.name, {"i": i})
+    active = amqp.inbox(doomed, queue, name="active", prefetch=2)
+    waiting = amqp.inbox(survivor, queue, name="waiting", action="ack")
+    pump([active, waiting], lambda: len(active.deliveries) == 2)
+
+    # When node 1 (leader and the consumer's node) is killed
+    killed_at = time.monotonic()
+    rabbitmq.kill(doomed)
+    pump([waiting], lambda: len(waiting.deliveries) == 6)
+    print(f"waiting consumer served {waiting.deliveries[0].at - killed_at:.2f} s after the kill")
+
+    # Then the waiting consumer gets the held deliveries first, in order, then the rest
+    assert waiting.numbers == [0, 1, 2, 3, 4, 5]
+    assert [d.delivery_count for d in waiting.deliveries] == [1, 1, 0, 0, 0, 0]
