@@ -138,6 +138,9 @@ class RabbitCluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
         env["HOME"] = str(self.home)
         env["ERL_EPMD_PORT"] = str(self.epmd_port)
+        # Never an epmd daemon of their own: a node or rabbitmqctl started while the
+        # cluster's epmd is gone would start one that outlives the cluster. Fail instead.
+        env["ERL_FLAGS"] = "-start_epmd false"
         env["RABBITMQ_CONF_ENV_FILE"] = str(self.dir / "rabbitmq-env.conf")
         return env
 
