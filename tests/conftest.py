@@ -6,6 +6,9 @@ the tests did not create.
 * PostgreSQL: ``KEYLANE_TEST_PG_URL``, else 127.0.0.1:5432 database ``test``, else a
   cluster created with ``initdb`` in a temporary directory. Each test gets its own schema,
   dropped after it.
+* RabbitMQ: a 3-node cluster of the session's own on free loopback ports (never the
+  system's node on 5672), started when a test first asks for it; skipped only when
+  ``rabbitmq-server`` is not installed. Tests that kill a node get it back afterwards.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import redis
 from keylane.routing.contract.settings import Settings, load_settings
 from keylane.workers.store import Store
 from keylane.workers.stores import open_store
+from tests.support.rabbitmq import RabbitCluster, find_rabbitmq_sbin
 from tests.support.services import (
     EmbeddedPostgres,
     pg_reachable,
@@ -61,6 +65,33 @@ def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield cluster.url
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitCluster]:
+    """A 3-node RabbitMQ cluster for the session (one per xdist process that needs it)."""
+    sbin = find_rabbitmq_sbin()
+    if sbin is None:
+        pytest.skip(
+            "rabbitmq-server is not installed (looked in KEYLANE_TEST_RABBITMQ_SBIN, "
+            "/usr/lib/rabbitmq/bin and PATH); the RabbitMQ cluster tests need it"
+        )
+    cluster = RabbitCluster(tmp_path_factory.mktemp("rabbitmq"), sbin)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        print(f"\nRabbitMQ test cluster, seconds: {cluster.timings}")
+
+
+@pytest.fixture
+def rabbitmq(rabbitmq_cluster: RabbitCluster) -> Iterator[RabbitCluster]:
+    """The session's RabbitMQ cluster with every node running; a node the test killed
+    is restarted after it."""
+    rabbitmq_cluster.heal()
+    yield rabbitmq_cluster
+    rabbitmq_cluster.heal()
 
 
 @pytest.fixture
