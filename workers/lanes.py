@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import sentry_sdk
 from pydantic import ValidationError
@@ -69,8 +69,20 @@ from .store import Fence, Record, Store
 
 log = logging.getLogger("keylane.lanes")
 
-#: Called after each acknowledged event: (task id, event, result, seconds it took).
-ResultCallback = Callable[[str, Event, ApplyResult, float], None]
+
+class LaneEvents(Protocol):
+    """What the lanes report of each event as they go (Celery task events for Flower, see
+    :class:`keylane.workers.worker.TaskEvents`): best effort, never in a lane's way."""
+
+    def started(self, task_id: str, event: Event, attempt: int) -> None:
+        """A lane took the event (``attempt``: its delivery count)."""
+
+    def waiting(self, task_id: str, event: Event, reason: str, detail: str, delay_s: float) -> None:
+        """The event's record waits ``delay_s`` (a back-off, a limit, a debounce): why."""
+
+    def finished(self, task_id: str, event: Event, result: ApplyResult, runtime_s: float) -> None:
+        """The event's outcome is committed and acknowledged."""
+
 
 #: The longest back-off of a record whose handler keeps failing (its deliveries count).
 MAX_BACKOFF_S = 5.0
@@ -117,7 +129,7 @@ class Lanes:
         store_factory: Callable[[], Store],
         faults: Faults,
         dispatcher: Dispatcher,
-        on_result: ResultCallback | None = None,
+        events: LaneEvents | None = None,
     ) -> None:
         self.settings = settings
         self.dispatcher = dispatcher
@@ -127,7 +139,7 @@ class Lanes:
         self.faults = faults
         self.io = BlockingPool(settings.lane_threads, store_factory)
         self.store = LaneStore(self.io)
-        self._on_result = on_result
+        self._events = events
         self._handlers: dict[str, SourceHandler | None] = {}
         #: The record each lane works on now, by lane (shard, record key).
         self._holding: dict[int, tuple[int, str]] = {}
@@ -288,6 +300,9 @@ class Lanes:
         }
         if len(batch) > 1:
             context["batch"] = len(batch)
+        if self._events is not None:
+            for queued in batch:
+                self._events.started(queued.task_id, queued.event, taken.deliveries)
         with event_context(**context):
             return await self._apply(lane, lease, taken, batch, step.record)
 
@@ -336,7 +351,7 @@ class Lanes:
             return None
         except (StoreUnavailable, BrokerUnavailable) as exc:  # not the event's fault
             why = {"reason": "unavailable", "error": str(exc)[:EXCERPT_CHARS]}
-            await self._wait(lease, taken, OUTAGE_WAIT_S, why, "uncount")
+            await self._wait(lease, taken, batch, OUTAGE_WAIT_S, why, "uncount")
             raise
         except Exception as exc:
             log.exception("handler error on %s (delivery %s)", ref, taken.deliveries)
@@ -345,14 +360,14 @@ class Lanes:
             await self.io.call(self.broker.note_failure, lease.shard, taken.raw, error)
             delay_s = retry_delay_s(taken.deliveries, MAX_BACKOFF_S, random.random())
             why = {"reason": "handler_error", "error": error[:EXCERPT_CHARS]}
-            await self._wait(lease, taken, delay_s, why, "keep")
+            await self._wait(lease, taken, batch, delay_s, why, "keep")
             return None
         if results is None:
             return None  # the lease ran out before the write: the next owner takes it on
         if isinstance(results, Wait):  # waiting is not a failure
             why = {"reason": results.reason, "error": results.detail}
             counts: Counts = "forget" if results.batch else "uncount"
-            await self._wait(lease, taken, results.seconds, why, counts)
+            await self._wait(lease, taken, batch, results.seconds, why, counts)
             return None
         done = list(zip(batch, results, strict=False))
         acks, hold = [], None
@@ -367,10 +382,10 @@ class Lanes:
         finished = await self.io.store(self._finish, lease, taken, acks, hold, keep)
         if finished is False:
             self.ownership.lost(lease, "lease changed before the acknowledgement")
-        if self._on_result is not None:
+        if self._events is not None:
             runtime = time.monotonic() - started
             for queued, result in done:
-                self._on_result(queued.task_id, queued.event, result, runtime)
+                self._events.finished(queued.task_id, queued.event, result, runtime)
         return finished if isinstance(finished, Step) else None
 
     def _finish(
@@ -398,10 +413,21 @@ class Lanes:
         return Step(nxt, message, record)
 
     async def _wait(
-        self, lease: Lease, taken: Taken, delay_s: float, why: dict[str, Any], counts: Counts
+        self,
+        lease: Lease,
+        taken: Taken,
+        batch: list[Queued],
+        delay_s: float,
+        why: dict[str, Any],
+        counts: Counts,
     ) -> None:
         """``taken``'s record waits ``delay_s`` (its shard's timer rings then)."""
         why = {**why, "attempts": taken.deliveries}
+        if self._events is not None:
+            for queued in batch:
+                self._events.waiting(
+                    queued.task_id, queued.event, why["reason"], why.get("error") or "", delay_s
+                )
         messages = [taken.raw] if counts != "keep" else []
         waiting = await self.io.call(self.broker.wait, lease, taken, delay_s, why, counts, messages)
         if not waiting:

@@ -16,7 +16,7 @@ from ..routing.contract.sources import Sources, load_sources
 from .brokers.redis import RedisLaneBroker
 from .destinations import Destination, open_destinations
 from .dispatch import Dispatcher
-from .lanes import Lanes, ResultCallback
+from .lanes import LaneEvents, Lanes
 from .ownership import Ownership
 from .store import Store
 from .stores import open_store
@@ -60,7 +60,7 @@ class LaneService:
         settings: Settings,
         worker_id: str | None = None,
         sources: Sources | None = None,
-        on_result: ResultCallback | None = None,
+        events: LaneEvents | None = None,
     ) -> None:
         self.settings = settings
         self.worker_id = worker_id or new_worker_id()
@@ -90,7 +90,7 @@ class LaneService:
             self.open_store,
             faults,
             Dispatcher(settings, self.broker, self.broker.flow, self.destinations, faults),
-            on_result,
+            events,
         )
 
     def open_store(self) -> Store:

@@ -33,9 +33,14 @@ log = logging.getLogger("keylane.worker")
 
 
 class TaskEvents:
-    """Celery task events for what the lanes did, so Flower's task list shows keylane's
-    events (``keylane.apply``, with the outcome as the result). Best effort: an event that
-    cannot be sent is dropped, never retried, never in the way of a lane.
+    """Celery task events for what the lanes do, so Flower shows keylane's work as it
+    happens: an event a lane takes is ``RECEIVED`` and ``STARTED``, a record that waits
+    (a back-off, a destination's limit, a debounce) puts its event in ``RETRY`` with the
+    reason, an applied or duplicate event is ``SUCCESS`` with the outcome, a dead letter is
+    ``FAILURE`` with its reason. Every row is named ``keylane.event``; its args are the
+    record key, the source and the event id, so Flower's search finds a record. Best
+    effort: an event that cannot be sent is dropped, never retried, never in the way of a
+    lane (implements :class:`keylane.workers.lanes.LaneEvents`).
 
     Events are buffered and published in batches (Celery's ``task.multi`` messages, which
     Flower reads): at most ``BATCH`` events or ``FLUSH_S`` seconds late, for a fraction of
@@ -73,26 +78,57 @@ class TaskEvents:
         except Exception as exc:
             log.debug("task events not sent: %s", exc)
 
-    def __call__(self, task_id: str, event: Event, result: ApplyResult, runtime_s: float) -> None:
-        summary = f"{event.source}/{event.event_id} -> {event.record_key}"
-        outcome = result.outcome if result.reason is None else f"{result.outcome}: {result.reason}"
+    def started(self, task_id: str, event: Event, attempt: int) -> None:
+        self._send(
+            (
+                "task-received",
+                {
+                    "uuid": task_id,
+                    "name": EVENT_TASK,
+                    "args": repr((event.record_key, event.source, event.event_id)),
+                    "kwargs": repr(
+                        {"event": f"{event.source}/{event.event_id}", "attempt": attempt}
+                    ),
+                    "root_id": task_id,
+                    "parent_id": None,
+                    "retries": max(0, attempt - 1),
+                    "eta": None,
+                    "expires": None,
+                },
+            ),
+            ("task-started", {"uuid": task_id}),
+        )
+
+    def waiting(self, task_id: str, event: Event, reason: str, detail: str, delay_s: float) -> None:
+        why = f"{reason}: {detail}" if detail else reason
+        self._send(
+            (
+                "task-retried",
+                {
+                    "uuid": task_id,
+                    "exception": f"{why} (the record waits {delay_s:.1f}s; its shard-mates go on)",
+                    "traceback": "",
+                },
+            )
+        )
+
+    def finished(self, task_id: str, event: Event, result: ApplyResult, runtime_s: float) -> None:
+        if result.outcome == "dead_lettered":
+            message = f"dead letter {result.dead_letter_id}: {result.reason}"
+            self._send(("task-failed", {"uuid": task_id, "exception": message, "traceback": ""}))
+            return
+        self._send(
+            (
+                "task-succeeded",
+                {"uuid": task_id, "result": repr(result.outcome), "runtime": runtime_s},
+            )
+        )
+
+    def _send(self, *events: tuple[str, dict[str, Any]]) -> None:
         try:
             with self._lock:
-                self._dispatcher.send(
-                    "task-received",
-                    uuid=task_id,
-                    name=EVENT_TASK,
-                    args="()",
-                    kwargs=repr({"event": summary}),
-                    root_id=task_id,
-                    parent_id=None,
-                    retries=0,
-                    eta=None,
-                    expires=None,
-                )
-                self._dispatcher.send(
-                    "task-succeeded", uuid=task_id, result=repr(outcome), runtime=runtime_s
-                )
+                for kind, fields in events:
+                    self._dispatcher.send(kind, **fields)
         except Exception as exc:
             log.debug("task event not sent: %s", exc)
 
@@ -120,7 +156,7 @@ class LaneStep(bootsteps.StartStopStep):
         settings: Settings = worker.app.keylane_settings
         self.events = TaskEvents(worker.app, worker.hostname) if settings.task_events else None
         worker_id = getattr(worker.app, "keylane_worker_id", None)
-        self.service = LaneService(settings, worker_id, on_result=self.events)
+        self.service = LaneService(settings, worker_id, events=self.events)
         worker.keylane_service = self.service
         self.service.start()
 
