@@ -66,12 +66,14 @@ SLOT_MARGIN_MS = 5000
 @dataclass(frozen=True)
 class Wait:
     """Not now: the record waits ``seconds`` (``batch``: its messages are taken together
-    again); ``reason`` and ``detail`` say why (status shows them)."""
+    again); ``reason`` and ``detail`` say why and ``attempts`` how many calls were made so
+    far (status shows them)."""
 
     seconds: float
     reason: str
     batch: bool = False
     detail: str = ""
+    attempts: int | None = None
 
 
 class Dispatcher:
@@ -253,7 +255,9 @@ class Dispatcher:
         if delay_s is None:
             delay_s = retry_delay_s(retries, config.max_backoff_s, random.random())
         log.info("%s: %s; calling again in %.1fs", config.name, outcome.detail, delay_s)
-        return Wait(delay_s, "retry", batch=destination.batched, detail=outcome.detail)
+        return Wait(
+            delay_s, "retry", batch=destination.batched, detail=outcome.detail, attempts=ctx.attempt
+        )
 
     async def aclose(self) -> None:
         """Close every destination (on the lanes' loop, as they stop)."""

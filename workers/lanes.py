@@ -77,8 +77,11 @@ class LaneEvents(Protocol):
     def started(self, task_id: str, event: Event, attempt: int) -> None:
         """A lane took the event (``attempt``: its delivery count)."""
 
-    def waiting(self, task_id: str, event: Event, reason: str, detail: str, delay_s: float) -> None:
-        """The event's record waits ``delay_s`` (a back-off, a limit, a debounce): why."""
+    def waiting(
+        self, task_id: str, event: Event, reason: str, detail: str, delay_s: float, attempts: int
+    ) -> None:
+        """The event's record waits ``delay_s`` (a back-off, a limit, a debounce): why, and
+        how many attempts (calls or deliveries) were made so far."""
 
     def finished(self, task_id: str, event: Event, result: ApplyResult, runtime_s: float) -> None:
         """The event's outcome is committed and acknowledged."""
@@ -343,6 +346,7 @@ class Lanes:
         first = batch[0]
         ref = f"{first.event.source}/{first.event.event_id}"
         started = time.monotonic()
+        why: dict[str, Any]
         try:
             results = await self._outcome(lease, taken, batch, record)
         except StaleFence as exc:
@@ -366,6 +370,8 @@ class Lanes:
             return None  # the lease ran out before the write: the next owner takes it on
         if isinstance(results, Wait):  # waiting is not a failure
             why = {"reason": results.reason, "error": results.detail}
+            if results.attempts is not None:  # calls made, not deliveries
+                why["attempts"] = results.attempts
             counts: Counts = "forget" if results.batch else "uncount"
             await self._wait(lease, taken, batch, results.seconds, why, counts)
             return None
@@ -422,11 +428,13 @@ class Lanes:
         counts: Counts,
     ) -> None:
         """``taken``'s record waits ``delay_s`` (its shard's timer rings then)."""
-        why = {**why, "attempts": taken.deliveries}
+        why = {"attempts": taken.deliveries, **why}
         if self._events is not None:
             for queued in batch:
+                detail = why.get("error") or ""
+                attempts = int(why["attempts"])
                 self._events.waiting(
-                    queued.task_id, queued.event, why["reason"], why.get("error") or "", delay_s
+                    queued.task_id, queued.event, why["reason"], detail, delay_s, attempts
                 )
         messages = [taken.raw] if counts != "keep" else []
         waiting = await self.io.call(self.broker.wait, lease, taken, delay_s, why, counts, messages)

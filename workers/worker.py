@@ -99,16 +99,15 @@ class TaskEvents:
             ("task-started", {"uuid": task_id}),
         )
 
-    def waiting(self, task_id: str, event: Event, reason: str, detail: str, delay_s: float) -> None:
+    def waiting(
+        self, task_id: str, event: Event, reason: str, detail: str, delay_s: float, attempts: int
+    ) -> None:
         why = f"{reason}: {detail}" if detail else reason
+        text = f"{why} after {attempts} attempt(s); the record waits {delay_s:.1f}s, its "
         self._send(
             (
                 "task-retried",
-                {
-                    "uuid": task_id,
-                    "exception": f"{why} (the record waits {delay_s:.1f}s; its shard-mates go on)",
-                    "traceback": "",
-                },
+                {"uuid": task_id, "exception": text + "shard-mates go on", "traceback": ""},
             )
         )
 
