@@ -14,17 +14,16 @@ event that survives a Redis crash.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from ..routing import ShardMap
 from ..routing.contract import redis_scripts as scripts
 from ..routing.contract.destinations import FlowState, flow_states, queue_flow_reads
-from ..routing.contract.events import Event
-from ..routing.contract.message import build_apply_message
 from ..routing.contract.redis_calls import broker_errors, reply_text
 from ..routing.keys import RedisKeys
 
@@ -61,22 +60,6 @@ class MetricSnapshot:
     destinations: list[FlowState] = field(default_factory=list)
 
 
-def accepted_answer(event: Event, queue: str) -> dict[str, Any]:
-    """The answer to an accepted event, kept with its dedupe mark and replayed to
-    duplicates."""
-    answer: dict[str, Any] = {
-        "status": "accepted",
-        "source": event.source,
-        "event_id": event.event_id,
-        "record_key": event.record_key,
-        "shard": event.shard,
-        "queue": queue,
-    }
-    if event.key_missing:
-        answer["key_missing"] = True
-    return answer
-
-
 class ReceiverGateway:
     """Typed access to Redis for the receiver (asyncio)."""
 
@@ -84,8 +67,8 @@ class ReceiverGateway:
         self.client = client
         self.keys = keys
         self.shards = shards
-        self._accept_event = client.register_script(scripts.ACCEPT_EVENT)
-        self._record_id_reuse = client.register_script(scripts.RECORD_ID_REUSE)
+        self._accept_event = LoadedScript(scripts.ACCEPT_EVENT)
+        self._record_id_reuse = LoadedScript(scripts.RECORD_ID_REUSE)
 
     @classmethod
     def from_url(cls, url: str, keys: RedisKeys, shards: ShardMap) -> ReceiverGateway:
@@ -104,7 +87,7 @@ class ReceiverGateway:
         queue: str,
         shard: int,
         message: bytes,
-        answer: str,
+        answer: bytes,
         retention_ms: int,
         high_water: int,
         key_missing: bool = False,
@@ -128,41 +111,23 @@ class ReceiverGateway:
         verdict, detail = (reply_text(x) for x in result)
         return EnqueueResult(verdict, detail)  # type: ignore[arg-type]
 
-    async def accept_event(
+    async def record_reuse(
         self,
-        event: Event,
+        *,
+        source: str,
+        event_id: str,
+        body_sha256: str,
         queue: str,
-        answer: str,
+        shard: int,
+        message: bytes,
         retention_ms: int,
-        high_water: int,
-        batch: int = 1,
-    ) -> EnqueueResult:
-        """:meth:`accept` for ``event``, as the apply message of ``queue`` (``batch``: the
-        source's batch limit, see :func:`build_apply_message`)."""
-        return await self.accept(
-            source=event.source,
-            event_id=event.event_id,
-            body_sha256=event.body_sha256,
-            queue=queue,
-            shard=event.shard,
-            message=build_apply_message(event, queue, batch=batch),
-            answer=answer,
-            retention_ms=retention_ms,
-            high_water=high_water,
-            key_missing=event.key_missing,
-        )
-
-    async def record_reuse(self, event: Event, queue: str, retention_ms: int) -> bool:
-        """Queue one review message per distinct body sent under ``event``'s reused id
-        (senders retry a 409): the event, marked for review only."""
-        review = event.model_copy(update={"review": "id_reused"})
+    ) -> bool:
+        """Queue ``message`` (the event, marked for review only) once per distinct body
+        sent under a reused id (senders retry a 409)."""
         result = await self._run(
             self._record_id_reuse,
-            [
-                self.keys.reused(event.source, event.event_id, event.body_sha256),
-                self.keys.queue(queue),
-            ],
-            [retention_ms, build_apply_message(review, queue), self.keys.doorbell, event.shard],
+            [self.keys.reused(source, event_id, body_sha256), self.keys.queue(queue)],
+            [retention_ms, message, self.keys.doorbell, shard],
         )
         return bool(result)
 
@@ -216,7 +181,26 @@ class ReceiverGateway:
         """Release the connection pool."""
         await self.client.aclose()
 
-    @staticmethod
-    async def _run(script: Any, keys: list[str], args: list[Any]) -> Any:
+    async def _run(self, script: LoadedScript, keys: list[str], args: list[Any]) -> Any:
+        """``EVALSHA`` of ``script``; on ``NOSCRIPT`` (a restarted or flushed Redis),
+        ``SCRIPT LOAD`` it and run it again."""
+        evalsha: Any = self.client.evalsha  # its reply type differs between redis releases
         with broker_errors():
-            return await script(keys=keys, args=args)
+            try:
+                return await evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                await self.client.script_load(script.source)
+                return await evalsha(script.sha, len(keys), *keys, *args)
+
+
+@dataclass(frozen=True)
+class LoadedScript:
+    """A Lua script called by its SHA1 (``EVALSHA``): the body crosses the wire only
+    when Redis does not have it yet."""
+
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        digest = hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
+        object.__setattr__(self, "sha", digest)

@@ -29,6 +29,9 @@ def event_context(**fields: Any) -> Iterator[None]:
     merged = {**(_EVENT_CONTEXT.get() or {}), **fields}
     token = _EVENT_CONTEXT.set(merged)
     try:
+        if not sentry_sdk.get_client().is_active():
+            yield  # no Sentry: a scope of tags would cost every event and carry nothing
+            return
         with sentry_sdk.new_scope() as scope:
             for name, value in merged.items():
                 if name != "attempt":
