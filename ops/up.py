@@ -104,10 +104,8 @@ class Supervisor:
         check_worker_config(s)  # the app's tasks and every destination, before any child
         for source in sources.all():
             source.load_hook()
-            if source.unsigned and source.name != "demo":
-                log.warning(
-                    "source %s accepts UNSIGNED deliveries (verify.scheme = none)", source.name
-                )
+            for warning in source.start_up_warnings():
+                log.warning("%s", warning)
         s.data_dir.mkdir(parents=True, exist_ok=True)
         self._env["KEYLANE_DATA_DIR"] = str(s.data_dir.resolve())
         if s.redis_url is None:

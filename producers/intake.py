@@ -72,7 +72,7 @@ def take_in(
 def _event_id(
     source: SourceConfig, verified: Verified, body: bytes, delivery: Delivery
 ) -> tuple[str, bool]:
-    rule = source.event_id
+    rule = source.event_id_rule
     if rule == "content-hash":
         return _content_hash(body), False
     found = verified.event_id if rule == "signature" else render(rule, delivery)

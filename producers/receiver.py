@@ -117,11 +117,10 @@ class Receiver:
         self.faults = Faults(settings.faults)
         self.verifiers = verifiers_of(sources, os.environ if environ is None else environ)
         self.hooks = {s.name: s.load_hook() for s in sources.all()}
+        self._keyless_seen: set[str] = set()
         for source in sources.all():
-            if source.unsigned and source.name != "demo":
-                log.warning(
-                    "source %s accepts unsigned deliveries (verify.scheme = none)", source.name
-                )
+            for warning in source.start_up_warnings():
+                log.warning("%s", warning)
 
     # -- routes ---------------------------------------------------------------------------
 
@@ -139,6 +138,8 @@ class Receiver:
             )
             if isinstance(intake, Ignored):
                 return self._ignored(source, intake)
+            if intake.key_missing and source.name not in self._keyless_seen:
+                self._warn_keyless(source)
             event = self._event(source, intake, body)
         except SignatureError as exc:
             log.info("refused a delivery for %s: %s", source.name, exc)
@@ -186,6 +187,17 @@ class Receiver:
         return Response(text, media_type=PROMETHEUS_TEXT)
 
     # -- accepting --------------------------------------------------------------------------
+
+    def _warn_keyless(self, source: SourceConfig) -> None:
+        # Once per source and process: keyless deliveries are counted (`keylane status`),
+        # but the first one is also said out loud, since its sender's retries will run again.
+        self._keyless_seen.add(source.name)
+        log.warning(
+            "source %s: a delivery had no event id at %s and was accepted as keyless; a "
+            "retry of it will be applied again (counted as keyless in keylane status)",
+            source.name,
+            source.event_id_rule,
+        )
 
     def _ignored(self, source: SourceConfig, intake: Ignored) -> Answer:
         body = {
