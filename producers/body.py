@@ -134,7 +134,10 @@ def parse_json(body: bytes) -> Any:
         raise InvalidEvent(
             f"JSON nested deeper than {MAX_JSON_DEPTH} levels", code="too_deep"
         ) from None
-    if _deeper_than(payload, MAX_JSON_DEPTH):
+    # Nesting needs an opening bracket per level: a body with fewer of them than the
+    # limit (counted in C, strings included) cannot be too deep, and needs no walk.
+    openers = body.count(b"[") + body.count(b"{")
+    if openers >= MAX_JSON_DEPTH and _deeper_than(payload, MAX_JSON_DEPTH):
         raise InvalidEvent(f"JSON nested deeper than {MAX_JSON_DEPTH} levels", code="too_deep")
     return payload
 
@@ -148,10 +151,10 @@ def _deeper_than(value: Any, limit: int) -> bool:
         inner: list[Any] = []
         reached = False
         for item in level:
-            children = list(item.values() if isinstance(item, dict) else item)
-            if children:
+            for child in item.values() if isinstance(item, dict) else item:
                 reached = True
-                inner.extend(child for child in children if isinstance(child, dict | list))
+                if isinstance(child, dict | list):
+                    inner.append(child)
         depth += reached
         level = inner
     return depth > limit
