@@ -197,6 +197,12 @@ def _counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int
     default=None,
     help="Run only one part.",
 )
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="End (a) with one more keylane round under py-spy (pip install py-spy), not "
+    "counted in the figures, and show where the receiver's time goes.",
+)
 @click.option("--keep-temp", is_flag=True, help="Keep the temporary directory (logs, SQLite).")
 def main(
     store: str,
@@ -211,6 +217,7 @@ def main(
     lanes: int,
     rounds: int,
     only: str | None,
+    profile: bool,
     keep_temp: bool,
 ) -> None:
     """Entry point (see the module docstring)."""
@@ -229,6 +236,7 @@ def main(
         keep_temp,
         drain_workers,
         duration_s=duration_s,
+        profile=profile,
     )
     try:
         code = run_bench(opts)

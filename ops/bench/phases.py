@@ -15,6 +15,7 @@ from ...workers.stores import open_store
 from ...workers.stores.base import Store
 from ..embedded_redis import free_port
 from ..telemetry import DeploymentView
+from . import profile
 from .e2e import apply_direct, check_store, workload
 from .load import run_load
 from .procs import (
@@ -128,8 +129,26 @@ def run_receiver_phase(bench: Bench, report: Report) -> None:
             if best is None or run.load.per_s > best.load.per_s:
                 report.receiver[name] = run
     baseline.stop()
+    if opts.profile:
+        report.receiver_profile = _profile_receiver(bench, receiver, f"{url}/webhooks/demo")
     # Phase (b) starts from an empty namespace: no queued events, no dedupe marks.
     delete_namespace(bench.redis, bench.namespace)
+
+
+def _profile_receiver(bench: Bench, receiver: Child, url: str) -> list[tuple[str, float]]:
+    """One more wrk round against the receiver under py-spy (not counted in the figures:
+    the profiler takes CPU of its own): where the receiver's time goes."""
+    opts = bench.opts
+    py_spy = profile.find_py_spy()
+    say(f"(a) profile: wrk -d{opts.duration_s}s against keylane under py-spy (not counted)")
+    out = bench.tmp / "receiver-profile.txt"
+    proc = profile.start(py_spy, receiver.pid, opts.duration_s, out)
+    try:
+        run_wrk(bench.wrk, url, "profile", opts.concurrency, opts.duration_s)
+    finally:
+        found = profile.finish(proc, out)
+    delete_namespace(bench.redis, bench.namespace)
+    return found
 
 
 def start_workers(bench: Bench) -> list[Child]:

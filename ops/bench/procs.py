@@ -327,6 +327,8 @@ class BenchOptions:
     shards: int = SHARD_COUNT
     #: Seconds of wrk load per (a) round and server.
     duration_s: int = 15
+    #: Whether (a) ends with a round under py-spy, summed by area of the receiver.
+    profile: bool = False
 
 
 _STARTED = time.monotonic()

@@ -189,6 +189,7 @@ class Report:
     load_after: tuple[float, ...] = ()
     receiver: dict[str, ReceiverRun] = field(default_factory=dict)
     receiver_rounds: list[ReceiverRun] = field(default_factory=list)
+    receiver_profile: list[tuple[str, float]] = field(default_factory=list)
     e2e: list[E2eRun] = field(default_factory=list)
     drain: list[DrainRun] = field(default_factory=list)
     invariants: str = "not checked"
@@ -215,6 +216,8 @@ class Report:
             out["receiver"]["rounds"] = [
                 {"server": run.name, **run.as_json()} for run in self.receiver_rounds
             ]
+            if self.receiver_profile:
+                out["receiver"]["profile"] = {a: round(f, 3) for a, f in self.receiver_profile}
         if self.e2e:
             out["e2e"] = [run.as_json() for run in self.e2e]
         if self.drain:
@@ -238,6 +241,9 @@ class Report:
             )
         if len(self.receiver) == 2:
             lines += ["", *self._render_receiver()]
+        if self.receiver_profile:
+            lines += ["", "(a) where keylane's receiver spends its time (py-spy, one more round):"]
+            lines += [f"  {100 * f:5.1f} %  {area}" for area, f in self.receiver_profile]
         if self.e2e:
             lines += ["", *self._render_e2e()]
         if self.drain:
