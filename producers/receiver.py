@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import time
@@ -363,6 +364,11 @@ def create_receiver(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Everything built so far (imports, settings, sources, the app) lives as long as
+        # the process: out of the collector's sight, a full collection scans only what
+        # requests made, in a fraction of the time (a tail-latency pause otherwise).
+        gc.collect()
+        gc.freeze()
         watcher = asyncio.create_task(receiver.watch.run())
         try:
             yield
