@@ -5,7 +5,8 @@ event queued without one, its payload as compact JSON). Every call carries
 ``Idempotency-Key`` (the same on every retry and redelivery of the event), the Standard
 Webhooks headers (``webhook-id`` = the idempotency key, ``webhook-timestamp``, and
 ``webhook-signature`` over those bytes when the destination has a ``secret_env``),
-``Keylane-*`` headers naming the event, and the destination's own headers. The answer decides the outcome:
+``Keylane-*`` headers naming the event, and the destination's own headers. The answer
+decides the outcome:
 
 * 2xx: done (the status and an excerpt of the body are kept);
 * 429 or 503 with ``Retry-After``: wait that long, every worker (the destination pauses);
