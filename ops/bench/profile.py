@@ -5,7 +5,8 @@ one wrk round, its samples summed by area of the receiver.
 Each sample (a stack) is given to the first area, read from the innermost frame outwards,
 whose files it passes through: a sample inside redis-py called from the accept path is
 "the accept script call"; one inside uvicorn's ``send`` called by the receiver's answer
-is "HTTP server".
+is "HTTP server". The queue watch's background poll is its own area wherever its stack
+goes (its Redis reads, its parsing of messages).
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("producers/body.py", "producers/intake.py", "contract/events.py", "contract/mapping.py"),
     ),
     ("signature check", ("producers/signatures/",)),
-    ("queue watch (one poll a second)", ("producers/telemetry.py",)),
     ("the receiver's route and answer", ("producers/receiver.py", "contract/logcontext.py")),
     ("HTTP server and event loop (uvicorn, httptools, asyncio)", ("uvicorn/", "asyncio/")),
 )
 OTHER = "other"
+QUEUE_WATCH = ("queue watch (one poll a second)", "producers/telemetry.py")
 
 
 def find_py_spy() -> str:
@@ -78,6 +79,9 @@ def shares(collapsed: str) -> list[tuple[str, float]]:
 
 def area_of(frames: list[str]) -> str:
     """The area of one sample (frames outermost first)."""
+    area, fragment = QUEUE_WATCH
+    if any(fragment in frame for frame in frames):
+        return area
     for frame in reversed(frames):
         for area, fragments in AREAS:
             if any(fragment in frame for fragment in fragments):
