@@ -111,7 +111,7 @@ class Supervisor:
         verifiers_of(sources, os.environ)
         check_worker_config(s)  # the app's tasks and every destination, before any child
         for source in sources.all():
-            load_hook(source)
+            load_hook(source)  # the receiver child warns about each source as it starts
         self._lock.acquire()  # one keylane up per data directory
         try:
             check_port_free(s.host, s.port, "the receiver", "--port / KEYLANE_PORT")
@@ -125,9 +125,6 @@ class Supervisor:
         except ConfigError:
             self._lock.release()
             raise
-        for source in sources.all():
-            if source.unsigned:
-                log.warning("%s", unsigned_warning(source.name, s.sources_file is None))
 
     def _prepare(self) -> None:
         s = self.settings
@@ -258,18 +255,6 @@ def _answers(url: str) -> bool:
             return bool(reply.status == 200)
     except OSError:
         return False
-
-
-def unsigned_warning(source: str, built_in: bool) -> str:
-    """What ``keylane up`` says about a source that takes unsigned deliveries (``built_in``:
-    the ``demo`` source that exists when there is no sources file)."""
-    if built_in:
-        return (
-            "source demo accepts UNSIGNED deliveries from anyone who can reach the receiver "
-            "(no sources file: KEYLANE_SOURCES_FILE is unset); declare your senders and their "
-            "signatures in a sources file before exposing the receiver"
-        )
-    return f"source {source} accepts UNSIGNED deliveries (verify.scheme = none)"
 
 
 def _wait_or_kill(child: Child) -> None:

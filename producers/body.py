@@ -1,19 +1,27 @@
-"""Reading a delivery's body with limits: media type, size, JSON depth. Each failure is an
-:class:`~keylane.routing.contract.errors.InvalidEvent` with its status (415, 413, 400).
+"""Reading a delivery's body with limits: media type, size, JSON syntax and depth. Each
+failure is an :class:`~keylane.routing.contract.errors.InvalidEvent` with its status (415,
+413, 400).
 
-A refusal made before the whole body has arrived first reads the rest and throws it away
-(:func:`discard_body`): most senders write their whole body before they read the answer,
-and a server that answers and closes while bytes are still coming in makes the kernel
-reset the connection, so the sender would see a reset instead of the 413.
+The body is read straight from the ASGI ``receive`` channel (the webhook route is a raw
+ASGI route, see :mod:`keylane.producers.receiver`). A refusal made before the whole body
+has arrived first reads the rest and throws it away (:func:`discard_body`): most senders
+write their whole body before they read the answer, and a server that answers and closes
+while bytes are still coming in makes the kernel reset the connection, so the sender
+would see a reset instead of the 413.
+
+JSON is parsed by msgspec: it reads exactly what RFC 8259 allows, so ``NaN``,
+``Infinity`` and numbers too large for a double (``1e400``) are not JSON to it (Python's
+``json`` turns them into floats JSON cannot carry), integers keep every digit, and text
+that is not UTF-8 or holds a lone surrogate is refused with the rest.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
+import codecs
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-from starlette.requests import ClientDisconnect, Request
+import msgspec
 
 from ..routing.contract.errors import InvalidEvent
 
@@ -22,10 +30,18 @@ MAX_JSON_DEPTH = 32
 #: gets its answer, then a closed connection.
 DISCARD_MAX_BYTES = 32 << 20
 
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
-def check_media_type(request: Request) -> None:
+_DECODE = msgspec.json.Decoder().decode
+
+
+class ClientGone(Exception):
+    """The sender closed the connection before its body was read."""
+
+
+def check_media_type(headers: Mapping[str, str]) -> None:
     """415 unless the body is declared JSON (``application/json`` or ``*/*+json``)."""
-    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media != "application/json" and not (
         media.startswith("application/") and media.endswith("+json")
     ):
@@ -36,27 +52,33 @@ def check_media_type(request: Request) -> None:
         )
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(headers: Mapping[str, str], receive: Receive, limit: int) -> bytes:
     """The body of a JSON delivery; 415 if it is not declared JSON, 413 as soon as it is
-    over ``limit`` bytes (declared or streamed). A refused body is read to its end first."""
+    over ``limit`` bytes (declared or streamed). A refused body is read to its end first;
+    :class:`ClientGone` if the sender leaves before it has sent it."""
     try:
-        check_media_type(request)
+        check_media_type(headers)
     except InvalidEvent:
-        await discard_body(request)
+        await discard_body(headers, receive)
         raise
-    declared = _declared_length(request)
+    declared = _declared_length(headers)
     if declared is not None and declared > limit:
-        await discard_body(request)
+        await discard_body(headers, receive)
         raise InvalidEvent(
             f"body of {declared} bytes is over the limit of {limit}", status=413, code="too_large"
         )
-    chunks: list[bytes] = []
-    size = 0
-    stream = request.stream()
-    async for chunk in stream:
+    message = await receive()
+    body = _chunk(message)
+    if not message.get("more_body", False):  # the whole body in one message: most deliveries
+        return _within(body, limit)
+    chunks = [body]
+    size = len(body)
+    while message.get("more_body", False):
+        message = await receive()
+        chunk = _chunk(message)
         size += len(chunk)
         if size > limit:
-            await _discard(stream, DISCARD_MAX_BYTES - size)
+            await _discard(receive, message, DISCARD_MAX_BYTES - size)
             raise InvalidEvent(
                 f"body is over the limit of {limit} bytes", status=413, code="too_large"
             )
@@ -64,50 +86,75 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def discard_body(request: Request) -> None:
+def _chunk(message: Mapping[str, Any]) -> bytes:
+    if message["type"] != "http.request":
+        raise ClientGone()
+    chunk: bytes = message.get("body", b"")
+    return chunk
+
+
+def _within(body: bytes, limit: int) -> bytes:
+    if len(body) > limit:
+        raise InvalidEvent(f"body is over the limit of {limit} bytes", status=413, code="too_large")
+    return body
+
+
+async def discard_body(headers: Mapping[str, str], receive: Receive) -> None:
     """Read the body that is still coming and throw it away (up to ``DISCARD_MAX_BYTES``),
     so that the sender reads the answer to a delivery refused before its body was read."""
-    declared = _declared_length(request)
+    declared = _declared_length(headers)
     if declared is not None and declared > DISCARD_MAX_BYTES:
         return  # not worth reading: the sender gets the answer, then a closed connection
-    await _discard(request.stream(), DISCARD_MAX_BYTES)
+    await _discard(receive, {"more_body": True}, DISCARD_MAX_BYTES)
 
 
-async def _discard(stream: AsyncIterator[bytes], budget: int) -> None:
-    try:
-        async for chunk in stream:
-            budget -= len(chunk)
-            if budget < 0:
-                return
-    except ClientDisconnect:
-        return
+async def _discard(receive: Receive, last: Mapping[str, Any], budget: int) -> None:
+    message = last
+    while message.get("more_body", False) and budget >= 0:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        budget -= len(message.get("body", b""))
 
 
-def _declared_length(request: Request) -> int | None:
-    declared = request.headers.get("content-length")
+def _declared_length(headers: Mapping[str, str]) -> int | None:
+    declared = headers.get("content-length")
     return int(declared) if declared is not None and declared.isdigit() else None
 
 
 def parse_json(body: bytes) -> Any:
-    """The parsed body, or 400 (not JSON, or nested deeper than ``MAX_JSON_DEPTH``)."""
+    """The parsed body, or 400: not JSON (``malformed_json``, non-finite numbers
+    included), or nested deeper than ``MAX_JSON_DEPTH`` (``too_deep``)."""
+    text = body[3:] if body.startswith(codecs.BOM_UTF8) else body  # a BOM is no JSON
     try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError) as exc:
+        payload = _DECODE(text)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise InvalidEvent(f"body is not valid JSON: {exc}", code="malformed_json") from None
-    if _depth(payload) > MAX_JSON_DEPTH:
+    except RecursionError:
+        raise InvalidEvent(
+            f"JSON nested deeper than {MAX_JSON_DEPTH} levels", code="too_deep"
+        ) from None
+    # Nesting needs an opening bracket per level: a body with fewer of them than the
+    # limit (counted in C, strings included) cannot be too deep, and needs no walk.
+    openers = body.count(b"[") + body.count(b"{")
+    if openers >= MAX_JSON_DEPTH and _deeper_than(payload, MAX_JSON_DEPTH):
         raise InvalidEvent(f"JSON nested deeper than {MAX_JSON_DEPTH} levels", code="too_deep")
     return payload
 
 
-def _depth(value: Any) -> int:
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if depth > MAX_JSON_DEPTH:
-            break
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-    return deepest
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests more than ``limit`` levels, counting every value (a
+    scalar alone is one level, ``[1]`` two), read one level of containers at a time."""
+    level = [value] if isinstance(value, dict | list) else []
+    depth = 1
+    while level and depth <= limit:
+        inner: list[Any] = []
+        reached = False
+        for item in level:
+            for child in item.values() if isinstance(item, dict) else item:
+                reached = True
+                if isinstance(child, dict | list):
+                    inner.append(child)
+        depth += reached
+        level = inner
+    return depth > limit

@@ -15,13 +15,14 @@ event that survives a Redis crash.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from ..routing import ShardMap
 from ..routing.contract import redis_scripts as scripts
@@ -32,8 +33,6 @@ from ..routing.contract.destinations import (
     queue_flow_reads,
 )
 from ..routing.contract.errors import BrokerUnavailable
-from ..routing.contract.events import Event
-from ..routing.contract.message import build_event_message
 from ..routing.contract.replies import reply_text
 from ..routing.contract.schedule_state import (
     ScheduleState,
@@ -77,22 +76,6 @@ class MetricSnapshot:
     schedules: list[ScheduleState] = field(default_factory=list)
 
 
-def accepted_answer(event: Event, queue: str) -> dict[str, Any]:
-    """The answer to an accepted event, kept with its dedupe mark and replayed to
-    duplicates."""
-    answer: dict[str, Any] = {
-        "status": "accepted",
-        "source": event.source,
-        "event_id": event.event_id,
-        "record_key": event.record_key,
-        "shard": event.shard,
-        "queue": queue,
-    }
-    if event.key_missing:
-        answer["key_missing"] = True
-    return answer
-
-
 class ReceiverGateway:
     """Typed access to Redis for the receiver (asyncio)."""
 
@@ -100,9 +83,9 @@ class ReceiverGateway:
         self.client = client
         self.keys = keys
         self.shards = shards
-        self._accept_event = client.register_script(scripts.ACCEPT_EVENT)
-        self._accept_fenced = client.register_script(scripts.ACCEPT_FENCED)
-        self._record_id_reuse = client.register_script(scripts.RECORD_ID_REUSE)
+        self._accept_event = LoadedScript(scripts.ACCEPT_EVENT)
+        self._accept_fenced = LoadedScript(scripts.ACCEPT_FENCED)
+        self._record_id_reuse = LoadedScript(scripts.RECORD_ID_REUSE)
 
     @classmethod
     def from_url(cls, url: str, keys: RedisKeys, shards: ShardMap) -> ReceiverGateway:
@@ -121,22 +104,21 @@ class ReceiverGateway:
         queue: str,
         shard: int,
         message: bytes,
-        answer: str,
+        answer: bytes,
         retention_ms: int,
         high_water: int,
         key_missing: bool = False,
         lease: RunLease | None = None,
     ) -> EnqueueResult:
         """Push ``message`` and mark ``event_id`` seen, unless already seen or the shard
-        queue is at its high-water mark, or (``lease``) the scheduled run that sends it
-        no longer holds its lease (``fenced``)."""
+        is at its high-water mark (its queue and what its owner took in), or (``lease``)
+        the scheduled run that sends it no longer holds its lease (``fenced``)."""
         keys = [
             self.keys.dedupe(source, event_id),
             self.keys.queue(queue),
             self.keys.counters,
             self.keys.depth,
         ]
-        fence = [] if lease is None else [lease.value]
         result = await self._run(
             self._accept_event if lease is None else self._accept_fenced,
             keys if lease is None else [*keys, lease.key],
@@ -149,50 +131,29 @@ class ReceiverGateway:
                 self.keys.doorbell,
                 shard,
                 "1" if key_missing else "0",
-                *fence,
+                *([] if lease is None else [lease.value]),
             ],
         )
         verdict, detail = (reply_text(x) for x in result)
         return EnqueueResult(verdict, detail)  # type: ignore[arg-type]
 
-    async def accept_event(
+    async def record_reuse(
         self,
-        event: Event,
+        *,
+        source: str,
+        event_id: str,
+        body_sha256: str,
         queue: str,
-        answer: str,
+        shard: int,
+        message: bytes,
         retention_ms: int,
-        high_water: int,
-        batch: int = 1,
-        lease: RunLease | None = None,
-    ) -> EnqueueResult:
-        """:meth:`accept` for ``event``, as the apply message of ``queue`` (``batch``: the
-        source's batch limit, see :func:`build_event_message`; ``lease``: a scheduled
-        run's)."""
-        return await self.accept(
-            source=event.source,
-            event_id=event.event_id,
-            body_sha256=event.body_sha256,
-            queue=queue,
-            shard=event.shard,
-            message=build_event_message(event, queue, batch=batch),
-            answer=answer,
-            retention_ms=retention_ms,
-            high_water=high_water,
-            key_missing=event.key_missing,
-            lease=lease,
-        )
-
-    async def record_reuse(self, event: Event, queue: str, retention_ms: int) -> bool:
-        """Queue one review message per distinct body sent under ``event``'s reused id
-        (senders retry a 409): the event, marked for review only."""
-        review = event.model_copy(update={"review": "id_reused"})
+    ) -> bool:
+        """Queue ``message`` (the event, marked for review only) once per distinct body
+        sent under a reused id (senders retry a 409)."""
         result = await self._run(
             self._record_id_reuse,
-            [
-                self.keys.reused(event.source, event.event_id, event.body_sha256),
-                self.keys.queue(queue),
-            ],
-            [retention_ms, build_event_message(review, queue), self.keys.doorbell, event.shard],
+            [self.keys.reused(source, event_id, body_sha256), self.keys.queue(queue)],
+            [retention_ms, message, self.keys.doorbell, shard],
         )
         return bool(result)
 
@@ -257,10 +218,29 @@ class ReceiverGateway:
         """Release the connection pool."""
         await self.client.aclose()
 
-    @staticmethod
-    async def _run(script: Any, keys: list[str], args: list[Any]) -> Any:
+    async def _run(self, script: LoadedScript, keys: list[str], args: list[Any]) -> Any:
+        """``EVALSHA`` of ``script``; on ``NOSCRIPT`` (a restarted or flushed Redis),
+        ``SCRIPT LOAD`` it and run it again."""
+        evalsha: Any = self.client.evalsha  # its reply type differs between redis releases
         with broker_errors():
-            return await script(keys=keys, args=args)
+            try:
+                return await evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                await self.client.script_load(script.source)
+                return await evalsha(script.sha, len(keys), *keys, *args)
+
+
+@dataclass(frozen=True)
+class LoadedScript:
+    """A Lua script called by its SHA1 (``EVALSHA``): the body crosses the wire only
+    when Redis does not have it yet."""
+
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        digest = hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
+        object.__setattr__(self, "sha", digest)
 
 
 @dataclass(frozen=True)

@@ -16,16 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from pydantic import ValidationError
-
 from ..routing.contract.errors import ConfigError, InvalidEvent
 from ..routing.contract.events import (
-    MAX_ID_CHARS,
-    MAX_KEY_CHARS,
-    Change,
     Envelope,
-    check_text,
-    parse_changes,
+    check_event_id,
+    check_record_key,
+    wire_changes,
 )
 from ..routing.contract.mapping import MISSING, Delivery, render, resolve
 from ..routing.contract.sources import Hook, SourceConfig
@@ -42,8 +38,7 @@ class Intake:
     key_missing: bool
     event_type: str
     record_key: str
-    changes: dict[str, Change]
-    payload: Any = None  # for a source with a task or destination: the body, as it came
+    changes: dict[str, dict[str, Any]]  # checked, in their wire form (``wire_changes``)
 
 
 @dataclass(frozen=True)
@@ -78,22 +73,26 @@ def take_in(
 def _event_id(
     source: SourceConfig, verified: Verified, body: bytes, delivery: Delivery
 ) -> tuple[str, bool]:
-    rule = source.event_id
+    rule = source.event_id_rule
     if rule == "content-hash":
         return _content_hash(body), False
     found = verified.event_id if rule == "signature" else render(rule, delivery)
     if found is not None:
-        if len(found) > MAX_ID_CHARS:
-            raise InvalidEvent(f"event id is longer than {MAX_ID_CHARS} characters")
         try:
-            return check_text(found, "the event id"), False
+            return check_event_id(found), False
         except ValueError as exc:
             raise InvalidEvent(str(exc)) from None
     if source.missing_id == "reject":
         raise InvalidEvent(f"no event id at {rule}", code="missing_event_id")
     if source.missing_id == "content-hash":
         return _content_hash(body), True
-    return f"{KEYLESS_PREFIX}{uuid.uuid4()}", True
+    return keyless_id(), True
+
+
+def keyless_id() -> str:
+    """A synthetic event id for an event its sender gave none: unique, so it can never
+    match another event."""
+    return f"{KEYLESS_PREFIX}{uuid.uuid4()}"
 
 
 def _content_hash(body: bytes) -> str:
@@ -102,9 +101,9 @@ def _content_hash(body: bytes) -> str:
 
 def _keylane(payload: Any, event_id: str, key_missing: bool) -> Intake:
     try:
-        envelope = Envelope.model_validate(payload)
-    except ValidationError as exc:
-        raise InvalidEvent(describe(exc)) from None
+        envelope = Envelope.read(payload)
+    except ValueError as exc:
+        raise InvalidEvent(str(exc)) from None
     return Intake(event_id, key_missing, envelope.type, envelope.record_key, envelope.changes)
 
 
@@ -156,7 +155,7 @@ def _forwarded(
         if mapped is None:
             return Ignored(event_type, "the source's hook maps nothing for this delivery")
         record_key = _record_key(mapped.get("record_key"), "the hook's record_key")
-    return Intake(event_id, key_missing, event_type, record_key, {}, delivery.body)
+    return Intake(event_id, key_missing, event_type, record_key, {})
 
 
 def _call_hook(hook: Hook, payload: Any, headers: Mapping[str, str]) -> Mapping[str, Any] | None:
@@ -172,41 +171,17 @@ def _call_hook(hook: Hook, payload: Any, headers: Mapping[str, str]) -> Mapping[
 def _record_key(value: object, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidEvent(f"no record key at {where}", code="missing_record_key")
-    if len(value) > MAX_KEY_CHARS:
-        raise InvalidEvent(f"record key is longer than {MAX_KEY_CHARS} characters")
     try:
-        return check_text(value, "the record key")
+        return check_record_key(value)
     except ValueError as exc:
         raise InvalidEvent(str(exc)) from None
 
 
-def _changes(raw: object) -> dict[str, Change]:
+def _changes(raw: object) -> dict[str, dict[str, Any]]:
     try:
-        return parse_changes(raw)
+        return wire_changes(raw)
     except ValueError as exc:
         raise InvalidEvent(f"changes: {exc}") from None
-
-
-#: What a sender reads for pydantic's error types (its own words name Python classes).
-_PLAIN = {
-    "model_type": "must be a JSON object: keylane's envelope "
-    '{"id", "type", "record_key", "changes"}',
-    "dict_type": "must be a JSON object",
-    "missing": "is missing",
-    "extra_forbidden": "is not a field of keylane's envelope (id, type, record_key, changes)",
-    "string_type": "must be a string",
-    "string_too_short": "must not be empty",
-}
-
-
-def describe(exc: ValidationError) -> str:
-    """A short, readable summary of a pydantic validation error."""
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err["loc"]) or "the body"
-        text = _PLAIN.get(err["type"]) or str(err["msg"]).removeprefix("Value error, ")
-        parts.append(f"{where}: {text}")
-    return "; ".join(parts)
 
 
 def load_hook(source: SourceConfig) -> Hook | None:

@@ -61,11 +61,9 @@ class QueueWatch:
     interval_s: float = 1.0
     views: dict[int, ShardView] = field(default_factory=dict)
     polled_at: float = 0.0
-
-    @property
-    def total_depth(self) -> int:
-        """Events waiting in all shard queues, as last seen."""
-        return sum(v.depth for v in self.views.values())
+    #: Events waiting in all shard queues, as last seen (summed once per poll: every
+    #: delivery reads it).
+    total_depth: int = 0
 
     @property
     def total_rate(self) -> float:
@@ -115,6 +113,7 @@ class QueueWatch:
                 if count > view.drained:
                     view.drained_at = now
             view.drained = count
+        self.total_depth = sum(snapshot.depths)
         self.polled_at = now
 
 

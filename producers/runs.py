@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from ..routing.contract.errors import InvalidEvent, LeaseLost
-from ..routing.contract.events import Change, parse_changes
+from ..routing.contract.events import parse_changes
 from ..routing.contract.schedules import RunLease, event_id, tick_text
 from .sender import Sender, Sent
 
@@ -161,7 +161,7 @@ class Run:
         if self._source is None:
             raise InvalidEvent(f"job {self.job} changes no records: give it owns=[...]")
         try:
-            parsed: dict[str, Change] = parse_changes(dict(changes))
+            parse_changes(dict(changes))
         except ValueError as exc:
             raise InvalidEvent(f"job {self.job}, record {record_key}: {exc}") from None
         return {
@@ -171,7 +171,7 @@ class Run:
             "record_key": record_key,
             "event_id": self.event_id(record_key),
             "event_type": "scheduled",
-            "changes": parsed,
+            "changes": dict(changes),
             "batch": self._batch,
             "lease": self.lease,
         }

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from keylane.routing.contract.errors import ChangeNotApplicable, FieldNotOwned, KeylaneError
 from keylane.routing.contract.events import (
@@ -289,15 +288,16 @@ def test_the_documented_envelope_parses() -> None:
         "record_key": "contact:42",
         "changes": {"email": {"set": "a@b.c"}, "visits": {"increment": 1}, "tags": {"add": "vip"}},
     }
-    # When it is validated, Then every change is read with its operation and value
-    envelope = Envelope.model_validate(raw)
-    assert envelope.changes == {
+    # When it is read, Then every change is read with its operation and value
+    envelope = Envelope.read(raw)
+    changes = {k: Change.model_validate(c) for k, c in envelope.changes.items()}
+    assert changes == {
         "email": Change(op="set", value="a@b.c"),
         "visits": Change(op="increment", value=1),
         "tags": Change(op="add", value="vip"),
     }
     # And the changes write back to the same wire form
-    assert {k: c.as_wire() for k, c in envelope.changes.items()} == raw["changes"]
+    assert {k: c.as_wire() for k, c in changes.items()} == raw["changes"]
 
 
 @pytest.mark.parametrize("raw", [{"unset": True}, {"unset": None}])
@@ -426,45 +426,49 @@ def _envelope(**overrides: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("overrides", "location", "message"),
+    ("overrides", "message"),
     [
-        ({"extra": 1}, ("extra",), "Extra inputs are not permitted"),
-        ({"id": ""}, ("id",), "at least 1 character"),
-        ({"id": "x" * (MAX_ID_CHARS + 1)}, ("id",), f"at most {MAX_ID_CHARS} characters"),
-        ({"id": 1}, ("id",), "valid string"),
-        ({"record_key": ...}, ("record_key",), "Field required"),
-        ({"record_key": ""}, ("record_key",), "at least 1 character"),
-        ({"record_key": "k" * (MAX_KEY_CHARS + 1)}, ("record_key",), "at most"),
-        ({"type": ""}, ("type",), "at least 1 character"),
-        ({"changes": ...}, ("changes",), "Field required"),
-        ({"changes": {}}, ("changes",), "changes must be a non-empty object"),
-        ({"changes": {"n": {"increment": "1"}}}, ("changes",), "increment needs a finite number"),
-        ({"changes": {"n": {"increment": True}}}, ("changes",), "increment needs a finite number"),
-        ({"changes": {"n": {"set": 1, "add": 2}}}, ("changes",), "exactly one operation"),
-        ({"changes": {"n": {"pop": 1}}}, ("changes",), "unknown operation 'pop'"),
+        ({"extra": 1}, "unknown key(s) 'extra'"),
+        ({"id": ""}, f"id must be 1..{MAX_ID_CHARS} characters"),
+        ({"id": "x" * (MAX_ID_CHARS + 1)}, f"id must be 1..{MAX_ID_CHARS} characters"),
+        ({"id": 1}, "id must be text"),
+        ({"record_key": ...}, "record_key is missing"),
+        ({"record_key": ""}, "record_key must be 1.."),
+        ({"record_key": "k" * (MAX_KEY_CHARS + 1)}, f"record_key must be 1..{MAX_KEY_CHARS}"),
+        ({"type": ""}, "type must be 1.."),
+        ({"type": None}, "type must be text"),
+        ({"changes": ...}, "changes is missing"),
+        ({"changes": {}}, "changes: changes must be a non-empty object"),
+        ({"changes": {"n": {"increment": "1"}}}, "changes: field 'n': increment needs a finite"),
+        ({"changes": {"n": {"increment": True}}}, "increment needs a finite number"),
+        ({"changes": {"n": {"set": 1, "add": 2}}}, "exactly one operation"),
+        ({"changes": {"n": {"pop": 1}}}, "unknown operation 'pop'"),
     ],
 )
 def test_an_invalid_envelope_is_refused_naming_the_problem(
-    overrides: dict[str, Any], location: tuple[str, ...], message: str
+    overrides: dict[str, Any], message: str
 ) -> None:
     # Given an envelope with one thing wrong
     raw = _envelope(**overrides)
-    # When it is validated, Then the error points at the right key and says what is wrong
-    with pytest.raises(ValidationError) as caught:
-        Envelope.model_validate(raw)
-    errors = caught.value.errors()
-    assert len(errors) == 1, errors
-    assert errors[0]["loc"] == location
-    assert message in errors[0]["msg"]
+    # When it is read, Then the error names the key and says what is wrong, in words
+    with pytest.raises(ValueError) as caught:
+        Envelope.read(raw)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("body", [[1, 2], "text", 7, None])
+def test_a_body_that_is_not_an_object_is_not_an_envelope(body: Any) -> None:
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        Envelope.read(body)
 
 
 @pytest.mark.parametrize("overrides", [{"record_key": "contact:\ud800"}, {"id": "evt_\udc00"}])
 def test_an_id_or_key_that_is_not_unicode_is_refused(overrides: dict[str, Any]) -> None:
     # Given an envelope whose id or key has a lone surrogate, as json.loads reads "\\ud800"
     raw = _envelope(**overrides)
-    # When it is validated, Then it is refused (it could be neither hashed nor stored)
-    with pytest.raises(ValidationError):
-        Envelope.model_validate(raw)
+    # When it is read, Then it is refused (it could be neither hashed nor stored)
+    with pytest.raises(ValueError, match="lone surrogate"):
+        Envelope.read(raw)
 
 
 @pytest.mark.parametrize(
@@ -479,26 +483,26 @@ def test_an_id_or_key_that_is_not_unicode_is_refused(overrides: dict[str, Any]) 
 def test_a_change_that_is_not_unicode_is_refused(changes: dict[str, Any]) -> None:
     # Given an envelope whose change carries a lone surrogate
     raw = _envelope(changes=changes)
-    # When it is validated, Then it is refused like a bad id or key
-    with pytest.raises(ValidationError):
-        Envelope.model_validate(raw)
+    # When it is read, Then it is refused like a bad id or key
+    with pytest.raises(ValueError, match="lone surrogate"):
+        Envelope.read(raw)
 
 
 def test_an_envelope_without_an_id_is_keyless() -> None:
-    # Given an envelope with no id (the receiver then makes one up), When validated,
+    # Given an envelope with no id (the receiver then makes one up), When read,
     # Then it is accepted with no id
-    assert Envelope.model_validate(_envelope(id=...)).id is None
+    assert Envelope.read(_envelope(id=...)).id is None
 
 
 def test_an_envelope_without_a_type_is_an_event() -> None:
-    # Given an envelope with no type, When validated, Then its type is "event"
-    assert Envelope.model_validate(_envelope(type=...)).type == "event"
+    # Given an envelope with no type, When read, Then its type is "event"
+    assert Envelope.read(_envelope(type=...)).type == "event"
 
 
 def test_an_envelope_at_its_limits_is_accepted() -> None:
     # Given an id and a key of the longest allowed length
     raw = _envelope(id="i" * MAX_ID_CHARS, record_key="k" * MAX_KEY_CHARS)
-    # When validated, Then it is accepted as sent
-    envelope = Envelope.model_validate(raw)
+    # When read, Then it is accepted as sent
+    envelope = Envelope.read(raw)
     assert envelope.id == raw["id"]
     assert envelope.record_key == raw["record_key"]

@@ -17,6 +17,7 @@ import pytest
 import stripe
 from standardwebhooks.webhooks import Webhook
 
+from tests.support.notion import NotionLike
 from tests.support.stack import Stack, wait_until
 
 pytestmark = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
@@ -279,3 +280,55 @@ def test_a_replay_after_the_dedupe_window_has_no_second_effect(
     record = stack.open_store().read("late:1")
     assert record.fields == {"n": 5}
     assert record.revision == 1
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_block(marker: str) -> str:
+    """The fenced code block of README.md that contains ``marker``, as written."""
+    text = README.read_text()
+    at = text.index(marker)
+    opening = text.rindex("```", 0, at)
+    return text[text.index("\n", opening) + 1 : text.index("```", at)]
+
+
+def test_the_readme_signup_source_dedupes_a_senders_retry(stack: Stack, tmp_path: Path) -> None:
+    # Given the README's signup source as written (Standard Webhooks, no event_id), its
+    # task (the test suite's search-then-create sync_contact) against a local CRM
+    sources = tmp_path / "sources.toml"
+    sources.write_text(readme_block("[sources.signup]"))
+    crm = NotionLike(seed=5).start()
+    try:
+        stack.settings = stack.settings.model_copy(
+            update={"sources_file": sources, "app": "tests.support.user_tasks"}
+        )
+        stack.extra_env.update(SIGNUP_SECRET=FORMS_SECRET, TEST_CRM_URL=crm.url)
+        stack.worker(lanes=2)
+        stack.receiver()
+        stack.wait_all_owned()
+        # When a sender signs a signup as msg_0, then retries it (new timestamp, signature)
+        body = json.dumps({"email": "ada@example.com", "plan": "pro", "seq": 1})
+        answers = []
+        for at in (datetime.now(UTC), datetime.now(UTC) + timedelta(seconds=30)):
+            signature = Webhook(FORMS_SECRET).sign("msg_0", at, body)
+            headers = {
+                "webhook-id": "msg_0",
+                "webhook-timestamp": str(int(at.timestamp())),
+                "webhook-signature": signature,
+            }
+            answers.append(_send(stack, "signup", body.encode(), headers))
+        # Then the first is accepted under the sender's id, and the retry is its duplicate
+        first, retry = answers
+        assert first.status_code == 202, first.text
+        assert first.json()["event_id"] == "msg_0"
+        assert "key_missing" not in first.json()
+        assert retry.status_code == 200
+        assert retry.json() == first.json()
+        # And the task ran once: one contact page with the one update
+        stack.wait_journal(1)
+        wait_until(lambda: bool(crm.pages_by_email()), 30, "the CRM page")
+        pages = crm.pages_by_email()
+        assert [page["updates"] for page in pages["ada@example.com"]] == [[1]]
+    finally:
+        crm.stop()

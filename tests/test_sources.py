@@ -10,7 +10,6 @@ import pytest
 from keylane.producers.intake import KEYLESS_PREFIX, Ignored, Intake, load_hook, take_in
 from keylane.producers.signatures import Verified, verifiers_of
 from keylane.routing.contract.errors import ConfigError, InvalidEvent
-from keylane.routing.contract.events import Change
 from keylane.routing.contract.settings import load_settings
 from keylane.routing.contract.sources import (
     DEMO,
@@ -106,6 +105,76 @@ def test_event_id_rules() -> None:
     assert intake.event_id == "msg_9"
 
 
+@pytest.mark.parametrize(
+    ("verify", "rule"),
+    [
+        ({"scheme": "standard_webhooks", "secrets_env": ["S"]}, "signature"),  # webhook-id
+        ({"scheme": "github", "secrets_env": ["S"]}, "signature"),  # X-GitHub-Delivery
+        ({"scheme": "shopify", "secrets_env": ["S"]}, "signature"),  # X-Shopify-Webhook-Id
+        ({"scheme": "stripe", "secrets_env": ["S"]}, "body:id"),  # evt_... in the body
+        (
+            {"scheme": "hmac", "secrets_env": ["S"], "header": "X-S", "event_id_header": "X-Id"},
+            "signature",
+        ),
+        ({"scheme": "hmac", "secrets_env": ["S"], "header": "X-S"}, "body:id"),
+        ({"scheme": "none"}, "body:id"),
+    ],
+)
+def test_a_source_takes_the_event_id_its_scheme_carries_unless_told(
+    verify: dict[str, object], rule: str
+) -> None:
+    # Given a source that does not say where its event ids live
+    source = _source(verify=verify, task="sync", record_key="c:{body:email}")
+    # Then they are taken from where its signature scheme carries them
+    assert source.event_id is None
+    assert source.event_id_rule == rule
+    # And a source that says so keeps its own rule
+    assert _source(verify=verify, event_id="header:X-Req").event_id_rule == "header:X-Req"
+
+
+def test_a_standard_webhooks_source_without_event_id_dedupes_on_webhook_id() -> None:
+    # Given a Standard Webhooks source naming no event_id, and a body without an "id"
+    source = _source(
+        verify={"scheme": "standard_webhooks", "secrets_env": ["S"]},
+        task="sync_contact",
+        record_key="contact:{body:email}",
+    )
+    body = b'{"email": "ada@example.com"}'
+    # When a delivery signed with webhook-id msg_0 is read, twice (a retry)
+    ids = [
+        take_in(source, Verified("standard_webhooks", "msg_0", 0.0), body, {"email": "a"}, {})
+        for _ in range(2)
+    ]
+    # Then both carry the sender's id: the retry is a duplicate, never keyless
+    assert {(i.event_id, i.key_missing) for i in ids if isinstance(i, Intake)} == {("msg_0", False)}
+
+
+def test_a_source_whose_deliveries_may_all_be_keyless_is_warned_about() -> None:
+    hmac = {"scheme": "hmac", "secrets_env": ["S"], "header": "X-S"}
+    # Given sources whose ids live nowhere anyone said: an HMAC scheme with no id header,
+    # a mapped or forwarding source with no event_id
+    risky = [
+        _source(verify=hmac, task="t", record_key="c:{body:e}"),
+        _source(format="mapped", record_key="c:{body:e}", on={"*": {"f": {"set": 1}}}),
+    ]
+    # And sources whose ids are where the sender puts them
+    safe = [
+        _source(verify=hmac | {"event_id_header": "X-Id"}, task="t", record_key="c:{body:e}"),
+        _source(
+            verify={"scheme": "stripe", "secrets_env": ["S"]}, task="t", record_key="c:{body:e}"
+        ),
+        _source(verify=hmac, task="t", record_key="c:{body:e}", event_id="body:event_id"),
+        _source(verify=hmac, task="t", record_key="c:{body:e}", missing_id="content-hash"),
+        _source(verify=hmac),  # keylane's envelope: its "id"
+        DEMO,
+    ]
+    # Then each of the first gets a start-up warning that says why, the others none
+    for source in risky:
+        assert any("KEYLESS" in w for w in source.start_up_warnings()), source
+    for source in safe:
+        assert not any("KEYLESS" in w for w in source.start_up_warnings()), source
+
+
 def test_a_missing_event_id_never_matches_another() -> None:
     # Given deliveries without an id
     payload = {"record_key": "k", "changes": {"a": {"increment": 1}}}
@@ -143,9 +212,9 @@ def test_mapped_source_reads_key_and_changes_per_event_type() -> None:
         "invoice.paid",
         "customer:cus_9",
         {
-            "paid_total": Change(op="increment", value=1200),
-            "invoices": Change(op="add", value="in_1"),
-            "status": Change(op="set", value="active"),
+            "paid_total": {"op": "increment", "value": 1200},
+            "invoices": {"op": "add", "value": "in_1"},
+            "status": {"op": "set", "value": "active"},
         },
     )
 
@@ -174,7 +243,7 @@ def test_absent_mapped_fields_are_left_out() -> None:
     )
     intake = take_in(source, UNSIGNED, b"", {"id": 1, "type": "t", "a": 5}, {})
     assert isinstance(intake, Intake)
-    assert intake.changes == {"a": Change(op="set", value=5)}
+    assert intake.changes == {"a": {"op": "set", "value": 5}}
     nothing = take_in(source, UNSIGNED, b"", {"id": 1, "type": "t"}, {})
     assert isinstance(nothing, Ignored)
 
@@ -191,7 +260,7 @@ def test_hook_maps_or_ignores_and_its_errors_are_400() -> None:
     intake = take_in(shopify, UNSIGNED, b"", order, {"x-shopify-topic": "orders/create"}, hook)
     assert isinstance(intake, Intake)
     assert intake.record_key == "shopify-customer:115310627314723954"
-    assert intake.changes["spent_cents"] == Change(op="increment", value=1050)
+    assert intake.changes["spent_cents"] == {"op": "increment", "value": 1050}
     other = take_in(shopify, UNSIGNED, b"", order, {"x-shopify-topic": "orders/paid"}, hook)
     assert isinstance(other, Ignored)
     with pytest.raises(InvalidEvent, match="hook could not map"):

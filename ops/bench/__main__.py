@@ -1,8 +1,10 @@
 """keylane's benchmark: ``python -m keylane.ops.bench``.
 
-(a) **Receiver**: HTTP 202s per second (and p50/p99 latency) of ``keylane serve`` for
-    ``--events`` POSTs from ``--concurrency`` clients, against a baseline served the same
-    way (:mod:`keylane.ops.bench.baseline`: parse the body, ``LPUSH``, nothing else).
+(a) **Receiver**: requests per second, p50/p99 latency and server CPU per request of
+    ``keylane serve`` under ``wrk -t1 -c<--concurrency> -d<--duration>s`` (new event ids,
+    the ``demo`` source; :mod:`keylane.ops.bench.wrk`), against a baseline served the
+    same way (:mod:`keylane.ops.bench.baseline`: parse the body, ``LPUSH``, nothing
+    else); every 202 is checked against the accept script's count and the shard queues.
 (b) **End to end**: for each ``--keys`` count, events per second from the first POST
     until the store's journal holds every event, with ``--workers`` worker processes of
     ``--lanes`` lanes, against a baseline that applies the same events in this process
@@ -40,8 +42,9 @@ HELP = """Benchmark keylane on this machine, each part against a baseline measur
 same run.
 
 \b
-(a) receiver: 202s per second and p50/p99 latency of `keylane serve`, against a
-    bare Starlette app served the same way that parses the body and LPUSHes it.
+(a) receiver: requests per second, p50/p99 latency and server CPU per request of
+    `keylane serve` under wrk (installed with apt-get when absent), against a bare
+    Starlette app served the same way that parses the body and LPUSHes it.
 (b) end to end: events per second from the first POST until the store journal
     holds them all, once per --keys count, against a lane's read, change and write
     in one thread on a fresh store; then journal size, sums, revisions and
@@ -79,6 +82,7 @@ def run_bench(opts: BenchOptions) -> int:
         try:
             if opts.only in (None, "receiver"):
                 run_receiver_phase(bench, report)
+                report.invariants = "OK"
             if opts.only in (None, "e2e"):
                 run_e2e_phase(bench, report)
                 report.invariants = "OK"
@@ -135,14 +139,22 @@ def _counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int
     type=click.IntRange(1),
     default=500,
     show_default=True,
-    help="POSTs per (a) round, and events per (b) and (c) run.",
+    help="Events per (b) and (c) run.",
+)
+@click.option(
+    "--duration",
+    "duration_s",
+    type=click.IntRange(1, 600),
+    default=15,
+    show_default=True,
+    help="Seconds of wrk load per (a) round and server.",
 )
 @click.option(
     "--concurrency",
     type=click.IntRange(1, 1024),
     default=32,
     show_default=True,
-    help="Concurrent HTTP clients (one keep-alive connection each).",
+    help="Concurrent HTTP clients (one keep-alive connection each); wrk's -c in (a).",
 )
 @click.option(
     "--keys",
@@ -185,12 +197,19 @@ def _counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int
     default=None,
     help="Run only one part.",
 )
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="End (a) with one more keylane round under py-spy (pip install py-spy), not "
+    "counted in the figures, and show where the receiver's time goes.",
+)
 @click.option("--keep-temp", is_flag=True, help="Keep the temporary directory (logs, SQLite).")
 def main(
     store: str,
     redis_url: str,
     pg_url: str,
     events: int,
+    duration_s: int,
     concurrency: int,
     keys: tuple[int, ...],
     workers: int | None,
@@ -198,6 +217,7 @@ def main(
     lanes: int,
     rounds: int,
     only: str | None,
+    profile: bool,
     keep_temp: bool,
 ) -> None:
     """Entry point (see the module docstring)."""
@@ -215,6 +235,8 @@ def main(
         only,
         keep_temp,
         drain_workers,
+        duration_s=duration_s,
+        profile=profile,
     )
     try:
         code = run_bench(opts)

@@ -3,9 +3,9 @@ HTTP and no load generator competing for the CPUs.
 
 Before any worker runs, the shard queues are filled with the workload of (b)
 (:func:`keylane.ops.bench.e2e.workload`). Each event is built as the receiver builds it: the
-``demo`` source's verifier and intake, :class:`keylane.routing.contract.events.Event` (body hash,
+``demo`` source's verifier and intake, :func:`keylane.producers.accept.new_event` (body hash,
 ``accepted_at``, shard from :class:`keylane.routing.ShardMap`) and
-:func:`keylane.routing.contract.message.build_event_message`, pushed with ``LPUSH`` to
+:func:`keylane.routing.contract.message.event_message`, pushed with ``LPUSH`` to
 ``RedisKeys(namespace).queue(queue_name)``, in workload order, in pipelines on one
 connection, so each shard queue holds its records' events in the order they were pushed.
 What the receiver's accept script does besides the push is left out: the dedupe mark (no
@@ -31,19 +31,18 @@ were pushed. Then ``keylane audit`` runs on the run's namespace and store.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 
 import redis
 
+from ...producers.accept import body_sha256, new_event
 from ...producers.body import parse_json
 from ...producers.intake import Intake, load_hook, take_in
 from ...producers.signatures import verifiers_of
 from ...routing import ShardMap
-from ...routing.contract.events import Event
-from ...routing.contract.message import build_event_message
+from ...routing.contract.message import event_message
 from ...routing.contract.sources import DEMO, Sources
 from ...routing.redis_keys import RedisKeys
 from ...workers.store import Store
@@ -110,19 +109,17 @@ def receiver_messages(
         intake = take_in(DEMO, verified, body, parse_json(body), HEADERS, hook)
         if not isinstance(intake, Intake):
             raise BenchFailure(f"the demo source ignored a workload body: {intake}")
-        event = Event(
+        event = new_event(
+            shards,
             source=DEMO.name,
             event_id=intake.event_id,
             event_type=intake.event_type,
             record_key=intake.record_key,
             changes=intake.changes,
-            body_sha256=hashlib.sha256(body).hexdigest(),
-            accepted_at=now,
-            shard=shards.shard_for_key(intake.record_key),
+            body_sha256=body_sha256(body),
             key_missing=intake.key_missing,
         )
-        queue = shards.queue_name(event.shard)
-        out.append((queue, build_event_message(event, queue)))
+        out.append((event.queue, event_message(event.wire, event.queue)))
     return out
 
 

@@ -139,7 +139,7 @@ def direct_events(work: Workload, shards: ShardMap) -> list[Event]:
     now = time.time()
     out = []
     for body in work.bodies:
-        envelope = Envelope.model_validate_json(body)
+        envelope = Envelope.read(json.loads(body))
         out.append(
             Event(
                 source=DEMO.name,

@@ -10,10 +10,12 @@ Operations: ``set``, ``unset``, ``increment``, ``append``, ``add`` and ``remove`
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 Op = Literal["set", "unset", "increment", "append", "add", "remove"]
 OPS: tuple[str, ...] = get_args(Op)
@@ -35,21 +37,32 @@ class Change(BaseModel):
     @classmethod
     def parse(cls, field: str, raw: object) -> Change:
         """Read ``{"<op>": value}`` as sent in an envelope; ``ValueError`` says what is wrong."""
-        if not isinstance(raw, dict) or len(raw) != 1:
-            raise ValueError(f"field {field!r}: a change is an object with exactly one operation")
-        ((op, value),) = raw.items()
-        if op not in OPS:
-            raise ValueError(f"field {field!r}: unknown operation {op!r} (known: {', '.join(OPS)})")
-        if op == "increment" and not _is_number(value):
-            raise ValueError(f"field {field!r}: increment needs a finite number")
-        if op == "unset" and value not in (True, None):
-            raise ValueError(f"field {field!r}: unset takes true or null")
-        check_json_value(value, f"field {field!r}")
-        return cls(op=op, value=None if op == "unset" else value)
+        op, value = check_change(field, raw)
+        return cls(op=op, value=value)
 
     def as_wire(self) -> dict[str, Any]:
         """The ``{"<op>": value}`` form."""
         return {self.op: True if self.op == "unset" else self.value}
+
+
+def check_change(field: str, raw: object) -> tuple[str, Any]:
+    """The operation and value of one change, ``{"<op>": value}`` as sent (the rules of a
+    change, for :meth:`Change.parse` and :func:`wire_changes`); ``ValueError`` says what
+    is wrong."""
+    if not isinstance(raw, dict) or len(raw) != 1:
+        raise ValueError(f"field {field!r}: a change is an object with exactly one operation")
+    ((op, value),) = raw.items()
+    if op not in OPS:
+        raise ValueError(f"field {field!r}: unknown operation {op!r} (known: {', '.join(OPS)})")
+    if op == "increment" and not _is_number(value):
+        raise ValueError(f"field {field!r}: increment needs a finite number")
+    if op == "unset":
+        if value not in (True, None):
+            raise ValueError(f"field {field!r}: unset takes true or null")
+        return op, None
+    if type(value) is not int:  # the common case, a plain number, needs no walk
+        check_json_value(value, f"field {field!r}")
+    return op, value
 
 
 def _is_number(value: object) -> bool:
@@ -90,17 +103,51 @@ def check_json_value(value: Any, what: str) -> None:
             stack.extend(item)
 
 
-def parse_changes(raw: object) -> dict[str, Change]:
-    """Validate a ``changes`` object; ``ValueError`` names the first problem."""
+def check_changes(raw: object) -> dict[str, tuple[str, Any]]:
+    """Validate a ``changes`` object: each field's operation and value; ``ValueError``
+    names the first problem."""
     if not isinstance(raw, dict) or not raw:
         raise ValueError("changes must be a non-empty object of field -> operation")
     if len(raw) > MAX_FIELDS:
         raise ValueError(f"at most {MAX_FIELDS} fields may change in one event")
-    out: dict[str, Change] = {}
+    out: dict[str, tuple[str, Any]] = {}
     for field, change in raw.items():
         check_field_name(field)
-        out[field] = Change.parse(field, change)
+        out[field] = check_change(field, change)
     return out
+
+
+def parse_changes(raw: object) -> dict[str, Change]:
+    """Validate a ``changes`` object into :class:`Change` values; ``ValueError`` names
+    the first problem."""
+    return {field: Change(op=op, value=value) for field, (op, value) in check_changes(raw).items()}
+
+
+def wire_changes(raw: object) -> dict[str, dict[str, Any]]:
+    """Validate a ``changes`` object into the form an :class:`Event` carries it in its
+    message (``{"op", "value"}`` per field, as ``Event.model_dump`` writes it), without
+    building models; ``ValueError`` names the first problem."""
+    return {field: {"op": op, "value": value} for field, (op, value) in check_changes(raw).items()}
+
+
+def check_event_id(text: object, what: str = "the event id") -> str:
+    """An event id as every store and Redis key can hold it: text of 1 to
+    :data:`MAX_ID_CHARS` characters (see :func:`check_text`); ``ValueError`` otherwise."""
+    return _bounded_text(text, what, MAX_ID_CHARS)
+
+
+def check_record_key(text: object, what: str = "the record key") -> str:
+    """A record key: text of 1 to :data:`MAX_KEY_CHARS` characters (see
+    :func:`check_text`); ``ValueError`` otherwise."""
+    return _bounded_text(text, what, MAX_KEY_CHARS)
+
+
+def _bounded_text(text: object, what: str, most: int) -> str:
+    if type(text) is not str:
+        raise ValueError(f"{what} must be text")
+    if not 0 < len(text) <= most:
+        raise ValueError(f"{what} must be 1..{most} characters")
+    return check_text(text, what)
 
 
 def check_field_name(field: object) -> None:
@@ -112,25 +159,45 @@ def check_field_name(field: object) -> None:
     check_text(field, "a field name")
 
 
-class Envelope(BaseModel):
-    """keylane's own delivery format (the ``demo`` source and programmatic producers)."""
+#: The keys of keylane's own envelope.
+ENVELOPE_KEYS = frozenset({"id", "type", "record_key", "changes"})
 
-    model_config = ConfigDict(extra="forbid")
 
-    id: str | None = Field(None, min_length=1, max_length=MAX_ID_CHARS)
-    type: str = Field("event", min_length=1, max_length=MAX_ID_CHARS)
-    record_key: str = Field(min_length=1, max_length=MAX_KEY_CHARS)
-    changes: dict[str, Change]
+@dataclass(frozen=True)
+class Envelope:
+    """keylane's own delivery format (the ``demo`` source and ``format = "keylane"``):
+    ``{"id", "type", "record_key", "changes"}``, ``id`` and ``type`` optional."""
 
-    @field_validator("changes", mode="before")
+    id: str | None
+    type: str
+    record_key: str
+    changes: dict[str, dict[str, Any]]  # as :func:`wire_changes` gives them
+
     @classmethod
-    def _parse_changes(cls, raw: object) -> dict[str, Change]:
-        return parse_changes(raw)
+    def read(cls, payload: object) -> Envelope:
+        """The envelope in a parsed body; ``ValueError`` names the key and the problem."""
+        if not isinstance(payload, dict):
+            raise ValueError("the body must be a JSON object: keylane's envelope")
+        if not payload.keys() <= ENVELOPE_KEYS:
+            unknown = ", ".join(sorted(map(repr, payload.keys() - ENVELOPE_KEYS)))
+            raise ValueError(f"unknown key(s) {unknown}: the envelope has {_ENVELOPE_HELP}")
+        event_id = payload.get("id")
+        if event_id is not None:
+            event_id = check_event_id(event_id, "id")
+        event_type = _bounded_text(payload.get("type", "event"), "type", MAX_ID_CHARS)
+        if "record_key" not in payload:
+            raise ValueError("record_key is missing")
+        record_key = check_record_key(payload["record_key"], "record_key")
+        if "changes" not in payload:
+            raise ValueError("changes is missing")
+        try:
+            changes = wire_changes(payload["changes"])
+        except ValueError as exc:
+            raise ValueError(f"changes: {exc}") from None
+        return cls(event_id, event_type, record_key, changes)
 
-    @field_validator("id", "type", "record_key")
-    @classmethod
-    def _storable(cls, text: str | None) -> str | None:
-        return text if text is None else check_text(text, "the value")
+
+_ENVELOPE_HELP = "id, type, record_key and changes"
 
 
 class Event(BaseModel):
@@ -151,6 +218,9 @@ class Event(BaseModel):
     review: str | None = None  # set on a review-only message: record, never apply
     destination: str | None = None  # a task or destination runs it, not keylane's records
     payload: Any = None  # what a task or destination gets: the delivery's JSON body
+    #: A forwarded delivery's body as it came (JSON text): what an HTTP forward sends.
+    #: A message that carries it carries no ``payload``: it is read from the body.
+    body: str | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -162,6 +232,13 @@ class Event(BaseModel):
     @classmethod
     def _storable(cls, text: str) -> str:
         return check_text(text, "the value")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _payload_from_body(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("payload") is None and data.get("body"):
+            return {**data, "payload": json.loads(data["body"])}
+        return data
 
     def changes_wire(self) -> dict[str, dict[str, Any]]:
         """The changes in envelope form, for review rows and logs."""

@@ -12,6 +12,7 @@ A template that is a single reference without braces yields the value itself.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +34,12 @@ class Delivery:
 
 def is_reference(value: object) -> bool:
     """Whether ``value`` is a ``body:``/``header:`` reference (else it is a literal)."""
-    return isinstance(value, str) and _REFERENCE.match(value) is not None
+    return isinstance(value, str) and _is_reference(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_reference(value: str) -> bool:
+    return _REFERENCE.match(value) is not None
 
 
 def check_reference(value: str) -> str:
@@ -52,17 +58,39 @@ def check_template(template: str) -> str:
 
 def resolve(reference: str, delivery: Delivery) -> Any:
     """The value at ``reference``, or :data:`MISSING`."""
+    kind, where = _reference(reference)
+    if kind == "header":
+        return delivery.headers.get(where[0], MISSING)
+    return _walk(delivery.body, where)
+
+
+# A source's references and templates are few and read on every delivery: each is parsed
+# once.
+@functools.lru_cache(maxsize=1024)
+def _reference(reference: str) -> tuple[str, tuple[str, ...]]:
+    """``(kind, path parts)`` of a reference; a header's one part is its lowercased name."""
     match = _REFERENCE.match(reference)
     if match is None:
         raise ValueError(f"not a reference: {reference!r}")
     kind, where = match.groups()
-    if kind == "header":
-        return delivery.headers.get(where.lower(), MISSING)
-    return _walk(delivery.body, where)
+    return kind, (where.lower(),) if kind == "header" else tuple(where.split("."))
 
 
-def _walk(value: Any, path: str) -> Any:
-    for part in path.split("."):
+@functools.lru_cache(maxsize=1024)
+def _template(template: str) -> tuple[tuple[str, str | None], ...]:
+    """A template as (literal text before it, reference) pairs; the last pair's
+    reference is None (the text after the last placeholder)."""
+    pairs: list[tuple[str, str | None]] = []
+    last = 0
+    for match in _PLACEHOLDER.finditer(template):
+        pairs.append((template[last : match.start()], match.group(1)))
+        last = match.end()
+    pairs.append((template[last:], None))
+    return tuple(pairs)
+
+
+def _walk(value: Any, path: tuple[str, ...]) -> Any:
+    for part in path:
         if isinstance(value, dict):
             if part not in value:
                 return MISSING
@@ -79,14 +107,13 @@ def render(template: str, delivery: Delivery) -> str | None:
     if is_reference(template):
         return _scalar_text(resolve(template, delivery))
     parts: list[str] = []
-    last = 0
-    for match in _PLACEHOLDER.finditer(template):
-        text = _scalar_text(resolve(match.group(1), delivery))
-        if text is None:
-            return None
-        parts += [template[last : match.start()], text]
-        last = match.end()
-    parts.append(template[last:])
+    for literal, reference in _template(template):
+        parts.append(literal)
+        if reference is not None:
+            text = _scalar_text(resolve(reference, delivery))
+            if text is None:
+                return None
+            parts.append(text)
     return "".join(parts)
 
 

@@ -12,13 +12,18 @@ ordinary Celery queues: Flower, ``celery inspect`` and a plain Celery worker rea
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
+import random
+import re
 import socket
-import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from ..router import EVENT_TASK, UNHOLD_TASK
 from .errors import MalformedMessage
@@ -58,20 +63,29 @@ def build_event_message(
     """The Redis list entry that asks a lane to handle ``event``; with ``batch`` > 1, a lane
     may take it together with up to ``batch`` - 1 events of the same record waiting behind
     it (see :data:`BATCH_HEADER`)."""
-    summary = f"{event.source}/{event.event_id} -> {event.record_key}"
-    extra: dict[str, str | int] = {RECORD_HEADER: event.record_key}
+    return event_message(event.model_dump(mode="json"), queue, batch, task_id)
+
+
+def event_message(
+    event: Mapping[str, Any], queue: str, batch: int = 1, task_id: str | None = None
+) -> bytes:
+    """:func:`build_event_message` for an event in its wire form (what
+    ``Event.model_dump(mode="json")`` gives, and what a lane reads back with
+    ``Event.model_validate``): the receiver builds that form directly."""
+    source, event_id, record_key = event["source"], event["event_id"], event["record_key"]
+    summary = f"{source}/{event_id} -> {record_key}"
+    extra: dict[str, str | int] = {RECORD_HEADER: record_key}
     if batch > 1:
-        extra[BATCH_HEADER] = batch_tag(event, batch)
-    if event.retry_of is not None:
-        extra[RETRY_OF_HEADER] = event.retry_of
-    return build_task_message(
-        EVENT_TASK, {"event": event.model_dump(mode="json")}, queue, summary, task_id, extra
-    )
+        extra[BATCH_HEADER] = batch_tag(source, record_key, event.get("destination"), batch)
+    if event.get("retry_of") is not None:
+        extra[RETRY_OF_HEADER] = event["retry_of"]
+    return build_task_message(EVENT_TASK, {"event": event}, queue, summary, task_id, extra)
 
 
-def batch_tag(event: Event, batch: int) -> str:
-    """The :data:`BATCH_HEADER` value of ``event``'s message."""
-    what = f"{event.source}\0{event.record_key}\0{event.destination or ''}"
+def batch_tag(source: str, record_key: str, destination: str | None, batch: int) -> str:
+    """The :data:`BATCH_HEADER` value of an event of ``source`` about ``record_key`` for
+    ``destination``: events with the same value may be taken together."""
+    what = f"{source}\0{record_key}\0{destination or ''}"
     return f"{batch}:{hashlib.sha256(what.encode()).hexdigest()[:32]}"
 
 
@@ -94,15 +108,53 @@ def build_task_message(
     task_id: str | None = None,
     extra_headers: dict[str, str | int] | None = None,
 ) -> bytes:
-    """A Celery protocol-2 message for ``task(**kwargs)`` in kombu's Redis layout."""
-    task_id = task_id or str(uuid.uuid4())
-    body = json.dumps(
-        [[], kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
+    """A Celery protocol-2 message for ``task(**kwargs)`` in kombu's Redis layout, filled
+    into the layout's template (:func:`_template`)."""
+    task_id = task_id or new_task_id()
+    body = _BODY_HEAD + _ENCODE(kwargs) + _BODY_TAIL
+    values = {
+        "body": b'"' + base64.b64encode(body) + b'"',
+        "task": _ENCODE(task),
+        "id": _ENCODE(task_id),
+        "kwargsrepr": _ENCODE(repr({"summary": summary})),
+        "queue": _ENCODE(queue),
+        "tag": _ENCODE(new_task_id()),
+    }
+    names: tuple[str, ...] = ()
+    if extra_headers:
+        names = tuple(extra_headers)
+        values.update((f"x{i}", _ENCODE(v)) for i, v in enumerate(extra_headers.values()))
+    return b"".join(
+        values[piece] if isinstance(piece, str) else piece for piece in _template(names)
     )
+
+
+def new_task_id() -> str:
+    """A random UUID (version 4) as text, for task ids and delivery tags.
+
+    Drawn from :mod:`random` (seeded from the OS at start-up and again in every forked
+    child) rather than :func:`uuid.uuid4`, which asks the kernel for 16 bytes per id: these
+    ids must be unique, not secret, and two of them per accepted event made ``uuid4``
+    a visible share of the receiver's time."""
+    h = f"{random.getrandbits(128):032x}"
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
+
+
+_VARIANT = "89ab"
+_ENCODE = msgspec.json.Encoder().encode
+_BODY_HEAD = b"[[], "
+_BODY_TAIL = b', {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]'
+
+
+@functools.lru_cache(maxsize=8)
+def _template(extra_headers: tuple[str, ...]) -> tuple[bytes | str, ...]:
+    """kombu's Redis layout of a Celery protocol-2 message as literal pieces (bytes) and
+    slot names (text), written once by ``json.dumps``. (The lane broker decodes headers as
+    JSON, so the layout's separators carry no meaning.)"""
     headers: dict[str, Any] = {
         "lang": "py",
-        "task": task,
-        "id": task_id,
+        "task": _slot("task"),
+        "id": _slot("id"),
         "shadow": None,
         "eta": None,
         "expires": None,
@@ -110,33 +162,42 @@ def build_task_message(
         "group_index": None,
         "retries": 0,
         "timelimit": [None, None],
-        "root_id": task_id,
+        "root_id": _slot("id"),
         "parent_id": None,
         "argsrepr": "()",
-        "kwargsrepr": repr({"summary": summary}),
+        "kwargsrepr": _slot("kwargsrepr"),
         "origin": _ORIGIN,
         "ignore_result": True,
         "replaced_task_nesting": 0,
         "stamped_headers": None,
         "stamps": {},
-        **(extra_headers or {}),
+        **{name: _slot(f"x{i}") for i, name in enumerate(extra_headers)},
     }
     envelope = {
-        "body": base64.b64encode(body.encode()).decode(),
+        "body": _slot("body"),
         "content-encoding": "utf-8",
         "content-type": "application/json",
         "headers": headers,
         "properties": {
-            "correlation_id": task_id,
+            "correlation_id": _slot("id"),
             "reply_to": "",
             "delivery_mode": 2,
-            "delivery_info": {"exchange": "", "routing_key": queue},
+            "delivery_info": {"exchange": "", "routing_key": _slot("queue")},
             "priority": 0,
             "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
+            "delivery_tag": _slot("tag"),
         },
     }
-    return json.dumps(envelope).encode()
+    parts = _SLOT.split(json.dumps(envelope))
+    # re.split alternates literal text and the captured slot names.
+    return tuple(part if n % 2 else part.encode() for n, part in enumerate(parts) if part)
+
+
+_SLOT = re.compile(r'"\\u0000(\w+)\\u0000"')
+
+
+def _slot(name: str) -> str:
+    return f"\x00{name}\x00"
 
 
 def parse_message(raw: bytes) -> TaskMessage:

@@ -8,9 +8,11 @@ README "Sources" for a complete example. Per source:
 * ``format``: ``keylane`` (the envelope) or ``mapped`` (``record_key`` template plus a
   declarative ``on`` table of changes per event type, or a ``hook = "module:function"``);
 * ``event_id``: where the sender's id lives (``body:<path>``, ``header:<name>``,
-  ``signature`` for the scheme's id header, or ``content-hash``) and ``missing_id``: what
-  to do when a delivery has none (``unique``: a synthetic id that can never match
-  another; ``content-hash``; ``reject``);
+  ``signature`` for the scheme's id header, or ``content-hash``); by default where the
+  scheme puts it (:func:`default_event_id`: ``webhook-id``, ``X-GitHub-Delivery``,
+  ``X-Shopify-Webhook-Id``, an ``hmac`` source's ``event_id_header``, Stripe's body
+  ``id``), else ``body:id``; and ``missing_id``: what to do when a delivery has none
+  (``unique``: a synthetic id that can never match another; ``content-hash``; ``reject``);
 * ``handler``: an optional ``module:function`` the lane calls on every attempt with the
   event and the record as freshly read, returning the change to apply;
   ``batch_handler`` instead: called once per attempt with a record's waiting events (a
@@ -151,7 +153,7 @@ class SourceConfig(BaseModel):
     name: str
     verify: VerifyConfig = Field(default_factory=NoneConfig)
     format: Literal["keylane", "mapped"] = "keylane"
-    event_id: str = "body:id"
+    event_id: str | None = None  # None: where the scheme carries it (see event_id_rule)
     missing_id: Literal["unique", "content-hash", "reject"] = "unique"
     event_type: str | None = "body:type"
     record_key: str | None = None
@@ -176,8 +178,10 @@ class SourceConfig(BaseModel):
 
     @field_validator("event_id")
     @classmethod
-    def _check_event_id(cls, rule: str) -> str:
-        return rule if rule in ("signature", "content-hash") else check_reference(rule)
+    def _check_event_id(cls, rule: str | None) -> str | None:
+        if rule is None or rule in ("signature", "content-hash"):
+            return rule
+        return check_reference(rule)
 
     @field_validator("event_type")
     @classmethod
@@ -224,7 +228,7 @@ class SourceConfig(BaseModel):
             raise ValueError("a mapped source needs record_key and an `on` table, or a hook")
         if self.format == "keylane" and (self.on or self.hook or self.record_key):
             raise ValueError('record_key, on and hook apply to format = "mapped" only')
-        if self.event_id == "signature" and _scheme(self) not in (
+        if self.event_id_rule == "signature" and _scheme(self) not in (
             "standard_webhooks",
             "github",
             "shopify",
@@ -270,6 +274,47 @@ class SourceConfig(BaseModel):
         """Whether deliveries are accepted without a signature."""
         return isinstance(self.verify, NoneConfig)
 
+    @property
+    def event_id_rule(self) -> str:
+        """Where its deliveries' event ids live: ``event_id``, or by default where its
+        signature scheme carries them (:func:`default_event_id`)."""
+        return self.event_id or default_event_id(self.verify)
+
+    def start_up_warnings(self, built_in: bool = False) -> list[str]:
+        """What an operator should hear about this source when keylane starts: it takes
+        unsigned deliveries (``built_in``: the ``demo`` source that exists when there is no
+        sources file), or its deliveries may all be keyless (never deduplicated: a retry
+        runs again) because nothing says where their id lives."""
+        warnings = []
+        if self.unsigned and built_in:
+            warnings.append(
+                f"source {self.name} accepts UNSIGNED deliveries from anyone who can reach the "
+                "receiver (no sources file: KEYLANE_SOURCES_FILE is unset); declare your "
+                "senders and their signatures in a sources file before exposing the receiver"
+            )
+        elif self.unsigned:
+            warnings.append(
+                f"source {self.name} accepts UNSIGNED deliveries (verify.scheme = none)"
+            )
+        if self.keyless_by_default:
+            warnings.append(
+                f"source {self.name} has no event_id and its signature scheme carries no id: "
+                'deliveries without a top-level "id" are KEYLESS, so a sender\'s retry is '
+                "applied again; set event_id (body:<path>, header:<name>) or missing_id"
+            )
+        return warnings
+
+    @property
+    def keyless_by_default(self) -> bool:
+        """Whether its event id is the fallback ``body:id`` in a body that is not keylane's
+        envelope, from a scheme with no id of its own: nothing says where the sender's id
+        lives, so every delivery may be keyless."""
+        if self.event_id is not None or self.missing_id != "unique":
+            return False
+        if self.format == "keylane" and not self.forwards:
+            return False  # keylane's envelope has its "id"
+        return self.event_id_rule == "body:id" and _scheme(self) != "stripe"
+
     def batch_limit(self, settings: Settings) -> int:
         """How many waiting events of one record a lane may take together (1: never
         batched): sources that change keylane's own records (default ``batch_max``) and
@@ -289,6 +334,27 @@ class SourceConfig(BaseModel):
 
 def _scheme(source: SourceConfig) -> str:
     return str(source.verify.scheme)
+
+
+#: Schemes whose signature headers carry the sender's event id (``Verified.event_id``).
+ID_CARRYING_SCHEMES = ("standard_webhooks", "github", "shopify")
+
+
+def default_event_id(verify: object) -> str:
+    """Where a source's event id lives when its table does not say: the id its signature
+    scheme carries (``signature``: Standard Webhooks' ``webhook-id``, GitHub's
+    ``X-GitHub-Delivery``, Shopify's ``X-Shopify-Webhook-Id``, an ``hmac`` scheme's
+    ``event_id_header``), else the body's ``id`` (where Stripe puts it, and keylane's
+    envelope). ``verify`` is the table or the parsed configuration."""
+    if isinstance(verify, BaseModel):
+        verify = verify.model_dump()
+    if not isinstance(verify, dict):
+        return "body:id"
+    if verify.get("scheme") in ID_CARRYING_SCHEMES or (
+        verify.get("scheme") == "hmac" and verify.get("event_id_header")
+    ):
+        return "signature"
+    return "body:id"
 
 
 DEMO = SourceConfig(name="demo")

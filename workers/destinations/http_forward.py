@@ -1,10 +1,12 @@
 """A destination that POSTs each event to a URL: an n8n or Zapier webhook, any service.
 
-The body is the event's payload as JSON. Every call carries ``Idempotency-Key`` (the same
-on every retry and redelivery of the event), the Standard Webhooks headers
-(``webhook-id`` = the idempotency key, ``webhook-timestamp``, and ``webhook-signature``
-when the destination has a ``secret_env``), ``Keylane-*`` headers naming the event, and
-the destination's own headers. The answer decides the outcome:
+The body is the delivery's body, byte for byte as it came (the event's ``body``; for an
+event queued without one, its payload as compact JSON). Every call carries
+``Idempotency-Key`` (the same on every retry and redelivery of the event), the Standard
+Webhooks headers (``webhook-id`` = the idempotency key, ``webhook-timestamp``, and
+``webhook-signature`` over those bytes when the destination has a ``secret_env``),
+``Keylane-*`` headers naming the event, and the destination's own headers. The answer
+decides the outcome:
 
 * 2xx: done (the status and an excerpt of the body are kept);
 * 429 or 503 with ``Retry-After``: wait that long, every worker (the destination pauses);
@@ -65,7 +67,7 @@ class HttpForward(Destination):
             self._client = httpx.AsyncClient(
                 timeout=self.config.timeout_s, follow_redirects=False, limits=limits
             )
-        body = json.dumps(event.payload, separators=(",", ":")).encode()
+        body = forwarded_body(event)
         try:
             answer = await self._client.post(
                 self.url,
@@ -115,6 +117,16 @@ class HttpForward(Destination):
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+
+
+def forwarded_body(event: Event) -> bytes:
+    """What a forward POSTs: the delivery's bytes as they came, so a signature the original
+    sender made over them still verifies downstream, and keylane's own signature is made
+    over these very bytes. An event queued before events carried their body is sent as
+    its payload's compact JSON."""
+    if event.body is not None:
+        return event.body.encode()
+    return json.dumps(event.payload, separators=(",", ":")).encode()
 
 
 def outcome_of(answer: httpx.Response) -> Outcome:
