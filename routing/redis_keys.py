@@ -125,6 +125,13 @@ class RedisKeys:
         return f"{self.prefix}store-writer"
 
     @property
+    def store_writer_last(self) -> str:
+        """The last worker that claimed :attr:`store_writer`, deleted only when it
+        releases: a claim that ran out while this is still set may belong to a paused
+        process."""
+        return f"{self.prefix}store-writer-last"
+
+    @property
     def lease_log(self) -> str:
         """Stream of lease events (acquired, released, lost), for audits and tests."""
         return f"{self.prefix}lease-log"

@@ -10,13 +10,15 @@ from typing import Any
 
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from keylane.producers.receiver import create_receiver
 from keylane.routing.contract.settings import Settings
 from keylane.routing.contract.sources import parse_sources
+from tests.conftest import delete_namespace, fast_settings
 
 pytestmark = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 
@@ -85,6 +87,21 @@ header_sets = st.dictionaries(
 )
 
 
+#: The Redis database this test keeps its namespace in: each example compares every key
+#: of the namespace before and after, and a SCAN reads the whole database it runs in, so
+#: a database of its own keeps that to this test's keys (the other tests share db 0).
+FUZZ_DB = 7
+
+
+@pytest.fixture
+def settings(redis_url: str, namespace: str, store_url: str, tmp_path: Path) -> Iterator[Settings]:
+    """The usual test settings, in a Redis database of this test's own (its namespace's
+    keys deleted afterwards, as ever)."""
+    url = f"{redis_url.rsplit('/', 1)[0]}/{FUZZ_DB}"
+    yield fast_settings(url, namespace, store_url, tmp_path / "data")
+    delete_namespace(url, namespace)
+
+
 @pytest.fixture
 def client(settings: Settings, tmp_path: Path) -> Iterator[TestClient]:
     sources = parse_sources(SOURCES)
@@ -102,7 +119,7 @@ def _redis_state(settings: Settings) -> dict[str, Any]:
     return state
 
 
-@settings(
+@hypothesis_settings(
     max_examples=150,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],

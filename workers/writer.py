@@ -11,6 +11,8 @@ before it starts, renews the claim with every heartbeat and gives it up when it 
 second worker finds the claim taken and refuses to start, unless the holder is known to be
 gone: a process of this host that no longer runs is replaced at once; a holder elsewhere
 is waited for until its claim runs out (a live one renews it, and the newcomer refuses).
+A claim that ran out without a release is remembered with its holder, so a process of this
+host that is paused past the claim's lifetime still keeps a newcomer out.
 A writer that wakes from a pause to find its claim taken over exits (its fencing tokens
 are stale by then too).
 """
@@ -59,26 +61,29 @@ class StoreWriter:
         """Become the writer, or raise :class:`ConfigError` saying who is."""
         s = self.settings
         deadline = self._clock() + (s.lease_ttl_ms + s.heartbeat_ms) / 1000
-        holder = self.broker.claim_store_writer(self.worker_id, s.lease_ttl_ms)
+        holder, expired = self.broker.claim_store_writer(self.worker_id, s.lease_ttl_ms)
         while holder != self.worker_id:
             state = process_state(holder)
-            if state == "gone":
+            # A holder elsewhere whose claim ran out did not renew it: it is gone (a paused
+            # one exits when it wakes to find the claim taken).
+            if state == "gone" or (expired and state == "elsewhere"):
                 log.warning("taking the SQLite store over from %s, which no longer runs", holder)
-                holder = self.broker.claim_store_writer(
+                holder, expired = self.broker.claim_store_writer(
                     self.worker_id, s.lease_ttl_ms, replacing=holder
                 )
                 continue
             if state in ("running", "stopped") or self._clock() > deadline:
                 raise ConfigError(self._refusal(holder, state))
             self._sleep(min(0.25, s.heartbeat_ms / 1000))
-            holder = self.broker.claim_store_writer(self.worker_id, s.lease_ttl_ms)
+            holder, expired = self.broker.claim_store_writer(self.worker_id, s.lease_ttl_ms)
         # Claimed twice at start (before Celery starts, then by the lanes): the worker's
         # start-up line says it once.
         log.debug("this worker is the SQLite store's one writer (%s)", self.worker_id)
 
     def renew(self) -> str:
         """Renew the claim; the holder now (another worker's id: the claim was lost)."""
-        return self.broker.claim_store_writer(self.worker_id, self.settings.lease_ttl_ms)
+        holder, _ = self.broker.claim_store_writer(self.worker_id, self.settings.lease_ttl_ms)
+        return holder
 
     def release(self) -> None:
         """Give the claim up (graceful stop), so that the next writer starts at once."""

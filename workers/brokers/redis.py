@@ -184,16 +184,23 @@ class RedisLaneBroker(LaneBroker):
 
     # -- the SQLite store's one writer --------------------------------------------------
 
-    def claim_store_writer(self, worker_id: str, ttl_ms: int, replacing: str = "") -> str:
+    def claim_store_writer(
+        self, worker_id: str, ttl_ms: int, replacing: str = ""
+    ) -> tuple[str, bool]:
         """Claim (or renew) being the store's one writer for ``ttl_ms``, or take the claim
-        over from ``replacing`` (a holder known to be dead); returns the holder now."""
-        return reply_text(
-            self._run("claim", [self.keys.store_writer], [worker_id, ttl_ms, replacing])
+        over from ``replacing`` (a holder known to be gone). Returns the holder after the
+        call, and whether that holder's claim ran out without a release (it may be paused:
+        the caller decides whether it is gone)."""
+        k = self.keys
+        holder, how = self._run(
+            "claim", [k.store_writer, k.store_writer_last], [worker_id, ttl_ms, replacing]
         )
+        return reply_text(holder), reply_text(how) == "expired"
 
     def release_store_writer(self, worker_id: str) -> bool:
         """Give the writer claim up (only if still ours)."""
-        return bool(self._run("unclaim", [self.keys.store_writer], [worker_id]))
+        k = self.keys
+        return bool(self._run("unclaim", [k.store_writer, k.store_writer_last], [worker_id]))
 
     # -- records -----------------------------------------------------------------------
 
