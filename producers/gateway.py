@@ -2,7 +2,7 @@
 id, and the reads behind backpressure and ``/metrics``.
 
 Accepting an event into its shard queue and marking its id as seen is ONE Lua script
-(:data:`~keylane.routing.contract.redis_scripts.ACCEPT_EVENT`). Invariant 1 needs the two
+(``scripts/accept.lua``, beside this module). Invariant 1 needs the two
 to be inseparable. If the mark came first, a receiver that dies before pushing would
 leave a mark that swallows the sender's retry; if the push came first, a receiver that
 dies before marking would let the retry enqueue a second copy. In one script, Redis runs
@@ -15,17 +15,18 @@ event that survives a Redis crash.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
 from ..routing import ShardMap
-from ..routing.contract import redis_scripts as scripts
 from ..routing.contract.destinations import (
     EXCERPT_CHARS,
     FlowState,
@@ -83,9 +84,9 @@ class ReceiverGateway:
         self.client = client
         self.keys = keys
         self.shards = shards
-        self._accept_event = LoadedScript(scripts.ACCEPT_EVENT)
-        self._accept_fenced = LoadedScript(scripts.ACCEPT_FENCED)
-        self._record_id_reuse = LoadedScript(scripts.RECORD_ID_REUSE)
+        self._accept_event = LoadedScript(script_text("accept"))
+        self._accept_fenced = LoadedScript(script_text("fence_run") + script_text("accept"))
+        self._record_id_reuse = LoadedScript(script_text("record_id_reuse"))
 
     @classmethod
     def from_url(cls, url: str, keys: RedisKeys, shards: ShardMap) -> ReceiverGateway:
@@ -266,10 +267,10 @@ class ScheduleGateway:
         self.client = client
         self.keys = keys
         self.log_max = log_max
-        self._step = client.register_script(scripts.SCHEDULE_STEP)
-        self._finish = client.register_script(scripts.SCHEDULE_FINISH)
-        self._renew = client.register_script(scripts.RENEW_RUN_LEASE)
-        self._release = client.register_script(scripts.RELEASE_RUN_LEASE)
+        self._step = client.register_script(script_text("schedule_step"))
+        self._finish = client.register_script(script_text("schedule_finish"))
+        self._renew = client.register_script(script_text("renew_run_lease"))
+        self._release = client.register_script(script_text("release_run_lease"))
 
     @classmethod
     def from_url(cls, url: str, keys: RedisKeys) -> ScheduleGateway:
@@ -374,3 +375,10 @@ def broker_errors() -> Iterator[None]:
         yield
     except RedisError as exc:
         raise BrokerUnavailable(f"Redis: {exc}") from exc
+
+
+@functools.cache
+def script_text(name: str) -> str:
+    """The Lua source of script ``name``: ``scripts/<name>.lua`` beside this module, the
+    key layout it uses written at its top."""
+    return resources.files(__package__).joinpath("scripts", f"{name}.lua").read_text()

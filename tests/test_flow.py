@@ -15,7 +15,7 @@ from keylane.ops.deployment_view import DeploymentView
 from keylane.routing import ShardMap
 from keylane.routing.contract.destinations import FlowState
 from keylane.routing.redis_keys import RedisKeys
-from keylane.workers.brokers.redis import run_script
+from keylane.workers.brokers.redis import RedisLaneBroker
 from keylane.workers.flow import DestinationFlow
 from tests.support.stack import wait_until
 
@@ -26,7 +26,8 @@ TTL_MS = 15_000
 def flow(redis_url: str, namespace: str) -> Iterator[tuple[DestinationFlow, DeploymentView]]:
     client = redis.Redis.from_url(redis_url)
     keys = RedisKeys(namespace)
-    yield DestinationFlow(client, keys, run_script), DeploymentView(client, keys, ShardMap(8))
+    broker = RedisLaneBroker(client, keys, ShardMap(8))
+    yield broker.flow, DeploymentView(client, keys, ShardMap(8))
     client.close()
 
 

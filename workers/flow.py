@@ -1,8 +1,8 @@
 """Flow control of destinations, shared by every worker: at most N calls in flight and R
 calls per second per destination, a pause after a ``Retry-After``, and a rate that adapts
 to what the destination admits (lowered after a 429, raised slowly while calls succeed) —
-all kept in Redis by two Lua scripts (:data:`~keylane.routing.contract.redis_scripts.FLOW_ACQUIRE`,
-``FLOW_RELEASE``), on Redis's clock. Part of the lanes' Redis broker (``RedisLaneBroker.flow``).
+all kept in Redis by two Lua scripts (``flow_acquire.lua`` and ``flow_release.lua`` beside
+the lanes' Redis broker), on Redis's clock. Part of that broker (``RedisLaneBroker.flow``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..routing.contract import redis_scripts as scripts
 from ..routing.contract.replies import reply_text
 from ..routing.redis_keys import RedisKeys
 
@@ -18,11 +17,10 @@ from ..routing.redis_keys import RedisKeys
 class DestinationFlow:
     """Typed access to the flow scripts, on the lane broker's connection pool."""
 
-    def __init__(self, client: Any, keys: RedisKeys, run_script: Callable[..., Any]) -> None:
+    def __init__(self, keys: RedisKeys, run: Callable[[str, list[str], list[Any]], Any]) -> None:
         self.keys = keys
-        self._run = run_script  # the broker's: Redis errors as BrokerUnavailable
-        self._acquire = client.register_script(scripts.FLOW_ACQUIRE)
-        self._release = client.register_script(scripts.FLOW_RELEASE)
+        #: The broker's: runs one of its scripts by name (Redis errors as BrokerUnavailable).
+        self._run = run
 
     def acquire(
         self,
@@ -39,7 +37,7 @@ class DestinationFlow:
         the adapted one applies when lower."""
         k = self.keys
         ok, wait_ms, why = self._run(
-            self._acquire,
+            "flow_acquire",
             [
                 k.flow_calls(destination),
                 k.flow_bucket(destination),
@@ -73,7 +71,7 @@ class DestinationFlow:
         ``done`` raises it slowly. The new rate (calls/s) when this call cut it."""
         k = self.keys
         cut = self._run(
-            self._release,
+            "flow_release",
             [
                 k.flow_calls(destination),
                 k.flow_bucket(destination),

@@ -29,7 +29,7 @@ its events carry the delivery's body as their payload. It names a version-checke
 the record where it lives.
 
 Flow control is shared by every worker through Redis (the flow script in
-:mod:`keylane.routing.contract.redis_scripts`); :class:`FlowState` reads what it keeps.
+``workers/brokers/redis/flow_*.lua``); :class:`FlowState` reads what it keeps.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ class RedisLaneBroker(LaneBroker):
         self.shards = shards
         self._scripts: dict[str, Script] = {}
         #: Destinations' flow control, shared by every worker (its own module).
-        self.flow = DestinationFlow(client, keys, run_script)
+        self.flow = DestinationFlow(keys, self._run)
 
     @classmethod
     def from_url(cls, url: str, keys: RedisKeys, shards: ShardMap) -> RedisLaneBroker:

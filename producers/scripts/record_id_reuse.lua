@@ -1,0 +1,7 @@
+-- Queue one review message per distinct body sent under a reused event id.
+if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then
+  redis.call('LPUSH', KEYS[2], ARGV[2])
+  redis.call('PUBLISH', ARGV[3], ARGV[4])
+  return 1
+end
+return 0
