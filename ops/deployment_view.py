@@ -13,8 +13,7 @@ import redis
 
 from ..routing import ShardMap
 from ..routing.contract.destinations import FlowState, flow_states, queue_flow_reads
-from ..routing.contract.errors import MalformedMessage
-from ..routing.contract.message import parse_message
+from ..routing.contract.message import event_of
 from ..routing.contract.replies import reply_int, reply_text
 from ..routing.contract.schedule_state import (
     ScheduleState,
@@ -244,15 +243,11 @@ class DeploymentView:
 def _head_event(raw: bytes | None) -> dict[str, Any]:
     """The event at a record's head (in flight, waiting or holding it up): which one, and
     when it was accepted."""
-    try:
-        event = parse_message(raw).kwargs.get("event") if raw is not None else None
-    except MalformedMessage:
-        event = None
-    if not isinstance(event, dict):
+    event = event_of(raw)
+    if event is None:
         return {"event": None, "accepted_at": None}
-    name = f"{event.get('source')}/{event.get('event_id')}"
     accepted_at = event.get("accepted_at")
     return {
-        "event": name,
+        "event": f"{event.get('source')}/{event.get('event_id')}",
         "accepted_at": accepted_at if isinstance(accepted_at, int | float) else None,
     }

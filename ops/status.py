@@ -12,8 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..routing.contract.errors import MalformedMessage
-from ..routing.contract.message import parse_message
+from ..routing.contract.message import event_of
 from ..routing.contract.settings import Settings
 from .deployment_view import DeploymentView
 
@@ -71,7 +70,7 @@ def _shard(state: dict[str, Any], now: float) -> dict[str, Any]:
     """One shard's row: owner and token from its lease, and the age of the event at the
     head of its queue (records in flight and waiting are added by the caller)."""
     holder = state.pop("holder")
-    head = _event_of(state.pop("head"))
+    head = event_of(state.pop("head"))
     state["owner"] = holder.rsplit("/", 1)[0] if holder else None
     state["token"] = int(holder.rsplit("/", 1)[1]) if holder else None
     accepted_at = None if head is None else head.get("accepted_at")
@@ -87,13 +86,3 @@ def _state_of(shard: dict[str, Any], stuck_after_s: float) -> str:
         return "idle"
     too_old = (shard["oldest_age_s"] or 0) > stuck_after_s
     return "stuck" if shard["owner"] is None or too_old else "busy"
-
-
-def _event_of(raw: bytes | None) -> dict[str, Any] | None:
-    if raw is None:
-        return None
-    try:
-        event = parse_message(raw).kwargs.get("event")
-    except MalformedMessage:
-        return None
-    return event if isinstance(event, dict) else None

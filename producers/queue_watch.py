@@ -23,8 +23,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from ..routing.contract.destinations import CALL_OUTCOMES
-from ..routing.contract.errors import BrokerUnavailable, MalformedMessage
-from ..routing.contract.message import parse_message
+from ..routing.contract.errors import BrokerUnavailable
+from ..routing.contract.message import event_of
 from ..routing.redis_keys import LATENCY_BUCKETS_S
 from .gateway import MetricSnapshot, ReceiverGateway
 
@@ -126,13 +126,8 @@ def _seconds_to_drain(excess: int, rate_per_s: float) -> int:
 
 
 def _accepted_at(raw: bytes | None) -> float | None:
-    if raw is None:
-        return None
-    try:
-        event = parse_message(raw).kwargs.get("event")
-    except MalformedMessage:
-        return None
-    value = event.get("accepted_at") if isinstance(event, dict) else None
+    event = event_of(raw)
+    value = None if event is None else event.get("accepted_at")
     return float(value) if isinstance(value, int | float) else None
 
 

@@ -226,3 +226,16 @@ def parse_message(raw: bytes) -> TaskMessage:
         raise
     except (ValueError, KeyError, TypeError) as exc:
         raise MalformedMessage(f"not a Celery task message: {exc}") from exc
+
+
+def event_of(raw: bytes | None) -> dict[str, Any] | None:
+    """The event a shard message carries, in its wire form (None for no message, a
+    message that is not keylane's, or a control message): what status and the queue watch
+    read of a queue's head, without building the model."""
+    if raw is None:
+        return None
+    try:
+        event = parse_message(raw).kwargs.get("event")
+    except MalformedMessage:
+        return None
+    return event if isinstance(event, dict) else None
