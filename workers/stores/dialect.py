@@ -3,7 +3,8 @@
 SQLite and PostgreSQL differ in these places only: how the connection opens (the
 dialect's constructor), how a write transaction begins and ends, how the shard's fence
 row is locked, how JSON goes in and out, the placeholder style (the dialect's cursor
-takes ``?``), and the DDL's type names. Everything else is written once.
+takes ``?``), the DDL's type names, and how the prune's one runner is chosen. Everything
+else is written once.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ class Dialect(Protocol):
 
     def migrate(self, ddl: str) -> None:
         """Run the schema's DDL."""
+        ...
+
+    def maintenance_lock(self) -> AbstractContextManager[bool]:
+        """One holder per store at a time, released when its process dies (see
+        :meth:`Store.maintenance_lock`)."""
         ...
 
     def close(self) -> None:

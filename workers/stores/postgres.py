@@ -22,6 +22,8 @@ from .schema import ColumnTypes
 
 # Serializes concurrent migrations (two workers starting at once) on a fixed lock id.
 _MIGRATION_LOCK = 0x6B65796C616E65
+# The prune's one runner per schema (the two-key form: a space apart from the above).
+_PRUNE_LOCK = 0x6B6C7072
 
 
 class PostgresDialect:
@@ -63,6 +65,21 @@ class PostgresDialect:
                 yield _PgCursor(cur)
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"PostgreSQL write failed: {exc}") from exc
+
+    @contextmanager
+    def maintenance_lock(self) -> Iterator[bool]:
+        # A session advisory lock, per schema (one database may hold several
+        # deployments): the server drops it with the connection of a process that died.
+        key = "?, hashtext(current_schema())"
+        with self.cursor() as cur:
+            cur.execute(f"SELECT pg_try_advisory_lock({key})", (_PRUNE_LOCK,))
+            taken = bool(cur.fetchone()[0])
+        try:
+            yield taken
+        finally:
+            if taken:
+                with self.cursor() as cur:
+                    cur.execute(f"SELECT pg_advisory_unlock({key})", (_PRUNE_LOCK,))
 
     @contextmanager
     def cursor(self) -> Iterator[Cursor]:

@@ -2,16 +2,20 @@
 over a :class:`~keylane.workers.stores.dialect.Dialect` (SQLite or PostgreSQL).
 
 Each method is one transaction (or one read); the SQL it runs lives with its tables in
-:mod:`.records`, :mod:`.fences`, :mod:`.journal` and :mod:`.dead_letters`.
+:mod:`.records`, :mod:`.fences`, :mod:`.journal` and :mod:`.dead_letters`, and what the
+prune reads and removes in :mod:`.retention`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from ...routing.contract.errors import AlreadyApplied, StaleFence, VersionConflict
+from . import retention
 from .base import (
+    ArchiveRow,
     Commit,
     CommitRefused,
     DeadLetter,
@@ -20,8 +24,10 @@ from .base import (
     DeadLetterStatus,
     Fence,
     JournalEntry,
+    PrunedTable,
     Record,
     Store,
+    TableAge,
 )
 from .dead_letters import (
     count_dead_letters,
@@ -170,3 +176,42 @@ class SqlStore(Store):
     def dead_letter_stats(self) -> list[dict[str, Any]]:
         with self.dialect.cursor() as cur:
             return count_dead_letters(cur)
+
+    # -- retention -------------------------------------------------------------------------
+
+    def journal_sources(self) -> list[str]:
+        with self.dialect.cursor() as cur:
+            return retention.journal_sources(cur)
+
+    def old_rows(
+        self, table: PrunedTable, before: float, limit: int, source: str = ""
+    ) -> list[ArchiveRow]:
+        with self.dialect.cursor() as cur:
+            return retention.old_rows(self.dialect, cur, table, before, limit, source)
+
+    def count_old_rows(self, table: PrunedTable, before: float, source: str = "") -> int:
+        with self.dialect.cursor() as cur:
+            return retention.count_old_rows(cur, table, before, source)
+
+    def remove_archived(self, table: PrunedTable, rows: Sequence[ArchiveRow]) -> list[ArchiveRow]:
+        if not rows:
+            return []
+        with self.dialect.transaction() as cur:
+            return retention.remove_archived(cur, table, rows)
+
+    def forget_archived_ids(self, before: float, limit: int) -> int:
+        with self.dialect.transaction() as cur:
+            return retention.forget_archived_ids(cur, before, limit)
+
+    def table_ages(self) -> dict[str, TableAge]:
+        with self.dialect.cursor() as cur:
+            return retention.table_ages(cur)
+
+    def find_journal(
+        self, event_id: str | None = None, source: str | None = None, record_key: str | None = None
+    ) -> list[JournalEntry]:
+        with self.dialect.cursor() as cur:
+            return retention.find_journal(cur, event_id, source, record_key)
+
+    def maintenance_lock(self) -> AbstractContextManager[bool]:
+        return self.dialect.maintenance_lock()

@@ -85,6 +85,26 @@ class SqliteDialect:
             cur.close()
 
     @contextmanager
+    def maintenance_lock(self) -> Iterator[bool]:
+        # An advisory lock on a file beside the database: the kernel drops it with the
+        # process that held it, so a prune killed mid-run never leaves it taken.
+        try:
+            import fcntl
+        except ImportError:  # no flock (Windows): one process runs the prune
+            yield True
+            return
+        with (self.path.parent / f"{self.path.name}.prune-lock").open("a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @contextmanager
     def cursor(self) -> Iterator[Cursor]:
         cur = self._conn.cursor()
         try:
