@@ -7,11 +7,13 @@ settings object (``ctx.obj``) that every subcommand uses.
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 import click
 
 from ..routing.contract.errors import KeylaneError
 from ..routing.contract.settings import Settings
+from ..workers.stores.base import TableAge
 from .cli_common import (
     accept_deployment_options,
     cli_store,
@@ -21,6 +23,7 @@ from .cli_common import (
     settings_of,
 )
 from .cli_dlq import dlq
+from .cli_journal import journal
 from .cli_records import records
 from .observability import init_sentry
 
@@ -166,6 +169,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     settings = settings_of(ctx)
     view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)
     report = collect_status(settings, view)
+    report["retention"] = _retention_of(settings)
     if as_json:
         emit_json(report)
         return
@@ -193,6 +197,49 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo(render_table(columns, rows))
     if report["unowned"]:
         click.echo(f"\nunowned shards: {report['unowned']}")
+    click.echo("")
+    click.echo(_retention_lines(report["retention"]))
+
+
+def _retention_of(settings: Settings) -> dict[str, Any]:
+    """The store's tables as they are now, and the last prune (from Redis)."""
+    from ..routing.contract.errors import StoreUnavailable
+    from .retention import retention_records
+    from .status import retention_status
+
+    records = retention_records(settings)
+    figures = records.figures() if records is not None else {}
+    if records is not None:
+        records.close()
+    try:
+        store = cli_store(settings)
+    except StoreUnavailable:
+        return retention_status({}, figures)  # the sizes the last prune saw
+    try:
+        ages = store.table_ages()
+    finally:
+        store.close()
+    if "lease_log_rows" in figures:  # the lease log's size: as of the last prune
+        ages["lease_log"] = TableAge(
+            int(figures["lease_log_rows"]), figures.get("lease_log_oldest")
+        )
+    return retention_status(ages, figures)
+
+
+def _retention_lines(retention: dict[str, Any]) -> str:
+    from .cli_journal import span
+
+    parts = []
+    for table, t in retention["tables"].items():
+        oldest = "" if t["oldest_age_s"] is None else f", oldest {span(round(t['oldest_age_s']))}"
+        parts.append(f"{table} {t['rows']:,} rows{oldest}")
+    last = retention["last_prune_age_s"]
+    pruned = (
+        "never pruned (keylane journal prune)"
+        if last is None
+        else f"last prune {span(round(last))} ago, {retention['last_prune_seconds']:.1f} s"
+    )
+    return "store: " + "; ".join(parts) + "\n" + pruned
 
 
 @cli.command("check")
@@ -261,6 +308,7 @@ def audit(ctx: click.Context, as_json: bool) -> None:
 
 cli.add_command(records)
 cli.add_command(dlq)
+cli.add_command(journal)
 accept_deployment_options(cli)
 
 

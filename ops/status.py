@@ -7,7 +7,12 @@ from typing import Any
 
 from ..routing.contract.message import MalformedMessage, parse_message
 from ..routing.contract.settings import Settings
+from ..workers.stores.base import TableAge
 from .telemetry import DeploymentView
+
+#: The tables ``keylane status`` shows the size of: the journal, closed review rows, the
+#: archived ids still recognised, and the lease log (in Redis).
+RETAINED = ("journal", "dead_letters", "archived_ids", "lease_log")
 
 
 def collect_status(settings: Settings, view: DeploymentView) -> dict[str, Any]:
@@ -67,3 +72,29 @@ def _describe(raw: bytes | None) -> str | None:
     if event is None:
         return "(malformed)"
     return f"{event.get('source')}/{event.get('event_id')} -> {event.get('record_key')}"
+
+
+def retention_status(
+    ages: dict[str, TableAge], figures: dict[str, float], now: float | None = None
+) -> dict[str, Any]:
+    """The store's tables (rows, age of the oldest) and the last prune, for ``keylane
+    status``: ``ages`` as read now, else as the last prune recorded them (``figures``)."""
+    now = time.time() if now is None else now
+    tables: dict[str, Any] = {}
+    for table in RETAINED:
+        age = ages.get(table)
+        if age is None and f"{table}_rows" in figures:
+            age = TableAge(int(figures[f"{table}_rows"]), figures.get(f"{table}_oldest"))
+        if age is not None:
+            oldest = None if age.oldest is None else round(now - age.oldest, 1)
+            tables[table] = {"rows": age.rows, "oldest_age_s": oldest}
+    last = figures.get("last_prune_at")
+    return {
+        "tables": tables,
+        "last_prune_age_s": None if last is None else round(now - last, 1),
+        "last_prune_seconds": figures.get("last_prune_seconds"),
+        "last_prune_longest_batch_s": figures.get("last_prune_longest_batch_seconds"),
+        "archived_total": {
+            t: int(figures.get(f"archived_{t}", 0)) for t in RETAINED if t != "archived_ids"
+        },
+    }

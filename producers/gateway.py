@@ -52,13 +52,15 @@ class QueueSnapshot:
 
 @dataclass(frozen=True)
 class MetricSnapshot:
-    """The deployment's counters and latency histogram, live workers and held keys."""
+    """The deployment's counters and latency histogram, live workers, held keys, flow
+    control, and the figures of the last prune."""
 
     counters: dict[str, float]
     latency: dict[str, float]
     members: int
     held: int
     destinations: list[FlowState] = field(default_factory=list)
+    retention: dict[str, float] = field(default_factory=dict)  # the last prune's figures
 
 
 def accepted_answer(event: Event, queue: str) -> dict[str, Any]:
@@ -191,15 +193,17 @@ class ReceiverGateway:
         )
 
     async def metrics(self) -> MetricSnapshot:
-        """Counters, latency histogram, live workers and held keys."""
+        """Counters, latency histogram, live workers, held keys, destinations, and the
+        store's sizes and last prune as the prune recorded them."""
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(self.keys.counters)
         pipe.hgetall(self.keys.latency)
         pipe.zcard(self.keys.members)
         pipe.hlen(self.keys.held)
         pipe.smembers(self.keys.destinations)
+        pipe.hgetall(self.keys.retention)
         with broker_errors():
-            counters, latency, members, held, names = await pipe.execute()
+            counters, latency, members, held, names, retention = await pipe.execute()
             names = sorted(reply_text(n) for n in names)
             flow = self.client.pipeline(transaction=False)
             queue_flow_reads(flow, self.keys, names)
@@ -210,6 +214,7 @@ class ReceiverGateway:
             members=int(members),
             held=int(held),
             destinations=destinations,
+            retention={reply_text(k): float(v) for k, v in retention.items()},
         )
 
     async def close(self) -> None:
