@@ -247,7 +247,7 @@ def test_an_archiving_that_commits_while_a_replay_waits_refuses_the_replay(
     thread = threading.Thread(target=lane)
     try:
         with pruner.dialect.transaction() as cur:  # type: ignore[attr-defined]
-            remove_archived(cur, "journal", rows)
+            remove_archived(pruner.dialect, cur, "journal", rows)  # type: ignore[attr-defined]
             # When the event is replayed (and waits on the row being deleted)
             thread.start()
             deadline = time.monotonic() + 20

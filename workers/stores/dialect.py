@@ -38,6 +38,9 @@ class Dialect(Protocol):
     #: Appended to the fence row's ``SELECT`` in a write transaction to lock the row
     #: against a concurrent advance ("" where the transaction already holds that lock).
     fence_lock: str
+    #: Appended to a ``SELECT`` of rows a transaction is about to delete, so that no
+    #: other transaction changes them in between ("" where it holds the write lock).
+    row_lock: str
 
     def json_out(self, column: str) -> str:
         """SQL that reads a JSON column as text."""

@@ -34,6 +34,7 @@ class PostgresDialect:
     )
     json_param = "?::json"
     fence_lock = " FOR SHARE"
+    row_lock = " FOR UPDATE"
 
     def __init__(self, dsn: str, timeout_ms: int = 5000) -> None:
         self._dsn = dsn

@@ -2,8 +2,8 @@
 
 Every row leaves in two steps (see ``ops/retention.py``): the prune reads old rows here
 (outside any write transaction: a read never blocks the lanes), writes them to a complete
-archive file, and only then deletes them here, in one short transaction per batch. The
-delete names each row with the version it was archived at (a journal row's
+archive file, and only then deletes them here, in one short transaction per batch. A row
+is deleted only if it still has the version it was archived at (a journal row's
 ``recorded_at``, a review row's ``status_at``), so a row that changed in between stays
 in the table, and a delete run twice deletes nothing the second time.
 """
@@ -21,9 +21,8 @@ from .dialect import Cursor, Dialect
 from .journal import JOURNAL_COLUMNS, entry_of, id_hash
 
 #: Rows per statement inside one delete transaction (SQLite takes at most 32,766
-#: parameters in one statement).
+#: parameters in one statement, PostgreSQL 65,535).
 STATEMENT_ROWS = 2000
-CLOSED = ("retried", "discarded", "resolved")
 _CLOSED_SQL = "('retried', 'discarded', 'resolved')"
 
 # A dead-lettered event keeps its journal row while a person may still retry it: its
@@ -75,24 +74,78 @@ def count_old_rows(cur: Cursor, table: PrunedTable, before: float, source: str) 
 
 
 def remove_archived(
-    cur: Cursor, table: PrunedTable, rows: Sequence[ArchiveRow]
+    d: Dialect, cur: Cursor, table: PrunedTable, rows: Sequence[ArchiveRow]
 ) -> list[ArchiveRow]:
     """Delete the archived ``rows`` that are unchanged (see :meth:`Store.remove_archived`);
-    the rows now in the archive alone."""
-    columns: tuple[str, ...] = ("source", "event_id") if table == "journal" else ("id",)
-    key_of = _journal_key if table == "journal" else _dead_letter_key
+    the rows now in the archive alone.
+
+    Each statement names rows by their primary key (a list of keys of one source: an
+    index lookup per row on both databases, where a row-value ``IN`` makes SQLite scan
+    the table): the rows are read first, locked on PostgreSQL, their versions compared
+    here, and the unchanged ones deleted."""
     version = "recorded_at" if table == "journal" else "status_at"
-    deleted: set[tuple[Any, ...]] = set()
-    for chunk in _chunks(rows):
-        deleted.update(_delete(cur, table, columns, version, chunk, key_of))
-    missed = [r for r in rows if key_of(r) not in deleted]
-    present: set[tuple[Any, ...]] = set()
-    for chunk in _chunks(missed):
-        present.update(_present(cur, table, columns, chunk, key_of))
+    archived = {(_group(table, r), r[_ID[table]]): r[version] for r in rows}
+    changed: set[Any] = set()
+    for group, ids in _by_group(table, rows):
+        found = _versions(d, cur, table, group, ids, version)
+        unchanged = [i for i in ids if i in found and found[i] == archived[group, i]]
+        changed.update((group, i) for i in ids if i in found and found[i] != archived[group, i])
+        _delete(cur, table, group, unchanged)
+        if table == "journal":
+            _remember_ids(cur, group, [(i, archived[group, i]) for i in unchanged])
+    return [r for r in rows if (_group(table, r), r[_ID[table]]) not in changed]
+
+
+#: The column naming a row within its group (the journal's rows group by source).
+_ID = {"journal": "event_id", "dead_letters": "id"}
+
+
+def _group(table: str, row: ArchiveRow) -> str:
+    return str(row["source"]) if table == "journal" else ""
+
+
+def _by_group(table: str, rows: Sequence[ArchiveRow]) -> Iterator[tuple[str, list[Any]]]:
+    """The rows' ids by group, in statements of at most :data:`STATEMENT_ROWS`."""
+    groups: dict[str, list[Any]] = {}
+    for row in rows:
+        groups.setdefault(_group(table, row), []).append(row[_ID[table]])
+    for group, ids in groups.items():
+        for start in range(0, len(ids), STATEMENT_ROWS):
+            yield group, ids[start : start + STATEMENT_ROWS]
+
+
+def _where(table: str, group: str, ids: Sequence[Any]) -> tuple[str, list[Any]]:
+    marks = ", ".join("?" for _ in ids)
     if table == "journal":
-        for chunk in _chunks([r for r in rows if key_of(r) in deleted]):
-            _remember_ids(cur, chunk)
-    return [r for r in rows if key_of(r) not in present]
+        return f"source = ? AND event_id IN ({marks})", [group, *ids]
+    return f"id IN ({marks})", list(ids)
+
+
+def _versions(
+    d: Dialect, cur: Cursor, table: str, group: str, ids: Sequence[Any], version: str
+) -> dict[Any, Any]:
+    where, params = _where(table, group, ids)
+    cur.execute(f"SELECT {_ID[table]}, {version} FROM {table} WHERE {where}{d.row_lock}", params)
+    return {r[0]: r[1] for r in cur.fetchall()}
+
+
+def _delete(cur: Cursor, table: str, group: str, ids: Sequence[Any]) -> None:
+    if ids:
+        where, params = _where(table, group, ids)
+        cur.execute(f"DELETE FROM {table} WHERE {where}", params)
+
+
+def _remember_ids(cur: Cursor, source: str, events: Sequence[tuple[str, float]]) -> None:
+    """Keep the ids of ``source``'s archived events (event id, recorded at)."""
+    if not events:
+        return
+    values = ", ".join("(?, ?)" for _ in events)
+    params = [v for e, at in events for v in (id_hash(source, e), int(at))]
+    cur.execute(
+        f"INSERT INTO archived_ids (id_hash, recorded_at) VALUES {values} "
+        "ON CONFLICT (id_hash) DO NOTHING",
+        params,
+    )
 
 
 def forget_archived_ids(cur: Cursor, before: float, limit: int) -> int:
@@ -147,61 +200,6 @@ def _matches(entry: JournalEntry, event_id: str | None, source: str | None) -> b
     return (event_id is None or entry.event_id == event_id) and (
         source is None or entry.source == source
     )
-
-
-def _delete(
-    cur: Cursor,
-    table: str,
-    columns: tuple[str, ...],
-    version: str,
-    rows: Sequence[ArchiveRow],
-    key_of: Any,
-) -> set[tuple[Any, ...]]:
-    names = ", ".join((*columns, version))
-    marks = ", ".join("?" for _ in range(len(columns) + 1))
-    values = ", ".join(f"({marks})" for _ in rows)
-    params = [v for r in rows for v in (*key_of(r), r[version])]
-    cur.execute(
-        f"DELETE FROM {table} WHERE ({names}) IN (VALUES {values}) RETURNING {', '.join(columns)}",
-        params,
-    )
-    return {tuple(r) for r in cur.fetchall()}
-
-
-def _present(
-    cur: Cursor, table: str, columns: tuple[str, ...], rows: Sequence[ArchiveRow], key_of: Any
-) -> set[tuple[Any, ...]]:
-    marks = ", ".join("?" for _ in columns)
-    values = ", ".join(f"({marks})" for _ in rows)
-    names = ", ".join(columns)
-    cur.execute(
-        f"SELECT {names} FROM {table} WHERE ({names}) IN (VALUES {values})",
-        [v for r in rows for v in key_of(r)],
-    )
-    return {tuple(r) for r in cur.fetchall()}
-
-
-def _remember_ids(cur: Cursor, rows: Sequence[ArchiveRow]) -> None:
-    values = ", ".join("(?, ?)" for _ in rows)
-    params = [v for r in rows for v in (id_hash(r["source"], r["event_id"]), int(r["recorded_at"]))]
-    cur.execute(
-        f"INSERT INTO archived_ids (id_hash, recorded_at) VALUES {values} "
-        "ON CONFLICT (id_hash) DO NOTHING",
-        params,
-    )
-
-
-def _chunks(rows: Sequence[ArchiveRow]) -> Iterator[Sequence[ArchiveRow]]:
-    for start in range(0, len(rows), STATEMENT_ROWS):
-        yield rows[start : start + STATEMENT_ROWS]
-
-
-def _journal_key(row: ArchiveRow) -> tuple[Any, ...]:
-    return (row["source"], row["event_id"])
-
-
-def _dead_letter_key(row: ArchiveRow) -> tuple[Any, ...]:
-    return (row["id"],)
 
 
 def _journal_row(row: Sequence[Any]) -> ArchiveRow:

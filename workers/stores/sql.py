@@ -197,7 +197,7 @@ class SqlStore(Store):
         if not rows:
             return []
         with self.dialect.transaction() as cur:
-            return retention.remove_archived(cur, table, rows)
+            return retention.remove_archived(self.dialect, cur, table, rows)
 
     def forget_archived_ids(self, before: float, limit: int) -> int:
         with self.dialect.transaction() as cur:

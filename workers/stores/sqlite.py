@@ -27,6 +27,7 @@ class SqliteDialect:
     json_param = "?"
     # BEGIN IMMEDIATE already holds the database's write lock: no advance can interleave.
     fence_lock = ""
+    row_lock = ""
 
     def __init__(
         self,
