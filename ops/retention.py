@@ -12,11 +12,12 @@ What leaves, and when (see README "Retention and the archive"):
   ``KEYLANE_LEASE_LOG_RETENTION_S``.
 
 Each goes to a complete archive file first (:mod:`.archive`), then leaves its table in
-delete transactions of ``KEYLANE_PRUNE_BATCH_ROWS`` rows, ``KEYLANE_PRUNE_PAUSE_MS``
-apart, so a lane never waits on the prune for longer than one batch. One prune runs per
-store at a time (:meth:`Store.maintenance_lock`; another is skipped, not queued), and a
-run settles whatever an interrupted one left before it starts, so running it again, from
-any process, at any time, is always safe.
+delete transactions of ``KEYLANE_PRUNE_BATCH_ROWS`` rows, each followed by a pause at
+least as long as it took (and ``KEYLANE_PRUNE_PAUSE_MS``), so a lane never waits on the
+prune for more than one batch, and the prune holds the store half the time at most.
+One prune runs per store at a time (:meth:`Store.maintenance_lock`; another is skipped,
+not queued), and a run settles whatever an interrupted one left before it starts, so
+running it again, from any process, at any time, is always safe.
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..routing.contract.errors import ConfigError
+from ..routing.contract.errors import ConfigError, StoreUnavailable
 from ..routing.contract.faults import Faults
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources, load_sources
 from ..workers.stores import open_store
-from ..workers.stores.base import ArchiveRow, PrunedTable, Store, TableAge
+from ..workers.stores.base import ArchiveRow, PrunedTable, Removal, Store, TableAge
 from .archive import Archive, day_of, read_rows
 from .telemetry import RetentionRecords
 
@@ -41,6 +42,8 @@ log = logging.getLogger("keylane.retention")
 
 #: Rows read for one archive file at most (read outside any write transaction).
 FILE_ROWS = 50_000
+#: Tries of one delete transaction while the store stays busy with the lanes.
+BUSY_RETRIES = 20
 TABLES = ("journal", "dead_letters", "lease_log")
 _PRUNED: dict[str, PrunedTable] = {"journal": "journal", "dead_letters": "dead_letters"}
 #: The time a row's archive folder (its day) is taken from.
@@ -76,6 +79,7 @@ class PruneReport:
     forgotten_ids: int = 0
     batches: int = 0  # delete transactions
     longest_batch_s: float = 0.0  # the longest of them: the most a lane waited on it
+    busy_retries: int = 0  # batches tried again: the store stayed busy with the lanes
     skipped: str | None = None
     sizes: dict[str, TableAge] = field(default_factory=dict)
 
@@ -246,11 +250,12 @@ class _Run:
         while True:
             started = time.perf_counter()
             forgotten = self.store.forget_archived_ids(before, self.batch_rows)
-            self._timed(started)
+            took = time.perf_counter() - started
+            self._timed(took)
             self.report.forgotten_ids += forgotten
             if forgotten < self.batch_rows:
                 return
-            time.sleep(self.pause_s)
+            self._pause(took)
 
     def _archive(self, table: str, rows: Sequence[ArchiveRow], time_field: str) -> int:
         """Write ``rows`` to one pending file per day, then settle each; rows moved."""
@@ -266,13 +271,12 @@ class _Run:
         transaction, then make the file final with the rows that left; how many left."""
         kept: list[ArchiveRow] = []
         for start in range(0, len(rows), self.batch_rows):
-            batch = rows[start : start + self.batch_rows]
-            started = time.perf_counter()
-            kept += self._remove(table, batch)
-            self._timed(started)
+            removal = self._remove(table, rows[start : start + self.batch_rows])
+            kept += removal.archived
+            self._timed(removal.held_s)
             self.faults.hit("prune.after_batch", f"{table}:{self.report.batches}")
             if start + self.batch_rows < len(rows):
-                time.sleep(self.pause_s)  # the lanes take the store's write lock meanwhile
+                self._pause(removal.held_s)
         final = self.archive.settle(path, kept, len(rows))
         rep = self.report.tables[table]
         rep.archived += len(kept)
@@ -280,17 +284,36 @@ class _Run:
         rep.files += final is not None
         return len(kept)
 
-    def _remove(self, table: str, batch: list[ArchiveRow]) -> list[ArchiveRow]:
+    def _remove(self, table: str, batch: list[ArchiveRow]) -> Removal:
+        """Remove one batch, again while the store is busy (the lanes come first: on
+        SQLite the prune takes the write lock between their transactions, and removing
+        twice is removing once); the store's error after ``BUSY_RETRIES`` tries."""
         if table == "lease_log":
             assert self.records is not None
+            started = time.perf_counter()
             self.records.delete_lease_entries([row["id"] for row in batch])
-            return batch  # entries never change: each is archived once it is gone
-        return self.store.remove_archived(_PRUNED[table], batch)
+            # Entries never change: each is archived once it is gone.
+            return Removal(batch, time.perf_counter() - started)
+        for attempt in range(BUSY_RETRIES):
+            try:
+                return self.store.remove_archived(_PRUNED[table], batch)
+            except StoreUnavailable:
+                if attempt == BUSY_RETRIES - 1:
+                    raise
+                self.report.busy_retries += 1
+                time.sleep(self.pause_s)
+        raise AssertionError("unreachable")
 
-    def _timed(self, started: float) -> None:
-        elapsed = time.perf_counter() - started
+    def _timed(self, held_s: float) -> None:
         self.report.batches += 1
-        self.report.longest_batch_s = max(self.report.longest_batch_s, elapsed)
+        self.report.longest_batch_s = max(self.report.longest_batch_s, held_s)
+
+    def _pause(self, batch_s: float) -> None:
+        """Let the lanes write between two delete transactions: at least as long as the
+        last one took. A lane that waited on it for up to that long is then let in before
+        the next one: SQLite's busy wait polls again within at most the time it has
+        waited so far (1, 2, 5, 10, 15, 20, 25 ms ... 100 ms apart), or 10 ms."""
+        time.sleep(max(self.pause_s, batch_s))
 
 
 def _by_day(rows: Sequence[ArchiveRow], time_field: str) -> Iterator[tuple[str, list[ArchiveRow]]]:

@@ -59,7 +59,7 @@ def test_archived_rows_leave_the_journal_and_their_ids_are_remembered(store: Sto
     applied(store, "e3")
     rows = store.old_rows("journal", cutoff, 100, "crm")
     # When they are removed as archived
-    gone = store.remove_archived("journal", rows)
+    gone = store.remove_archived("journal", rows).archived
     # Then both left, the new one stayed, and their ids read as archived
     assert gone == rows
     assert [e.event_id for e in store.journal_entries()] == ["e3"]
@@ -100,7 +100,7 @@ def test_removing_the_same_rows_again_deletes_nothing_else(store: Store) -> None
     store.remove_archived("journal", rows)
     applied(store, "e3")
     # When the same rows are removed again
-    again = store.remove_archived("journal", rows)
+    again = store.remove_archived("journal", rows).archived
     # Then they still count as archived (they are gone), and nothing else changed
     assert again == rows
     assert [e.event_id for e in store.journal_entries()] == ["e3"]
@@ -117,7 +117,7 @@ def test_a_row_that_changed_after_it_was_read_stays_and_is_left_out(store: Store
     # When the retry applies (its journal row changes) before the archived rows go
     record = store.read("contact:1")
     store.commit_event(write("d1", "contact:1", {"n": 5}, record.revision, retry_of=row_id), None)
-    gone = store.remove_archived("journal", rows)
+    gone = store.remove_archived("journal", rows).archived
     # Then only the unchanged row left; the retried one stays, applied
     assert [r["event_id"] for r in gone] == ["e1"]
     entry = store.journal("crm", "d1")
@@ -148,7 +148,7 @@ def test_closed_dead_letters_are_due_after_closing_and_open_ones_never(store: St
     assert [r["id"] for r in rows] == [closed_id]
     assert rows[0]["event"]["id"] == "d2"
     assert rows[0]["note"] == "done"
-    assert store.remove_archived("dead_letters", rows) == rows
+    assert store.remove_archived("dead_letters", rows).archived == rows
     # Then the resolved row is gone and the open one stays
     assert store.dead_letter(closed_id) is None
     assert store.dead_letter(open_id) is not None
@@ -163,7 +163,7 @@ def test_a_dead_letter_closed_again_after_it_was_read_stays(store: Store) -> Non
     # When someone changes it meanwhile (its status time moves)
     store.set_dead_letter_status(row_id, "discarded", ("resolved",), "bob")
     # Then removing the archived copy leaves it in place
-    assert store.remove_archived("dead_letters", rows) == []
+    assert store.remove_archived("dead_letters", rows).archived == []
     row = store.dead_letter(row_id)
     assert row is not None
     assert row.status == "discarded"

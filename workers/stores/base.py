@@ -46,6 +46,14 @@ class TableAge:
 
 
 @dataclass(frozen=True)
+class Removal:
+    """What :meth:`Store.remove_archived` did."""
+
+    archived: list[ArchiveRow]  # the rows now in the archive alone
+    held_s: float  # how long its transaction held what the lanes may wait for
+
+
+@dataclass(frozen=True)
 class Record:
     """A record as read: its fields and the revision the store gave it (0: absent)."""
 
@@ -278,13 +286,15 @@ class Store(ABC):
         """How many rows :meth:`old_rows` would give without a limit."""
 
     @abstractmethod
-    def remove_archived(self, table: PrunedTable, rows: Sequence[ArchiveRow]) -> list[ArchiveRow]:
+    def remove_archived(self, table: PrunedTable, rows: Sequence[ArchiveRow]) -> Removal:
         """Delete ``rows`` (as :meth:`old_rows` gave them, now in a complete archive file)
         in one transaction, each only if it has not changed since; a journal row leaves
-        its id in ``archived_ids``. Returns the rows now in the archive alone: those
-        deleted, and those already gone (an earlier, interrupted run deleted them). A row
-        that changed (a dead letter retried meanwhile) stays in the table and is left out.
-        Running it twice has the effect of running it once."""
+        its id in ``archived_ids``. The rows now in the archive alone are those deleted,
+        and those already gone (an earlier, interrupted run deleted them); a row that
+        changed (a dead letter retried meanwhile) stays in the table and is left out.
+        Running it twice has the effect of running it once. ``held_s`` is the time from
+        the moment the transaction held the write lock (SQLite; the rows' locks on
+        PostgreSQL) to its commit: the most a lane could have waited on it."""
 
     @abstractmethod
     def forget_archived_ids(self, before: float, limit: int) -> int:

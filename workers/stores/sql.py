@@ -8,6 +8,7 @@ prune reads and removes in :mod:`.retention`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -26,6 +27,7 @@ from .base import (
     JournalEntry,
     PrunedTable,
     Record,
+    Removal,
     Store,
     TableAge,
 )
@@ -193,11 +195,13 @@ class SqlStore(Store):
         with self.dialect.cursor() as cur:
             return retention.count_old_rows(cur, table, before, source)
 
-    def remove_archived(self, table: PrunedTable, rows: Sequence[ArchiveRow]) -> list[ArchiveRow]:
+    def remove_archived(self, table: PrunedTable, rows: Sequence[ArchiveRow]) -> Removal:
         if not rows:
-            return []
+            return Removal([], 0.0)
         with self.dialect.transaction() as cur:
-            return retention.remove_archived(self.dialect, cur, table, rows)
+            held_from = time.perf_counter()  # BEGIN IMMEDIATE has taken the write lock
+            archived = retention.remove_archived(self.dialect, cur, table, rows)
+        return Removal(archived, time.perf_counter() - held_from)
 
     def forget_archived_ids(self, before: float, limit: int) -> int:
         with self.dialect.transaction() as cur:
