@@ -227,12 +227,12 @@ def _retention_of(settings: Settings) -> dict[str, Any]:
 
 
 def _retention_lines(retention: dict[str, Any]) -> str:
-    from .cli_journal import span
+    from .cli_journal import LABELS, span
 
     parts = []
     for table, t in retention["tables"].items():
         oldest = "" if t["oldest_age_s"] is None else f", oldest {span(round(t['oldest_age_s']))}"
-        parts.append(f"{table} {t['rows']:,} rows{oldest}")
+        parts.append(f"{LABELS.get(table, table)} {t['rows']:,} rows{oldest}")
     last = retention["last_prune_age_s"]
     pruned = (
         "never pruned (keylane journal prune)"

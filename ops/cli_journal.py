@@ -12,6 +12,9 @@ from .lookup import find_events
 from .retention import PruneReport, prune, retention_records
 from .tables import render_table
 
+#: How the store's tables are named where they are counted.
+LABELS = {"dead_letters": "dead_letters (closed)"}
+
 
 @click.group()
 def journal() -> None:
@@ -108,7 +111,7 @@ def _print_report(report: PruneReport) -> None:
         )
     for table, age in report.sizes.items():
         oldest = f", oldest {when(age.oldest)} UTC" if age.oldest is not None else ""
-        click.echo(f"{table}: {age.rows:,} row(s){oldest}")
+        click.echo(f"{LABELS.get(table, table)}: {age.rows:,} row(s){oldest}")
 
 
 def _retention(by_source: dict[str, int]) -> str:

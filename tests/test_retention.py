@@ -6,6 +6,8 @@ the table."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -374,3 +376,70 @@ def replayed_after_archiving(stack: Stack, remembered: bool) -> None:
     assert 'keylane_store_rows{table="journal"} 0.0' in metrics
     assert 'keylane_archived_rows_total{table="journal"} 1.0' in metrics
     assert "keylane_prune_last_run_timestamp_seconds" in metrics
+
+
+# -- README -------------------------------------------------------------------------------------
+
+
+def shape(line: str) -> str:
+    """A line of output with its numbers, times and file names blanked out."""
+    line = re.sub(r"journal/\S+\.jsonl\.gz", "<file>", line)
+    return " ".join(re.sub(r"\d[\d,.:-]*", "#", line).split())
+
+
+def backdate(store: Store, table: str, column: str, seconds: float, prefix: str) -> None:
+    """Move ``column`` back by ``seconds`` in ``table``'s rows of events named ``prefix``..."""
+    with store.dialect.transaction() as cur:  # type: ignore[attr-defined]
+        cur.execute(
+            f"UPDATE {table} SET {column} = {column} - ? WHERE substr(event_id, 1, ?) = ?",
+            (seconds, len(prefix), prefix),
+        )
+
+
+@SQLITE  # the commands print the same from either store
+def test_the_readme_commands_run_as_written(
+    settings: Settings, store: Store, redis_url: str
+) -> None:
+    # Given the console example of README's "Retention and the archive"
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Retention and the archive", 1)[1].split("\n## ", 1)[0]
+    example = section.split("```console\n", 1)[1].split("```", 1)[0]
+    commands: list[tuple[str, list[str]]] = []
+    for line in example.splitlines():
+        if line.startswith("$ "):
+            commands.append((line[2:], []))
+        else:
+            commands[-1][1].append(line)
+    # And a deployment like the one it shows: ids archived 20 days ago, evt_1 and others
+    # 5 days old, newer events, two review rows closed 40 days ago, a lease log
+    seed(store, 3, "demo", prefix="old-")
+    seed(store, 40, "demo", prefix="evt_", key_count=1000)
+    seed(store, 5, "demo", prefix="new-")
+    closed = [store.commit_dead_letter(draft(f"d{i}", source="demo"), None) for i in (1, 2)]
+    for row in closed:
+        store.set_dead_letter_status(row, "resolved", ("open",), "ada")
+    backdate(store, "journal", "recorded_at", 20 * DAY, "old-")
+    backdate(store, "journal", "recorded_at", 5 * DAY, "evt_")
+    backdate(store, "journal", "recorded_at", 40 * DAY, "d")
+    with store.dialect.transaction() as cur:  # type: ignore[attr-defined]
+        cur.execute(
+            "UPDATE journal SET record_key = 'contact:42', revision = 1 WHERE event_id = 'evt_1'"
+        )
+    prune(settings, store, None, now=time.time() - 10 * DAY)  # archives the old- rows
+    backdate(store, "dead_letters", "status_at", 40 * DAY, "d")
+    backdate(store, "dead_letters", "created_at", 40 * DAY, "d")
+    client = redis.Redis.from_url(redis_url)
+    for token in ("1", "2"):
+        client.xadd(
+            settings.keys.lease_log,
+            {"event": "acquired", "shard": "1", "worker": "w", "token": token},
+        )
+    client.close()
+    # When each command runs as written
+    for command, expected in commands:
+        ran = keylane(settings, *shlex.split(command)[1:])
+        assert ran.returncode == 0, command + ran.stderr
+        progress = [line for line in ran.stderr.splitlines() if line.endswith(" archived")]
+        output = progress + ran.stdout.splitlines()
+        # Then it prints what README shows, numbers, times and file names aside
+        assert [shape(line) for line in output] == [shape(line) for line in expected], command

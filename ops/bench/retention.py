@@ -23,7 +23,9 @@ Three measurements, each against a baseline taken in the same run, on ``--store`
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -61,7 +63,9 @@ class Writer:
     group: int
     prefix: str = "soak"
     gap_s: float = 0.0  # between two commits: a lane's acknowledgement and next take
+    rate: float = 0.0  # events per second at most (0: as fast as the store goes)
     written: int = 0
+    started: float = field(default_factory=time.perf_counter)
     revisions: dict[int, int] = field(default_factory=dict)
     totals: dict[int, int] = field(default_factory=dict)
     latencies: list[tuple[float, float]] = field(default_factory=list)  # (start, seconds)
@@ -82,15 +86,17 @@ class Writer:
                 self.revisions[key] = int(result)
                 self.totals[key] = self.totals.get(key, 0) + increment(self.written + i)
             self.written += n
-            if self.gap_s:
-                time.sleep(self.gap_s)
+            ahead = (
+                self.written / self.rate - (time.perf_counter() - self.started) if self.rate else 0
+            )
+            time.sleep(max(self.gap_s, ahead))
 
     def _commit(self, i: int) -> Commit:
         key = i % self.keys
         total = self.totals.get(key, 0) + increment(i)
         write = EventWrite(
             "demo",
-            f"{self.prefix}-{i}",
+            event_id(self.prefix, i),
             f"{self.prefix}:{key}",
             key % 64,
             {"n": total},
@@ -98,6 +104,13 @@ class Writer:
             1,
         )
         return Commit((write,), None)
+
+
+def event_id(prefix: str, i: int) -> str:
+    """Event ``i``'s id: random-looking, as senders' ids are (``evt_`` and 24 hex digits,
+    Stripe's length), ending in ``-<i>``."""
+    token = hashlib.blake2b(f"{prefix}{i}".encode(), digest_size=12).hexdigest()
+    return f"evt_{token}-{i}"
 
 
 def increment(i: int) -> int:
@@ -183,7 +196,7 @@ def soak(kind: str, url: str, tmp: Path, opts: dict[str, Any]) -> list[str]:
     settings = retention_settings(url, tmp, opts["retention_s"], opts["id_retention_s"])
     store = open_store(url)
     store.migrate()
-    writer = Writer(store, opts["keys"], opts["group"], gap_s=opts["gap_ms"] / 1000)
+    writer = Writer(store, opts["keys"], opts["group"], "soak", opts["gap_ms"] / 1000, opts["rate"])
     pruner = Pruner(settings, opts["prune_every_s"])
     samples = [_sample(store, url, settings, 0, 0.0, 0)]
     chunk = -(-opts["events"] // 20)
@@ -237,7 +250,8 @@ def _print_soak(
 ) -> None:
     print(
         f"\n== soak on {kind}: {opts['events']:,} events over {opts['keys']:,} records, "
-        f"groups of {opts['group']} {opts['gap_ms']} ms apart; journal retention "
+        f"groups of {opts['group']} {opts['gap_ms']} ms apart, at most {opts['rate']:.0f}/s; "
+        "journal retention "
         f"{opts['retention_s']} s, archived ids {opts['id_retention_s']} s, a prune every "
         f"{opts['prune_every_s']} s"
     )
@@ -455,6 +469,7 @@ RUNS = {"soak": soak, "lanes": lanes, "writepath": writepath}
 @click.option("--keys", default=10_000, show_default=True, help="Records written to.")
 @click.option("--group", default=32, show_default=True, help="Events per commit group.")
 @click.option("--gap-ms", default=1.0, show_default=True, help="Pause after each commit.")
+@click.option("--rate", default=2000.0, show_default=True, help="soak: events/s at most.")
 @click.option("--retention-s", default=60, show_default=True, help="soak: journal retention.")
 @click.option("--id-retention-s", default=180, show_default=True, help="soak: archived ids.")
 @click.option("--prune-every-s", default=10.0, show_default=True, help="soak: prune interval.")
@@ -466,6 +481,8 @@ RUNS = {"soak": soak, "lanes": lanes, "writepath": writepath}
 @click.option("--ids", default=1_000_000, show_default=True, help="writepath: archived ids.")
 def main(only: tuple[str, ...], stores: str, **opts: Any) -> None:
     """Store size, lane latency and write cost with retention (see the module docstring)."""
+    # A SIGTERM unwinds like Ctrl-C: the temporary store and directory are removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     problems: list[str] = []
     for kind in [k.strip() for k in stores.split(",")]:
         writers = opts["writers"] or (1 if kind == "sqlite" else 2)

@@ -94,8 +94,7 @@ class Settings(BaseSettings):
     lease_log_retention_s: int = Field(7 * DAY_S, ge=1)
     archive_dir: Path | None = None  # default: <data dir>/archive
     prune_batch_rows: int = Field(1000, ge=1, le=10_000)  # rows per delete transaction
-    prune_pause_ms: int = Field(20, ge=0)  # between two delete transactions
-    prune_interval_s: int = Field(600, ge=1)  # how often the scheduled prune runs
+    prune_pause_ms: int = Field(20, ge=0)  # between two delete transactions, at least
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
     task_events: bool = True  # Celery task events for Flower's task list
