@@ -82,10 +82,12 @@ class PruneReport:
     busy_retries: int = 0  # batches tried again: the store stayed busy with the lanes
     skipped: str | None = None
     sizes: dict[str, TableAge] = field(default_factory=dict)
+    batch_s: list[float] = field(default_factory=list, repr=False)  # each one's hold
 
     def as_json(self) -> dict[str, Any]:
         """The report as JSON-ready data."""
         out = asdict(self)
+        del out["batch_s"]
         out["seconds"] = round(self.finished_at - self.started_at, 3)
         return out
 
@@ -248,14 +250,12 @@ class _Run:
     def forget_ids(self, before: float) -> None:
         """Forget archived ids recorded before ``before``, a batch at a time."""
         while True:
-            started = time.perf_counter()
-            forgotten = self.store.forget_archived_ids(before, self.batch_rows)
-            took = time.perf_counter() - started
-            self._timed(took)
-            self.report.forgotten_ids += forgotten
-            if forgotten < self.batch_rows:
+            removal = self.store.forget_archived_ids(before, self.batch_rows)
+            self._timed(removal.held_s)
+            self.report.forgotten_ids += removal.forgotten
+            if removal.forgotten < self.batch_rows:
                 return
-            self._pause(took)
+            self._pause(removal.held_s)
 
     def _archive(self, table: str, rows: Sequence[ArchiveRow], time_field: str) -> int:
         """Write ``rows`` to one pending file per day, then settle each; rows moved."""
@@ -293,7 +293,7 @@ class _Run:
             started = time.perf_counter()
             self.records.delete_lease_entries([row["id"] for row in batch])
             # Entries never change: each is archived once it is gone.
-            return Removal(batch, time.perf_counter() - started)
+            return Removal(batch, held_s=time.perf_counter() - started)
         for attempt in range(BUSY_RETRIES):
             try:
                 return self.store.remove_archived(_PRUNED[table], batch)
@@ -307,6 +307,7 @@ class _Run:
     def _timed(self, held_s: float) -> None:
         self.report.batches += 1
         self.report.longest_batch_s = max(self.report.longest_batch_s, held_s)
+        self.report.batch_s.append(held_s)
 
     def _pause(self, batch_s: float) -> None:
         """Let the lanes write between two delete transactions: at least as long as the

@@ -174,12 +174,12 @@ def test_forgotten_archived_ids_make_a_replay_a_new_event(store: Store) -> None:
     applied(store, "e1")
     store.remove_archived("journal", store.old_rows("journal", later(), 100, "crm"))
     # When archived ids recorded before now are forgotten
-    assert store.forget_archived_ids(later(), 100) == 1
+    assert store.forget_archived_ids(later(), 100).forgotten == 1
     # Then a replay applies as a new event
     record = store.read("contact:1")
     store.commit_event(write("e1", "contact:1", {"n": 2}, record.revision), None)
     assert store.read("contact:1").fields == {"n": 2}
-    assert store.forget_archived_ids(later(), 100) == 0
+    assert store.forget_archived_ids(later(), 100).forgotten == 0
 
 
 def test_table_ages_give_rows_and_the_oldest_of_each(store: Store) -> None:

@@ -288,11 +288,12 @@ def _print_soak(
         f"archive: {last.archive_bytes / max(1, last.archived):.0f} bytes per archived event "
         f"(gzipped JSON lines); archived ids: {ids / id_rows:.0f} bytes per id"
     )
-    batches = [r.longest_batch_s for r in reports if r.batches]
-    if batches:
+    held = sorted(h for r in reports for h in r.batch_s)
+    if len(held) > 1:
+        q = statistics.quantiles(held, n=100)
         print(
-            f"prunes: {len(reports)}, longest delete transaction {max(batches) * 1000:.0f} ms "
-            f"(median of the runs' longest {statistics.median(batches) * 1000:.0f} ms)"
+            f"prunes: {len(reports)}, {len(held)} delete transactions holding the store "
+            f"p50 {q[49] * 1000:.0f} ms, p99 {q[98] * 1000:.0f} ms, max {held[-1] * 1000:.0f} ms"
         )
 
 
@@ -371,8 +372,10 @@ def lanes(kind: str, url: str, tmp: Path, opts: dict[str, Any]) -> list[str]:
             f"{name:<12} {len(values):<8} {len(values) * opts['group'] / span:<9.0f} "
             f"{q[49] * 1000:<7.1f} {q[98] * 1000:<7.1f} {max(values, default=0) * 1000:.1f}"
         )
+    held = statistics.quantiles(report.batch_s, n=100) if len(report.batch_s) > 1 else [0.0] * 99
     print(
-        f"prune: {report.batches} delete transactions, longest "
+        f"prune: {report.batches} delete transactions holding the store p50 "
+        f"{held[49] * 1000:.1f} ms, p99 {held[98] * 1000:.1f} ms, max "
         f"{report.longest_batch_s * 1000:.1f} ms ({report.busy_retries} tried again while the "
         f"store was busy); the slowest commit during the prune took "
         f"{max(during, default=0) * 1000:.1f} ms, alone {max(alone, default=0) * 1000:.1f} ms"

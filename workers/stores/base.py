@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ...routing.contract.errors import AlreadyApplied, StaleFence, VersionConflict
@@ -47,10 +47,11 @@ class TableAge:
 
 @dataclass(frozen=True)
 class Removal:
-    """What :meth:`Store.remove_archived` did."""
+    """What one of the prune's delete transactions did."""
 
-    archived: list[ArchiveRow]  # the rows now in the archive alone
-    held_s: float  # how long its transaction held what the lanes may wait for
+    archived: list[ArchiveRow] = field(default_factory=list)  # now in the archive alone
+    forgotten: int = 0  # archived ids forgotten
+    held_s: float = 0.0  # how long it held what a lane may wait for
 
 
 @dataclass(frozen=True)
@@ -297,9 +298,9 @@ class Store(ABC):
         PostgreSQL) to its commit: the most a lane could have waited on it."""
 
     @abstractmethod
-    def forget_archived_ids(self, before: float, limit: int) -> int:
+    def forget_archived_ids(self, before: float, limit: int) -> Removal:
         """Forget up to ``limit`` archived event ids recorded before ``before`` (their
-        replays are then new events); how many were forgotten."""
+        replays are then new events); ``held_s`` as for :meth:`remove_archived`."""
 
     @abstractmethod
     def table_ages(self) -> dict[str, TableAge]:

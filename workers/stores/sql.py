@@ -197,15 +197,17 @@ class SqlStore(Store):
 
     def remove_archived(self, table: PrunedTable, rows: Sequence[ArchiveRow]) -> Removal:
         if not rows:
-            return Removal([], 0.0)
+            return Removal()
         with self.dialect.transaction() as cur:
             held_from = time.perf_counter()  # BEGIN IMMEDIATE has taken the write lock
             archived = retention.remove_archived(self.dialect, cur, table, rows)
-        return Removal(archived, time.perf_counter() - held_from)
+        return Removal(archived, held_s=time.perf_counter() - held_from)
 
-    def forget_archived_ids(self, before: float, limit: int) -> int:
+    def forget_archived_ids(self, before: float, limit: int) -> Removal:
         with self.dialect.transaction() as cur:
-            return retention.forget_archived_ids(cur, before, limit)
+            held_from = time.perf_counter()
+            forgotten = retention.forget_archived_ids(cur, before, limit)
+        return Removal(forgotten=forgotten, held_s=time.perf_counter() - held_from)
 
     def table_ages(self) -> dict[str, TableAge]:
         with self.dialect.cursor() as cur:
