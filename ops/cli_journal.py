@@ -9,7 +9,7 @@ from ..routing.contract.sources import load_sources
 from .archive import Archive
 from .cli_common import cli_store, emit_json, settings_of, when
 from .lookup import find_events
-from .retention import PruneReport, prune, retention_records
+from .retention import PruneReport, run_prune
 from .tables import render_table
 
 #: How the store's tables are named where they are counted.
@@ -72,15 +72,7 @@ def journal_prune(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     """Archive and remove journal rows, closed dead letters and lease-log entries past
     their retention (see README "Retention and the archive"). Safe to run at any time,
     from anywhere: a second prune of the same store at once does nothing (exit code 3)."""
-    settings = settings_of(ctx)
-    store = cli_store(settings)
-    records = retention_records(settings)
-    try:
-        report = prune(settings, store, records, dry_run=dry_run, progress=_progress)
-    finally:
-        store.close()
-        if records is not None:
-            records.close()
+    report = run_prune(settings_of(ctx), dry_run=dry_run, progress=_progress)
     if as_json:
         emit_json(report.as_json())
     else:
@@ -96,6 +88,8 @@ def _print_report(report: PruneReport) -> None:
     if report.skipped:
         click.echo(f"prune skipped: {report.skipped}")
         return
+    for warning in report.warnings:
+        click.echo(f"warning: {warning}", err=True)
     verb = "would archive" if report.dry_run else "archived"
     rows = []
     for table, t in report.tables.items():

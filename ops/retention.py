@@ -25,11 +25,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..routing.contract.errors import ConfigError, StoreUnavailable
+from ..routing.contract.errors import BrokerUnavailable, ConfigError, StoreUnavailable
 from ..routing.contract.faults import Faults
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources, load_sources
@@ -81,6 +82,7 @@ class PruneReport:
     longest_batch_s: float = 0.0  # the longest of them: the most a lane waited on it
     busy_retries: int = 0  # batches tried again: the store stayed busy with the lanes
     skipped: str | None = None
+    warnings: list[str] = field(default_factory=list)
     sizes: dict[str, TableAge] = field(default_factory=dict)
     batch_s: list[float] = field(default_factory=list, repr=False)  # each one's hold
 
@@ -112,8 +114,8 @@ def run_prune(
 
 
 def retention_records(settings: Settings) -> RetentionRecords | None:
-    """The prune's Redis (None when the deployment has no Redis configured or running:
-    the lease log then waits for a run that has one)."""
+    """The prune's Redis (None when the deployment has none configured, nor an embedded
+    one running: the lease log then waits for a run that has one)."""
     try:
         return RetentionRecords.from_url(settings.redis_dsn(), settings.keys)
     except ConfigError:
@@ -144,17 +146,29 @@ def prune(
             run.recover()
         run.journal(now, load_sources(settings))
         run.table("dead_letters", now - settings.dead_letter_retention_s)
-        run.lease_log(now - settings.lease_log_retention_s)
+        with _without_redis(report, "the lease log was left for the next run"):
+            run.lease_log(now - settings.lease_log_retention_s)
         if not dry_run:
             run.forget_ids(now - settings.archived_id_retention_s)
     report.sizes = store.table_ages()
     report.finished_at = time.time()
     if records is not None:
-        report.sizes["lease_log"] = TableAge(*records.lease_log_age())
-        if not dry_run:
-            records.record(*_figures(report))
+        with _without_redis(report, "status and metrics show the previous prune"):
+            report.sizes["lease_log"] = TableAge(*records.lease_log_age())
+            if not dry_run:
+                records.record(*_figures(report))
     _log(report)
     return report
+
+
+@contextmanager
+def _without_redis(report: PruneReport, consequence: str) -> Iterator[None]:
+    """Go on without Redis (down or unreachable): the store's part does not need it."""
+    try:
+        yield
+    except BrokerUnavailable as exc:
+        report.warnings.append(f"Redis unavailable ({exc}): {consequence}")
+        log.warning("prune: Redis unavailable (%s): %s", exc, consequence)
 
 
 def journal_retention_s(settings: Settings, sources: Sources, source: str) -> int:
@@ -195,8 +209,9 @@ class _Run:
         for table, path in self.archive.pending():
             if table == "lease_log" and self.records is None:
                 continue  # settled by a run that reaches Redis
-            self._settle(table, path, read_rows(path))
-            self.report.recovered_files += 1
+            with _without_redis(self.report, f"{path.name} was left for the next run"):
+                self._settle(table, path, read_rows(path))
+                self.report.recovered_files += 1
 
     def journal(self, now: float, sources: Sources) -> None:
         """Every source's journal rows past that source's retention."""
