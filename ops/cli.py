@@ -13,7 +13,6 @@ import click
 
 from ..routing.contract.errors import KeylaneError
 from ..routing.contract.settings import Settings
-from ..workers.stores.base import TableAge
 from .cli_common import (
     accept_deployment_options,
     cli_store,
@@ -162,14 +161,14 @@ def flower(ctx: click.Context) -> None:
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """Shards (owner, fencing token, depth, oldest message, in flight) and workers."""
-    from .status import collect_status
+    from .status import collect_retention, collect_status
     from .tables import render_table
     from .telemetry import DeploymentView
 
     settings = settings_of(ctx)
     view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)
     report = collect_status(settings, view)
-    report["retention"] = _retention_of(settings)
+    report["retention"] = collect_retention(settings)
     if as_json:
         emit_json(report)
         return
@@ -199,31 +198,6 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo(f"\nunowned shards: {report['unowned']}")
     click.echo("")
     click.echo(_retention_lines(report["retention"]))
-
-
-def _retention_of(settings: Settings) -> dict[str, Any]:
-    """The store's tables as they are now, and the last prune (from Redis)."""
-    from ..routing.contract.errors import StoreUnavailable
-    from .retention import retention_records
-    from .status import retention_status
-
-    records = retention_records(settings)
-    figures = records.figures() if records is not None else {}
-    if records is not None:
-        records.close()
-    try:
-        store = cli_store(settings)
-    except StoreUnavailable:
-        return retention_status({}, figures)  # the sizes the last prune saw
-    try:
-        ages = store.table_ages()
-    finally:
-        store.close()
-    if "lease_log_rows" in figures:  # the lease log's size: as of the last prune
-        ages["lease_log"] = TableAge(
-            int(figures["lease_log_rows"]), figures.get("lease_log_oldest")
-        )
-    return retention_status(ages, figures)
 
 
 def _retention_lines(retention: dict[str, Any]) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
+from ..routing.contract.errors import BrokerUnavailable, StoreUnavailable
 from ..routing.contract.message import MalformedMessage, parse_message
 from ..routing.contract.settings import Settings
 from ..workers.stores.base import TableAge
@@ -72,6 +74,31 @@ def _describe(raw: bytes | None) -> str | None:
     if event is None:
         return "(malformed)"
     return f"{event.get('source')}/{event.get('event_id')} -> {event.get('record_key')}"
+
+
+def collect_retention(settings: Settings) -> dict[str, Any]:
+    """The store's tables as they are now (as the last prune saw them when the store
+    does not answer; the lease log always so), and the last prune."""
+    from ..workers.stores import open_store
+    from .retention import retention_records
+
+    records = retention_records(settings)
+    figures: dict[str, float] = {}
+    if records is not None:
+        with contextlib.suppress(BrokerUnavailable):
+            figures = records.figures()
+        records.close()
+    try:
+        store = open_store(settings.store_dsn(), settings.store_timeout_ms)
+    except StoreUnavailable:
+        return retention_status({}, figures)
+    try:
+        store.migrate()  # a store no worker has written to yet reads as empty
+        return retention_status(store.table_ages(), figures)
+    except StoreUnavailable:
+        return retention_status({}, figures)
+    finally:
+        store.close()
 
 
 def retention_status(
