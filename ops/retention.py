@@ -45,6 +45,9 @@ log = logging.getLogger("keylane.retention")
 FILE_ROWS = 50_000
 #: Tries of one delete transaction while the store stays busy with the lanes.
 BUSY_RETRIES = 20
+#: The prune's statement and lock timeout: it may wait (a first run counts a large backlog,
+#: and on SQLite it waits for the lanes to leave it the write lock); the lanes keep theirs.
+PRUNE_TIMEOUT_MS = 120_000
 TABLES = ("journal", "dead_letters", "lease_log")
 _PRUNED: dict[str, PrunedTable] = {"journal": "journal", "dead_letters": "dead_letters"}
 #: The time a row's archive folder (its day) is taken from.
@@ -102,7 +105,8 @@ def run_prune(
 ) -> PruneReport:
     """The scheduled job: :func:`prune` with the store and Redis of ``settings``, opened
     for this run and closed after it. Safe from any process at any time."""
-    store = open_store(settings.store_dsn(), settings.store_timeout_ms, settings.sqlite_synchronous)
+    timeout_ms = max(settings.store_timeout_ms, PRUNE_TIMEOUT_MS)
+    store = open_store(settings.store_dsn(), timeout_ms, settings.sqlite_synchronous)
     records = retention_records(settings)
     try:
         store.migrate()
