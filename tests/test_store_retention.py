@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from keylane.routing.contract.errors import AlreadyApplied
 from keylane.workers.stores import open_store
-from keylane.workers.stores.base import DeadLetterFilter, Store
+from keylane.workers.stores.base import Commit, DeadLetterFilter, Store
 from keylane.workers.stores.retention import remove_archived
 from tests.test_store import _someone_waits_on, draft, is_postgres, write
 
@@ -272,3 +273,22 @@ def _waits(cur: Any, store_url: str) -> bool:
         "AND transactionid::text = (txid_current() % 4294967296)::text"
     )
     return bool(cur.fetchone()[0])
+
+
+def test_the_space_of_removed_rows_is_reclaimed(store: Store, store_url: str) -> None:
+    # Given 3,000 journal rows of which 2,000 were archived
+    journal_only = [write(f"e{i}", "contact:1", {}, 0) for i in range(3000)]
+    store.commit_group([Commit((replace(w, fields=None),), None) for w in journal_only])
+    rows = store.old_rows("journal", later(), 2000, "crm")
+    store.remove_archived("journal", rows)
+    if not is_postgres(store_url):
+        # Then on SQLite nothing is to be done: it reuses the pages it freed
+        assert store.reclaim_space() == []
+        return
+    # Then on PostgreSQL the journal is vacuumed (once its dead rows reach the statistics)
+    deadline = time.monotonic() + 30
+    while "journal" not in store.reclaim_space():
+        assert time.monotonic() < deadline, "the journal was never vacuumed"
+        time.sleep(0.5)
+    # And not again while no more rows died
+    assert "journal" not in store.reclaim_space()

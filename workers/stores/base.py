@@ -303,6 +303,13 @@ class Store(ABC):
         replays are then new events); ``held_s`` as for :meth:`remove_archived`."""
 
     @abstractmethod
+    def reclaim_space(self) -> list[str]:
+        """After removals: make the space of the removed rows reusable where the
+        database leaves that to a later job (PostgreSQL: a plain ``VACUUM`` of each table
+        the prune removes from, once its dead rows are a tenth of its live ones; SQLite
+        reuses freed pages by itself). The tables it did that for."""
+
+    @abstractmethod
     def table_ages(self) -> dict[str, TableAge]:
         """Rows and oldest row of ``journal``, ``dead_letters`` (closed rows, by when
         they were closed) and ``archived_ids``."""

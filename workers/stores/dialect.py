@@ -58,6 +58,11 @@ class Dialect(Protocol):
         """Run the schema's DDL."""
         ...
 
+    def reclaim(self, table: str) -> bool:
+        """Make the space of ``table``'s deleted rows reusable if the database does not
+        on its own and they have piled up; whether it did."""
+        ...
+
     def maintenance_lock(self) -> AbstractContextManager[bool]:
         """One holder per store at a time, released when its process dies (see
         :meth:`Store.maintenance_lock`)."""

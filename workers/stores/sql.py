@@ -209,6 +209,9 @@ class SqlStore(Store):
             forgotten = retention.forget_archived_ids(cur, before, limit)
         return Removal(forgotten=forgotten, held_s=time.perf_counter() - held_from)
 
+    def reclaim_space(self) -> list[str]:
+        return [t for t in ("journal", "archived_ids", "dead_letters") if self.dialect.reclaim(t)]
+
     def table_ages(self) -> dict[str, TableAge]:
         with self.dialect.cursor() as cur:
             return retention.table_ages(cur)

@@ -85,6 +85,9 @@ class SqliteDialect:
         finally:
             cur.close()
 
+    def reclaim(self, table: str) -> bool:
+        return False  # SQLite puts the pages it frees on its free list and reuses them
+
     @contextmanager
     def maintenance_lock(self) -> Iterator[bool]:
         # An advisory lock on a file beside the database: the kernel drops it with the
