@@ -295,6 +295,12 @@ def _print_soak(
             f"prunes: {len(reports)}, {len(held)} delete transactions holding the store "
             f"p50 {q[49] * 1000:.0f} ms, p99 {q[98] * 1000:.0f} ms, max {held[-1] * 1000:.0f} ms"
         )
+    vacuums = [r.reclaim_s for r in reports if r.reclaimed]
+    if vacuums:
+        print(
+            f"vacuums: {len(vacuums)} of {len(reports)} prunes, median "
+            f"{statistics.median(vacuums) * 1000:.0f} ms, longest {max(vacuums) * 1000:.0f} ms"
+        )
 
 
 def _check_soak(store: Store, settings: Settings, writer: Writer) -> list[str]:
