@@ -276,11 +276,13 @@ def _print_soak(
         f"{(before.sizes['total'] - base) / before.events:.0f} "
         f"(journal {before.sizes.get('journal', 0) / max(1, before.journal_rows):.0f} per row)"
     )
+    first = [x.sizes["total"] / MIB for x in samples[: len(samples) // 2 + 1]]
+    second = [x.sizes["total"] / MIB for x in samples[len(samples) // 2 :]]
     print(
         f"bytes per event in the store after {last.events:,} events: "
-        f"{(last.sizes['total'] - base) / last.events:.0f}; the store grew by "
-        f"{(last.sizes['total'] - half.sizes['total']) / MIB:.1f} MiB over the second half "
-        f"({half.sizes['total'] / MIB:.1f} -> {last.sizes['total'] / MIB:.1f} MiB)"
+        f"{(last.sizes['total'] - base) / last.events:.0f}; the store's largest "
+        f"{max(first):.1f} MiB in the first half ({half.events:,} events), "
+        f"{min(second):.1f} to {max(second):.1f} MiB in the second"
     )
     ids = last.sizes.get("archived_ids", 0)
     id_rows = max(1, last.id_rows)
