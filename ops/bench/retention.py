@@ -159,6 +159,7 @@ class SoakSample:
     events: int
     elapsed_s: float
     journal_rows: int
+    oldest_age_s: float  # of the journal's oldest row: the retention, plus the prune's lag
     id_rows: int
     archived: int
     sizes: dict[str, int]
@@ -234,10 +235,12 @@ def _sample(
     store: Store, url: str, s: Settings, events: int, elapsed: float, archived: int
 ) -> SoakSample:
     ages = store.table_ages()
+    oldest = ages["journal"].oldest
     return SoakSample(
         events,
         elapsed,
         ages["journal"].rows,
+        0.0 if oldest is None else time.time() - oldest,
         ages["archived_ids"].rows,
         archived,
         store_bytes(store, url),
@@ -256,12 +259,13 @@ def _print_soak(
         f"{opts['prune_every_s']} s"
     )
     print(
-        "EVENTS     ELAPSED S  JOURNAL ROWS  ARCHIVED   STORE MIB  JOURNAL MIB  IDS MIB  "
-        "RECORDS MIB  ARCHIVE MIB"
+        "EVENTS     ELAPSED S  JOURNAL ROWS  OLDEST S  ARCHIVED   STORE MIB  JOURNAL MIB  "
+        "IDS MIB  RECORDS MIB  ARCHIVE MIB"
     )
     for s in samples:
         print(
-            f"{s.events:<10,} {s.elapsed_s:<10.0f} {s.journal_rows:<13,} {s.archived:<10,} "
+            f"{s.events:<10,} {s.elapsed_s:<10.0f} {s.journal_rows:<13,} "
+            f"{s.oldest_age_s:<9.0f} {s.archived:<10,} "
             f"{s.sizes['total'] / MIB:<10.1f} {s.sizes.get('journal', 0) / MIB:<12.1f} "
             f"{s.sizes.get('archived_ids', 0) / MIB:<8.1f} "
             f"{s.sizes.get('records', 0) / MIB:<12.1f} "
