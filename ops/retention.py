@@ -96,6 +96,9 @@ class PruneReport:
         out = asdict(self)
         del out["batch_s"]
         out["seconds"] = round(self.finished_at - self.started_at, 3)
+        held = sorted(self.batch_s)
+        out["batch_p50_s"] = held[len(held) // 2] if held else 0.0
+        out["batch_p99_s"] = held[int(len(held) * 0.99)] if held else 0.0
         return out
 
 

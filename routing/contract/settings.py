@@ -93,7 +93,7 @@ class Settings(BaseSettings):
     dead_letter_retention_s: int = Field(30 * DAY_S, ge=1)  # after the row was closed
     lease_log_retention_s: int = Field(7 * DAY_S, ge=1)
     archive_dir: Path | None = None  # default: <data dir>/archive
-    prune_batch_rows: int = Field(1000, ge=1, le=10_000)  # rows per delete transaction
+    prune_batch_rows: int = Field(500, ge=1, le=10_000)  # rows per delete transaction
     prune_pause_ms: int = Field(20, ge=0)  # between two delete transactions, at least
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
