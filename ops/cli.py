@@ -22,6 +22,7 @@ from .cli_common import (
     settings_of,
 )
 from .cli_dlq import dlq
+from .cli_journal import journal
 from .cli_records import records
 from .cli_schedules import repair, run_command, scheduler, schedules
 from .observability import init_sentry
@@ -187,13 +188,14 @@ def status(ctx: click.Context, as_json: bool, stuck_after: str) -> None:
     when due, events behind them); workers; destinations and every outcome of their calls;
     scheduled jobs; counters."""
     from .deployment_view import DeploymentView
-    from .status import collect_status
+    from .status import collect_retention, collect_status
     from .status_text import render_status
     from .triage import parse_age
 
     settings = settings_of(ctx)
     view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)
     report = collect_status(settings, view, parse_age(stuck_after))
+    report["retention"] = collect_retention(settings)
     if as_json:
         emit_json(report)
         return
@@ -268,6 +270,7 @@ cli.add_command(records)
 cli.add_command(dlq)
 for command in (scheduler, schedules, run_command, repair):
     cli.add_command(command)
+cli.add_command(journal)
 accept_deployment_options(cli)
 
 

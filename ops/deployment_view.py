@@ -1,6 +1,8 @@
-"""Read-only views of a deployment in Redis, for ``keylane status``, ``check`` and
-``audit``: who holds which shard lease, queue depths and heads, the live workers, the
-lease log and the counters. The operator's side of Redis; it never writes.
+"""The operator's side of Redis. :class:`DeploymentView`: read-only views for ``keylane
+status``, ``check`` and ``audit`` (who holds which shard lease, queue depths, the records in
+flight and waiting, the live workers, the lease log and the counters).
+:class:`RetentionRecords`: the one writer here, for the prune: it removes archived
+lease-log entries and records the store's sizes and the last prune's figures.
 """
 
 from __future__ import annotations
@@ -234,6 +236,71 @@ class DeploymentView:
             }
             for entry_id, fields in entries
         ]
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self.client.close()
+
+
+class RetentionRecords:
+    """The prune's part of Redis: the lease log's old entries, and its figures."""
+
+    def __init__(self, client: redis.Redis, keys: RedisKeys) -> None:
+        self.client = client
+        self.keys = keys
+
+    @classmethod
+    def from_url(cls, url: str, keys: RedisKeys) -> RetentionRecords:
+        """Connect to Redis at ``url`` (with timeouts: a dead server is an error)."""
+        client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+        return cls(client, keys)
+
+    def lease_entries_before(self, before_ms: int, count: int) -> list[dict[str, str]]:
+        """Up to ``count`` lease-log entries written before ``before_ms``, oldest first,
+        each with its stream ``id``."""
+        if before_ms <= 0:
+            return []
+        with broker_errors():
+            entries: Any = self.client.xrange(
+                self.keys.lease_log, "-", str(before_ms - 1), count=count
+            )
+        return [
+            {"id": reply_text(entry_id), **{reply_text(k): reply_text(v) for k, v in f.items()}}
+            for entry_id, f in entries
+        ]
+
+    def delete_lease_entries(self, ids: list[str]) -> int:
+        """Remove archived entries from the lease log (an entry already gone is skipped)."""
+        if not ids:
+            return 0
+        with broker_errors():
+            return reply_int(self.client.xdel(self.keys.lease_log, *ids))
+
+    def lease_log_age(self) -> tuple[int, float | None]:
+        """The lease log's entries, and the time of its oldest (None: empty)."""
+        with broker_errors():
+            length = reply_int(self.client.xlen(self.keys.lease_log))
+            first: Any = self.client.xrange(self.keys.lease_log, "-", "+", count=1)
+        oldest = int(reply_text(first[0][0]).split("-")[0]) / 1000 if first else None
+        return length, oldest
+
+    def record(self, figures: dict[str, float], totals: dict[str, int], absent: list[str]) -> None:
+        """Record the store's sizes and the last prune: ``figures`` replace the previous
+        ones, ``absent`` ones are removed, ``totals`` are added to the running counts."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(self.keys.retention, mapping={k: repr(float(v)) for k, v in figures.items()})
+        if absent:
+            pipe.hdel(self.keys.retention, *absent)
+        for name, amount in totals.items():
+            pipe.hincrby(self.keys.retention, name, amount)
+        with broker_errors():
+            pipe.execute()
+
+    def figures(self) -> dict[str, float]:
+        """What the last prune recorded (empty before the first)."""
+        with broker_errors():
+            raw: Any = self.client.hgetall(self.keys.retention)
+        return {reply_text(k): float(v) for k, v in raw.items()}
 
     def close(self) -> None:
         """Release the connection pool."""

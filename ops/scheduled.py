@@ -13,22 +13,40 @@ import asyncio
 import signal
 from typing import Any
 
+from ..producers.runs import Run
 from ..producers.scheduler import RunReport, Scheduler
 from ..routing.contract.errors import ConfigError
-from ..routing.contract.schedules import JobSpec, RecordReader
+from ..routing.contract.schedules import JobSpec, RecordReader, builtin_job
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources, load_sources
 from ..workers.stores import open_store
 from ..workers.tasks import import_app
+from .retention import run_prune
 
 
 def builtin_jobs(settings: Settings) -> list[JobSpec]:
-    """keylane's own maintenance jobs, each made with
-    :func:`~keylane.routing.contract.schedules.builtin_job`, e.g.
-    ``builtin_job("keylane.journal-prune", lambda run: prune(settings, run), every="1h")``.
-    """
-    del settings  # the jobs to come read their settings from it
-    return []
+    """keylane's own maintenance jobs (:func:`~keylane.routing.contract.schedules.builtin_job`):
+    the journal's prune every ``prune_every_s`` (README "Retention and the archive")."""
+    if not settings.prune_every_s:
+        return []
+    return [
+        builtin_job(
+            PRUNE_JOB, lambda run: prune_as_job(settings, run), every=settings.prune_every_s
+        )
+    ]
+
+
+#: The scheduled prune's name, as `keylane schedules` lists it.
+PRUNE_JOB = "keylane.journal-prune"
+
+
+def prune_as_job(settings: Settings, run: Run) -> None:
+    """One run of the prune under its job's lease: between batches it checks the lease is
+    still the run's (a run taken over stops; the next one finishes the job, as after a
+    crash)."""
+    report = run_prune(settings, progress=lambda *_: run.check())
+    if report.skipped:
+        run.log.info("another prune of this store is running; this tick does nothing")
 
 
 def deployment_jobs(settings: Settings) -> tuple[list[JobSpec], Sources]:

@@ -9,15 +9,25 @@ has events and no owner, or its oldest event waits longer than ``stuck_after_s``
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
+from ..routing.contract.errors import BrokerUnavailable, StoreMissing, StoreUnavailable
 from ..routing.contract.message import event_of
 from ..routing.contract.settings import Settings
+from ..workers.store import TableAge
 from .deployment_view import DeploymentView
 
 #: A shard whose oldest event (queued, in flight or waiting) is older than this is ``stuck``.
 STUCK_AFTER_S = 60.0
+#: The tables ``keylane status`` shows the size of: the journal, closed review rows, the
+#: archived ids still recognised, and the lease log (in Redis).
+RETAINED = ("journal", "dead_letters", "archived_ids", "lease_log")
+
+#: The tables ``keylane status`` shows the size of: the journal, closed review rows, the
+#: archived ids still recognised, and the lease log (in Redis).
+RETAINED = ("journal", "dead_letters", "archived_ids", "lease_log")
 
 
 def collect_status(
@@ -86,3 +96,53 @@ def _state_of(shard: dict[str, Any], stuck_after_s: float) -> str:
         return "idle"
     too_old = (shard["oldest_age_s"] or 0) > stuck_after_s
     return "stuck" if shard["owner"] is None or too_old else "busy"
+
+
+def collect_retention(settings: Settings) -> dict[str, Any]:
+    """The store's tables as they are now (as the last prune saw them when the store
+    does not answer; the lease log always so), and the last prune."""
+    from ..workers.stores import open_existing_store
+    from .retention import retention_records
+
+    records = retention_records(settings)
+    figures: dict[str, float] = {}
+    if records is not None:
+        with contextlib.suppress(BrokerUnavailable):
+            figures = records.figures()
+        records.close()
+    try:  # never one a command creates: no store yet reads as the last prune saw it
+        store = open_existing_store(settings.store_dsn(), settings.store_timeout_ms)
+    except (StoreUnavailable, StoreMissing):
+        return retention_status({}, figures)
+    try:
+        return retention_status(store.table_ages(), figures)
+    except StoreUnavailable:
+        return retention_status({}, figures)
+    finally:
+        store.close()
+
+
+def retention_status(
+    ages: dict[str, TableAge], figures: dict[str, float], now: float | None = None
+) -> dict[str, Any]:
+    """The store's tables (rows, age of the oldest) and the last prune, for ``keylane
+    status``: ``ages`` as read now, else as the last prune recorded them (``figures``)."""
+    now = time.time() if now is None else now
+    tables: dict[str, Any] = {}
+    for table in RETAINED:
+        age = ages.get(table)
+        if age is None and f"{table}_rows" in figures:
+            age = TableAge(int(figures[f"{table}_rows"]), figures.get(f"{table}_oldest"))
+        if age is not None:
+            oldest = None if age.oldest is None else round(now - age.oldest, 1)
+            tables[table] = {"rows": age.rows, "oldest_age_s": oldest}
+    last = figures.get("last_prune_at")
+    return {
+        "tables": tables,
+        "last_prune_age_s": None if last is None else round(now - last, 1),
+        "last_prune_seconds": figures.get("last_prune_seconds"),
+        "last_prune_longest_batch_s": figures.get("last_prune_longest_batch_seconds"),
+        "archived_total": {
+            t: int(figures.get(f"archived_{t}", 0)) for t in RETAINED if t != "archived_ids"
+        },
+    }

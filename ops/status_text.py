@@ -153,6 +153,26 @@ def schedule_table(states: list[dict[str, Any]]) -> tuple[list[str], list[list[A
     return headers, rows
 
 
+def store_lines(report: Report) -> list[str]:
+    """The store's tables (rows, age of the oldest) and the last prune."""
+    retention = report.get("retention")
+    if not retention:
+        return []
+    from .cli_journal import LABELS, span
+
+    parts = []
+    for table, t in retention["tables"].items():
+        oldest = "" if t["oldest_age_s"] is None else f", oldest {span(round(t['oldest_age_s']))}"
+        parts.append(f"{LABELS.get(table, table)} {t['rows']:,} rows{oldest}")
+    last = retention["last_prune_age_s"]
+    pruned = (
+        "never pruned (keylane journal prune)"
+        if last is None
+        else f"last prune {span(round(last))} ago, {retention['last_prune_seconds']:.1f} s"
+    )
+    return ["store: " + "; ".join(parts), pruned]
+
+
 def counter_lines(report: Report) -> list[str]:
     """The deployment's counters (accepted, applied, duplicates, dead letters, ...)."""
     counters = report["counters"]
@@ -168,6 +188,7 @@ SECTIONS: list[Section] = [
     worker_lines,
     destination_lines,
     schedule_lines,
+    store_lines,
     counter_lines,
 ]
 

@@ -67,7 +67,8 @@ class QueueSnapshot:
 
 @dataclass(frozen=True)
 class MetricSnapshot:
-    """The deployment's counters and latency histogram, live workers and held keys."""
+    """The deployment's counters and latency histogram, live workers, held keys, flow
+    control, and the figures of the last prune."""
 
     counters: dict[str, float]
     latency: dict[str, float]
@@ -75,6 +76,7 @@ class MetricSnapshot:
     held: int
     destinations: list[FlowState] = field(default_factory=list)
     schedules: list[ScheduleState] = field(default_factory=list)
+    retention: dict[str, float] = field(default_factory=dict)  # the last prune's figures
 
 
 class ReceiverGateway:
@@ -187,7 +189,8 @@ class ReceiverGateway:
         )
 
     async def metrics(self) -> MetricSnapshot:
-        """Counters, latency histogram, live workers and held keys."""
+        """Counters, latency histogram, live workers, held keys, destinations, and the
+        store's sizes and last prune as the prune recorded them."""
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(self.keys.counters)
         pipe.hgetall(self.keys.latency)
@@ -195,8 +198,9 @@ class ReceiverGateway:
         pipe.hlen(self.keys.held)
         pipe.smembers(self.keys.destinations)
         pipe.smembers(self.keys.schedules)
+        pipe.hgetall(self.keys.retention)
         with broker_errors():
-            counters, latency, members, held, names, jobs = await pipe.execute()
+            counters, latency, members, held, names, jobs, retention = await pipe.execute()
             names = sorted(reply_text(n) for n in names)
             jobs = sorted(reply_text(n) for n in jobs)
             flow = self.client.pipeline(transaction=False)
@@ -213,6 +217,7 @@ class ReceiverGateway:
             held=int(held),
             destinations=destinations,
             schedules=schedules,
+            retention={reply_text(k): float(v) for k, v in retention.items()},
         )
 
     async def close(self) -> None:

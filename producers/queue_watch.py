@@ -155,6 +155,20 @@ REDIS_COUNTERS = (
 )
 
 
+#: The tables the prune reports the size of (see ``ops/retention.py``).
+RETAINED_TABLES = ("journal", "dead_letters", "archived_ids", "lease_log")
+#: The last prune: (field in the retention hash, metric, help).
+PRUNE_GAUGES = (
+    ("last_prune_at", "keylane_prune_last_run_timestamp_seconds", "When the last prune ended."),
+    ("last_prune_seconds", "keylane_prune_last_run_duration_seconds", "How long it ran."),
+    (
+        "last_prune_longest_batch_seconds",
+        "keylane_prune_longest_batch_seconds",
+        "Its longest delete transaction: the most a lane waited on it.",
+    ),
+)
+
+
 class ReceiverMetrics:
     """The receiver's own counters (refusals), and a collector for everything else."""
 
@@ -233,6 +247,7 @@ class _Snapshot(Collector):
         yield held
         yield from self._destinations()
         yield from self._schedules()
+        yield from self._retention()
 
     def _schedules(self) -> Iterable[Any]:
         ticks = CounterMetricFamily(
@@ -267,6 +282,40 @@ class _Snapshot(Collector):
             if state.last_success is not None:
                 success.add_metric([state.job], state.last_success / 1000)
         return [ticks, runs, running, success]
+
+    def _retention(self) -> Iterable[Any]:
+        """The store's tables and the last prune, as the prune recorded them (the
+        receiver never reads the store): they are as fresh as the last prune."""
+        figures = self.snapshot.retention
+        label = ["table"]
+        rows = GaugeMetricFamily(
+            "keylane_store_rows",
+            "Rows in the store's tables (journal, closed dead letters, archived ids) and "
+            "entries in the lease log, at the last prune.",
+            labels=label,
+        )
+        oldest = GaugeMetricFamily(
+            "keylane_store_oldest_row_timestamp_seconds",
+            "When the oldest row of each table was written, at the last prune.",
+            labels=label,
+        )
+        archived = CounterMetricFamily(
+            "keylane_archived_rows", "Rows moved to the archive by the prune.", labels=label
+        )
+        for table in RETAINED_TABLES:
+            if f"{table}_rows" in figures:
+                rows.add_metric([table], figures[f"{table}_rows"])
+            if f"{table}_oldest" in figures:
+                oldest.add_metric([table], figures[f"{table}_oldest"])
+            if table != "archived_ids":
+                archived.add_metric([table], figures.get(f"archived_{table}", 0.0))
+        families = [rows, oldest, archived]
+        for key, name, doc in PRUNE_GAUGES:
+            if key in figures:
+                family = GaugeMetricFamily(name, doc)
+                family.add_metric([], figures[key])
+                families.append(family)
+        return families
 
     def _destinations(self) -> Iterable[Any]:
         label = ["destination"]

@@ -137,6 +137,12 @@ class RedisKeys:
         return f"{self.prefix}lease-log"
 
     @property
+    def retention(self) -> str:
+        """Hash: the store's table sizes and oldest rows, and the last prune's figures,
+        written by each prune (for ``keylane status`` and the metrics)."""
+        return f"{self.prefix}retention"
+
+    @property
     def counters(self) -> str:
         """Hash of monotonically increasing counters (accepted, conflicts, ...)."""
         return f"{self.prefix}counters"

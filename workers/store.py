@@ -18,14 +18,40 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from ..routing.contract.errors import AlreadyApplied, StaleFence, VersionConflict
 
 JournalOutcome = Literal["applied", "dead_lettered"]
+#: The outcome :meth:`Store.journal` gives an event whose row was archived.
+ARCHIVED: Literal["archived"] = "archived"
 DeadLetterStatus = Literal["open", "retried", "discarded", "resolved"]
 DEAD_LETTER_STATUSES: tuple[str, ...] = get_args(DeadLetterStatus)
+
+
+#: The tables whose old rows the prune archives (the lease log lives in Redis).
+PrunedTable = Literal["journal", "dead_letters"]
+#: A row on its way to the archive: its columns, JSON-ready.
+ArchiveRow = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TableAge:
+    """How many rows a table holds, and the time of its oldest (None: empty)."""
+
+    rows: int
+    oldest: float | None
+
+
+@dataclass(frozen=True)
+class Removal:
+    """What one of the prune's delete transactions did."""
+
+    archived: list[ArchiveRow] = field(default_factory=list)  # now in the archive alone
+    forgotten: int = 0  # archived ids forgotten
+    held_s: float = 0.0  # how long it held what a lane may wait for
 
 
 @dataclass(frozen=True)
@@ -59,7 +85,7 @@ class JournalEntry:
     event_id: str
     record_key: str
     shard: int
-    outcome: JournalOutcome
+    outcome: JournalOutcome | Literal["archived"]
     revision: int | None
     attempts: int
     recorded_at: float
@@ -158,7 +184,8 @@ class Store(ABC):
 
     @abstractmethod
     def journal(self, source: str, event_id: str) -> JournalEntry | None:
-        """What happened to an event id, if anything."""
+        """What happened to an event id, if anything (outcome ``archived``, without the
+        record, once its row was archived and while its id is remembered)."""
 
     def commit_event(self, write: EventWrite, fence: Fence | None) -> int:
         """Write an event's effect and its journal entry; return the new revision.
@@ -248,3 +275,63 @@ class Store(ABC):
     @abstractmethod
     def journal_entries(self, record_key: str | None = None) -> list[JournalEntry]:
         """Journal entries (of one record, or all), by record key then revision."""
+
+    # -- retention: what the prune reads and removes (see ops/retention.py) ----------------
+
+    @abstractmethod
+    def journal_sources(self) -> list[str]:
+        """The sources the journal holds rows of."""
+
+    @abstractmethod
+    def old_rows(
+        self, table: PrunedTable, before: float, limit: int, source: str = ""
+    ) -> list[ArchiveRow]:
+        """Up to ``limit`` rows due for the archive, oldest first: journal rows of
+        ``source`` recorded before ``before`` (but not those of a dead-lettered event whose
+        review row is open, or was closed after ``before``: a retry must still find them);
+        dead-letter rows closed (retried, discarded, resolved) before ``before``."""
+
+    @abstractmethod
+    def count_old_rows(self, table: PrunedTable, before: float, source: str = "") -> int:
+        """How many rows :meth:`old_rows` would give without a limit."""
+
+    @abstractmethod
+    def remove_archived(self, table: PrunedTable, rows: Sequence[ArchiveRow]) -> Removal:
+        """Delete ``rows`` (as :meth:`old_rows` gave them, now in a complete archive file)
+        in one transaction, each only if it has not changed since; a journal row leaves
+        its id in ``archived_ids``. The rows now in the archive alone are those deleted,
+        and those already gone (an earlier, interrupted run deleted them); a row that
+        changed (a dead letter retried meanwhile) stays in the table and is left out.
+        Running it twice has the effect of running it once. ``held_s`` is the time from
+        the moment the transaction held the write lock (SQLite; the rows' locks on
+        PostgreSQL) to its commit: the most a lane could have waited on it."""
+
+    @abstractmethod
+    def forget_archived_ids(self, before: float, limit: int) -> Removal:
+        """Forget up to ``limit`` archived event ids recorded before ``before`` (their
+        replays are then new events); ``held_s`` as for :meth:`remove_archived`."""
+
+    @abstractmethod
+    def reclaim_space(self) -> list[str]:
+        """After removals: make the space of the removed rows reusable where the
+        database leaves that to a later job (PostgreSQL: a plain ``VACUUM`` of each table
+        the prune removes from, once its dead rows are a tenth of its live ones; SQLite
+        reuses freed pages by itself). The tables it did that for."""
+
+    @abstractmethod
+    def table_ages(self) -> dict[str, TableAge]:
+        """Rows and oldest row of ``journal``, ``dead_letters`` (closed rows, by when
+        they were closed) and ``archived_ids``."""
+
+    @abstractmethod
+    def find_journal(
+        self, event_id: str | None = None, source: str | None = None, record_key: str | None = None
+    ) -> list[JournalEntry]:
+        """Journal rows in the table with this event id (of any source unless
+        ``source`` is given) or of this record, by recorded time."""
+
+    @abstractmethod
+    def maintenance_lock(self) -> AbstractContextManager[bool]:
+        """Held by one process of the deployment at a time, for the prune: yields True
+        when taken (released on exit, or when the process dies), False when another
+        process holds it."""

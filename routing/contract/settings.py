@@ -31,7 +31,8 @@ from .errors import ConfigError
 #: The most events of one record taken together (a source's batch, a task's batch).
 MAX_BATCH = 256
 
-THREE_DAYS_S = 3 * 24 * 3600
+DAY_S = 24 * 3600
+THREE_DAYS_S = 3 * DAY_S
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -94,6 +95,23 @@ class Settings(BaseSettings):
     flower_address: str = "127.0.0.1"
     flower_basic_auth: SecretStr | None = None
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "FULL"
+
+    # Retention: what the store keeps in its tables, and for how long (see README
+    # "Retention and the archive"). A journal row stays at least its source's dedupe
+    # retention plus ``journal_margin_s``; ``journal_retention_s`` (or a source's own)
+    # may only lengthen that. Archived event ids are still recognised for
+    # ``archived_id_retention_s`` after their event (0: not at all).
+    journal_retention_s: int | None = Field(None, ge=1)
+    journal_margin_s: int = Field(DAY_S, ge=0)
+    archived_id_retention_s: int = Field(30 * DAY_S, ge=0)
+    dead_letter_retention_s: int = Field(30 * DAY_S, ge=1)  # after the row was closed
+    lease_log_retention_s: int = Field(7 * DAY_S, ge=1)
+    archive_dir: Path | None = None  # default: <data dir>/archive
+    prune_batch_rows: int = Field(500, ge=1, le=10_000)  # rows per delete transaction
+    prune_pause_ms: int = Field(20, ge=0)  # between two delete transactions, at least
+    # How often `keylane up`'s scheduler runs the prune (a scheduled job of keylane's own,
+    # keylane.journal-prune: one runner at a time, a standby taking over); 0: never.
+    prune_every_s: int = Field(600, ge=0)
     log_level: str = "INFO"  # DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)
     log_format: Literal["text", "json"] = "text"
     task_events: bool = True  # Celery task events for Flower's task list
@@ -173,6 +191,11 @@ class Settings(BaseSettings):
     def keys(self) -> RedisKeys:
         """Redis key names under this deployment's namespace."""
         return RedisKeys(self.namespace)
+
+    @property
+    def archive_path(self) -> Path:
+        """Where rows leaving the store's tables are archived."""
+        return self.archive_dir if self.archive_dir is not None else self.data_dir / "archive"
 
     @property
     def sqlite_path(self) -> Path:

@@ -28,7 +28,9 @@ README "Sources" for a complete example. Per source:
   (``etag``, ``pg_table``, ``stamped``): its events are changes as above, written where
   the record lives with a fresh read and a version check;
 * ``owns``: the fields it may write; ``retention_s``: how long ids are remembered
-  (default: the provider's longest retry window); ``on_dead_letter``: ``continue`` or
+  (default: the provider's longest retry window); ``journal_retention_s``: how long its
+  journal rows stay in the store's table (never less than ``retention_s`` plus the
+  journal margin); ``on_dead_letter``: ``continue`` or
   ``hold`` (later events of the key wait until the review row is closed).
 
 The file may also declare scheduled jobs (``[schedules.<name>]``) and repairs
@@ -167,6 +169,7 @@ class SourceConfig(BaseModel):
     records_in: str | None = None
     owns: tuple[str, ...] = ("*",)
     retention_s: int | None = Field(None, ge=1)
+    journal_retention_s: int | None = Field(None, ge=1)
     on_dead_letter: Literal["continue", "hold"] = "continue"
 
     @field_validator("name")
@@ -330,6 +333,15 @@ class SourceConfig(BaseModel):
         return self.retention_s or PROVIDER_RETENTION_S.get(
             _scheme(self), settings.dedupe_retention_s
         )
+
+    def journal_retention(self, settings: Settings) -> int:
+        """Seconds the store's journal keeps this source's rows in its table before they
+        are archived: its own ``journal_retention_s``, else ``journal_retention_s`` of the
+        settings, but never less than its dedupe retention plus ``journal_margin_s``, so
+        the journal still holds every id the sender may retry and Redis may forget."""
+        floor = self.retention(settings) + settings.journal_margin_s
+        wanted = self.journal_retention_s or settings.journal_retention_s or 0
+        return max(wanted, floor)
 
 
 def _scheme(source: SourceConfig) -> str:

@@ -51,7 +51,7 @@ def find_dead_letter(d: Dialect, cur: Cursor, dead_letter_id: int) -> DeadLetter
     """One review row."""
     cur.execute(_select(d) + " WHERE id = ?", (dead_letter_id,))
     row = cur.fetchone()
-    return _dead_letter(row) if row else None
+    return dead_letter_of(row) if row else None
 
 
 def list_dead_letters(d: Dialect, cur: Cursor, flt: DeadLetterFilter) -> list[DeadLetter]:
@@ -62,7 +62,7 @@ def list_dead_letters(d: Dialect, cur: Cursor, flt: DeadLetterFilter) -> list[De
         sql += " LIMIT ?"
         params.append(flt.limit)
     cur.execute(sql, params)
-    return [_dead_letter(r) for r in cur.fetchall()]
+    return [dead_letter_of(r) for r in cur.fetchall()]
 
 
 def move_dead_letter(
@@ -101,12 +101,17 @@ def count_dead_letters(cur: Cursor) -> list[dict[str, Any]]:
     ]
 
 
+def dead_letter_columns(d: Dialect) -> str:
+    """The columns of a review row, in :func:`dead_letter_of`'s order, JSON as text."""
+    return _COLUMNS.format(event=d.json_out("event"), change=d.json_out("attempted_change"))
+
+
 def _select(d: Dialect) -> str:
-    cols = _COLUMNS.format(event=d.json_out("event"), change=d.json_out("attempted_change"))
-    return f"SELECT {cols} FROM dead_letters"
+    return f"SELECT {dead_letter_columns(d)} FROM dead_letters"
 
 
-def _dead_letter(row: Sequence[Any]) -> DeadLetter:
+def dead_letter_of(row: Sequence[Any]) -> DeadLetter:
+    """A review row from a row of :func:`dead_letter_columns`."""
     return DeadLetter(
         id=int(row[0]),
         created_at=float(row[1]),

@@ -3,7 +3,8 @@
 SQLite and PostgreSQL differ in these places only: how the connection opens (the
 dialect's constructor), how a write transaction begins and ends, how the shard's fence
 row is locked, how JSON goes in and out, the placeholder style (the dialect's cursor
-takes ``?``), and the DDL's type names. Everything else is written once.
+takes ``?``), the DDL's type names, and how the prune's one runner is chosen. Everything
+else is written once.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class Dialect(Protocol):
     #: Appended to the fence row's ``SELECT`` in a write transaction to lock the row
     #: against a concurrent advance ("" where the transaction already holds that lock).
     fence_lock: str
+    #: Appended to a ``SELECT`` of rows a transaction is about to delete, so that no
+    #: other transaction changes them in between ("" where it holds the write lock).
+    row_lock: str
 
     def json_out(self, column: str) -> str:
         """SQL that reads a JSON column as text."""
@@ -56,6 +60,15 @@ class Dialect(Protocol):
 
     def has_table(self, name: str) -> bool:
         """Whether the table ``name`` exists (where the connection looks for tables)."""
+
+    def reclaim(self, table: str) -> bool:
+        """Make the space of ``table``'s deleted rows reusable if the database does not
+        on its own and they have piled up; whether it did."""
+        ...
+
+    def maintenance_lock(self) -> AbstractContextManager[bool]:
+        """One holder per store at a time, released when its process dies (see
+        :meth:`Store.maintenance_lock`)."""
         ...
 
     def close(self) -> None:

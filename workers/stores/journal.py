@@ -1,33 +1,67 @@
 """The applied-events journal: what happened to each sender event id, closed in the
-same transaction as the event's effect."""
+same transaction as the event's effect.
+
+A row the prune has archived leaves its id's 64-bit hash in ``archived_ids``. A delivery
+of that id is then still refused (:class:`AlreadyApplied`, outcome ``archived``): the
+check runs right after the journal insert, in the same transaction, so an archiving that
+commits while the insert waits on the row it deletes is seen by the check (PostgreSQL's
+read committed takes a new snapshot per statement; SQLite has one writer at a time).
+Two different ids with one hash would make the second look archived: with 64 bits and
+30 million ids remembered, about one new event in 600 billion; each recognition is
+logged by the lane as a duplicate, and ``keylane journal find`` shows the archived row.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from ...routing.contract.errors import AlreadyApplied
-from ..store import Fence, JournalEntry, JournalOutcome
+from ..store import ARCHIVED, Fence, JournalEntry, JournalOutcome
 from .dialect import Cursor
 
-_SELECT = (
-    "SELECT source, event_id, record_key, shard, outcome, revision, attempts, "
-    "recorded_at, fence FROM journal"
+JOURNAL_COLUMNS = (
+    "source, event_id, record_key, shard, outcome, revision, attempts, recorded_at, fence"
 )
+_SELECT = f"SELECT {JOURNAL_COLUMNS} FROM journal"
 
 
-def _entry(row: Sequence[Any]) -> JournalEntry:
+def entry_of(row: Sequence[Any]) -> JournalEntry:
+    """A journal entry from a row of :data:`JOURNAL_COLUMNS`."""
     return JournalEntry(
         row[0], row[1], row[2], int(row[3]), row[4], row[5], int(row[6]), float(row[7]), row[8]
     )
 
 
 def find_entry(cur: Cursor, source: str, event_id: str) -> JournalEntry | None:
-    """What happened to an event id, if anything."""
+    """What happened to an event id, if anything: its row, or (once the row is archived)
+    an entry with outcome ``archived`` and no record."""
     cur.execute(_SELECT + " WHERE source = ? AND event_id = ?", (source, event_id))
     row = cur.fetchone()
-    return _entry(row) if row else None
+    if row:
+        return entry_of(row)
+    at = archived_at(cur, source, event_id)
+    if at is None:
+        return None
+    return JournalEntry(source, event_id, "", -1, ARCHIVED, None, 0, at)
+
+
+def id_hash(source: str, event_id: str) -> int:
+    """The 64-bit hash (signed, as SQL integers are) an archived event id is kept as."""
+    digest = hashlib.blake2b(f"{source}\x00{event_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def archived_at(cur: Cursor, source: str, event_id: str) -> float | None:
+    """When the archived event ``(source, event_id)`` was recorded, if its id is still
+    remembered."""
+    cur.execute(
+        "SELECT recorded_at FROM archived_ids WHERE id_hash = ?", (id_hash(source, event_id),)
+    )
+    row = cur.fetchone()
+    return float(row[0]) if row else None
 
 
 def list_entries(cur: Cursor, record_key: str | None) -> list[JournalEntry]:
@@ -38,7 +72,7 @@ def list_entries(cur: Cursor, record_key: str | None) -> list[JournalEntry]:
         sql += " WHERE record_key = ?"
         params = (record_key,)
     cur.execute(sql + " ORDER BY record_key, COALESCE(revision, 0), recorded_at", params)
-    return [_entry(r) for r in cur.fetchall()]
+    return [entry_of(r) for r in cur.fetchall()]
 
 
 def count_entries(cur: Cursor) -> int:
@@ -83,6 +117,8 @@ def record_outcome(
         (source, event_id, record_key, shard, outcome, revision, attempts, now, token),
     )
     if cur.rowcount == 1:
-        return
+        if archived_at(cur, source, event_id) is None:
+            return
+        raise AlreadyApplied(source, event_id, ARCHIVED)
     existing = find_entry(cur, source, event_id)
     raise AlreadyApplied(source, event_id, existing.outcome if existing else "recorded")

@@ -22,6 +22,12 @@ from .schema import ColumnTypes
 
 # Serializes concurrent migrations (two workers starting at once) on a fixed lock id.
 _MIGRATION_LOCK = 0x6B65796C616E65
+# The prune's one runner per schema (the two-key form: a space apart from the above).
+_PRUNE_LOCK = 0x6B6C7072
+# The prune vacuums a table once its dead rows are this many, and this share of its live
+# ones (autovacuum's default share is 0.2).
+_RECLAIM_ROWS = 1000
+_RECLAIM_SHARE = 0.1
 
 
 class PostgresDialect:
@@ -32,6 +38,7 @@ class PostgresDialect:
     )
     json_param = "?::json"
     fence_lock = " FOR SHARE"
+    row_lock = " FOR UPDATE"
 
     def __init__(self, dsn: str, timeout_ms: int = 5000) -> None:
         self._dsn = dsn
@@ -71,6 +78,41 @@ class PostgresDialect:
                 yield _PgCursor(cur)
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"PostgreSQL write failed: {exc}") from exc
+
+    def reclaim(self, table: str) -> bool:
+        # Deleted rows stay in the table (dead) until a VACUUM makes their space reusable:
+        # autovacuum does it, unless it is off or lagging, so the prune does not count on
+        # it. A plain VACUUM takes no lock that writes wait for.
+        with self.cursor() as cur:
+            cur.execute(
+                "SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables "
+                "WHERE schemaname = current_schema() AND relname = ?",
+                (table,),
+            )
+            row = cur.fetchone()
+            if row is None or row[0] < max(_RECLAIM_ROWS, _RECLAIM_SHARE * row[1]):
+                return False
+            cur.execute("SET statement_timeout = 0")  # a large table takes its time
+            try:
+                cur.execute(f"VACUUM (ANALYZE) {table}")
+            finally:
+                cur.execute("RESET statement_timeout")
+        return True
+
+    @contextmanager
+    def maintenance_lock(self) -> Iterator[bool]:
+        # A session advisory lock, per schema (one database may hold several
+        # deployments): the server drops it with the connection of a process that died.
+        key = "?, hashtext(current_schema())"
+        with self.cursor() as cur:
+            cur.execute(f"SELECT pg_try_advisory_lock({key})", (_PRUNE_LOCK,))
+            taken = bool(cur.fetchone()[0])
+        try:
+            yield taken
+        finally:
+            if taken:
+                with self.cursor() as cur:
+                    cur.execute(f"SELECT pg_advisory_unlock({key})", (_PRUNE_LOCK,))
 
     @contextmanager
     def cursor(self) -> Iterator[Cursor]:

@@ -2,16 +2,20 @@
 over a :class:`~keylane.workers.stores.dialect.Dialect` (SQLite or PostgreSQL).
 
 Each method is one transaction (or one read); the SQL it runs lives with its tables in
-:mod:`.records`, :mod:`.fences`, :mod:`.journal` and :mod:`.dead_letters`.
+:mod:`.records`, :mod:`.fences`, :mod:`.journal` and :mod:`.dead_letters`, and what the
+prune reads and removes in :mod:`.retention`.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from ...routing.contract.errors import AlreadyApplied, StaleFence, VersionConflict
 from ..store import (
+    ArchiveRow,
     Commit,
     CommitRefused,
     DeadLetter,
@@ -20,9 +24,13 @@ from ..store import (
     DeadLetterStatus,
     Fence,
     JournalEntry,
+    PrunedTable,
     Record,
+    Removal,
     Store,
+    TableAge,
 )
+from . import retention
 from .dead_letters import (
     count_dead_letters,
     find_dead_letter,
@@ -177,3 +185,49 @@ class SqlStore(Store):
     def dead_letter_stats(self) -> list[dict[str, Any]]:
         with self.dialect.cursor() as cur:
             return count_dead_letters(cur)
+
+    # -- retention -------------------------------------------------------------------------
+
+    def journal_sources(self) -> list[str]:
+        with self.dialect.cursor() as cur:
+            return retention.journal_sources(cur)
+
+    def old_rows(
+        self, table: PrunedTable, before: float, limit: int, source: str = ""
+    ) -> list[ArchiveRow]:
+        with self.dialect.cursor() as cur:
+            return retention.old_rows(self.dialect, cur, table, before, limit, source)
+
+    def count_old_rows(self, table: PrunedTable, before: float, source: str = "") -> int:
+        with self.dialect.cursor() as cur:
+            return retention.count_old_rows(cur, table, before, source)
+
+    def remove_archived(self, table: PrunedTable, rows: Sequence[ArchiveRow]) -> Removal:
+        if not rows:
+            return Removal()
+        with self.dialect.transaction() as cur:
+            held_from = time.perf_counter()  # BEGIN IMMEDIATE has taken the write lock
+            archived = retention.remove_archived(self.dialect, cur, table, rows)
+        return Removal(archived, held_s=time.perf_counter() - held_from)
+
+    def forget_archived_ids(self, before: float, limit: int) -> Removal:
+        with self.dialect.transaction() as cur:
+            held_from = time.perf_counter()
+            forgotten = retention.forget_archived_ids(cur, before, limit)
+        return Removal(forgotten=forgotten, held_s=time.perf_counter() - held_from)
+
+    def reclaim_space(self) -> list[str]:
+        return [t for t in ("journal", "archived_ids", "dead_letters") if self.dialect.reclaim(t)]
+
+    def table_ages(self) -> dict[str, TableAge]:
+        with self.dialect.cursor() as cur:
+            return retention.table_ages(cur)
+
+    def find_journal(
+        self, event_id: str | None = None, source: str | None = None, record_key: str | None = None
+    ) -> list[JournalEntry]:
+        with self.dialect.cursor() as cur:
+            return retention.find_journal(cur, event_id, source, record_key)
+
+    def maintenance_lock(self) -> AbstractContextManager[bool]:
+        return self.dialect.maintenance_lock()

@@ -27,6 +27,7 @@ class SqliteDialect:
     json_param = "?"
     # BEGIN IMMEDIATE already holds the database's write lock: no advance can interleave.
     fence_lock = ""
+    row_lock = ""
 
     def __init__(
         self,
@@ -88,6 +89,29 @@ class SqliteDialect:
                 raise StoreUnavailable(f"SQLite commit failed: {exc}") from exc
         finally:
             cur.close()
+
+    def reclaim(self, table: str) -> bool:
+        return False  # SQLite puts the pages it frees on its free list and reuses them
+
+    @contextmanager
+    def maintenance_lock(self) -> Iterator[bool]:
+        # An advisory lock on a file beside the database: the kernel drops it with the
+        # process that held it, so a prune killed mid-run never leaves it taken.
+        try:
+            import fcntl
+        except ImportError:  # no flock (Windows): one process runs the prune
+            yield True
+            return
+        with (self.path.parent / f"{self.path.name}.prune-lock").open("a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     @contextmanager
     def cursor(self) -> Iterator[Cursor]:
