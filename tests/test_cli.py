@@ -143,7 +143,13 @@ def test_a_command_on_a_postgresql_schema_without_keylane_tables_creates_none(
                 "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
                 (schema,),
             ).fetchall()
-        assert {n for (n,) in names} == {"records", "journal", "shard_fences", "dead_letters", "archived_ids"}
+        assert {n for (n,) in names} == {
+            "records",
+            "journal",
+            "shard_fences",
+            "dead_letters",
+            "archived_ids",
+        }
     finally:
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')

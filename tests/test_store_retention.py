@@ -14,7 +14,7 @@ import pytest
 from keylane.routing.contract.errors import AlreadyApplied
 from keylane.workers.store import Commit, DeadLetterFilter, Store
 from keylane.workers.stores import open_store
-from keylane.workers.stores.retention import remove_archived
+from keylane.workers.stores.sql_retention import remove_archived
 from tests.test_store import _someone_waits_on, draft, is_postgres, write
 
 

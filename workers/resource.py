@@ -6,7 +6,7 @@ interface is :class:`VersionedResource` here, one file per kind in
 :mod:`keylane.workers.resources`, their configuration in
 :mod:`keylane.routing.contract.resources` (``[destinations.X]`` with ``kind = "etag"``,
 ``"pg_table"`` or ``"stamped"``), and the lane reaches them through
-:mod:`keylane.workers.destinations.resource` (a source names one with ``records_in``;
+:mod:`keylane.workers.destinations.to_resource` (a source names one with ``records_in``;
 user code with ``keylane.resource(name)``).
 
 The discipline is :mod:`keylane.workers.apply`'s (invariants 5 and 6), written once for

@@ -5,7 +5,7 @@ library:
 
 * :mod:`keylane.workers.destinations.task` runs a registered user task;
 * :mod:`keylane.workers.destinations.http_forward` POSTs the event to a URL (httpx);
-* :mod:`keylane.workers.destinations.resource` writes the event's change where the record
+* :mod:`keylane.workers.destinations.to_resource` writes the event's change where the record
   lives, version-checked (:mod:`keylane.workers.resources`: ETag, PostgreSQL table, stamped).
 
 A destination is given, per event, the event and a :class:`Context` (the idempotency key,
@@ -175,8 +175,8 @@ def open_destinations(
     ``ConfigError`` says clearly what cannot work (an unknown task, a missing secret, a
     table without the columns it names)."""
     from .http_forward import HttpForward
-    from .resource import ResourceDestination
     from .task import TaskDestination, task_destinations
+    from .to_resource import ResourceDestination
 
     env = dict(os.environ if environ is None else environ)
     configs = sources.destinations

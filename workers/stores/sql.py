@@ -2,8 +2,8 @@
 over a :class:`~keylane.workers.stores.dialect.Dialect` (SQLite or PostgreSQL).
 
 Each method is one transaction (or one read); the SQL it runs lives with its tables in
-:mod:`.records`, :mod:`.fences`, :mod:`.journal` and :mod:`.dead_letters`, and what the
-prune reads and removes in :mod:`.retention`.
+:mod:`.sql_records`, :mod:`.sql_fences`, :mod:`.sql_journal` and :mod:`.sql_dead_letters`,
+and what the prune reads and removes in :mod:`.sql_retention`.
 """
 
 from __future__ import annotations
@@ -30,19 +30,19 @@ from ..store import (
     Store,
     TableAge,
 )
-from . import retention
-from .dead_letters import (
+from . import sql_retention as retention
+from .dialect import Cursor, Dialect
+from .schema import schema_ddl
+from .sql_dead_letters import (
     count_dead_letters,
     find_dead_letter,
     insert_dead_letter,
     list_dead_letters,
     move_dead_letter,
 )
-from .dialect import Cursor, Dialect
-from .fences import check_fence, lock_fence, stored_token, upsert_fence
-from .journal import count_entries, find_entry, list_entries, record_outcome
-from .records import keys_with_prefix, read_record, records_after, write_record
-from .schema import schema_ddl
+from .sql_fences import check_fence, lock_fence, stored_token, upsert_fence
+from .sql_journal import count_entries, find_entry, list_entries, record_outcome
+from .sql_records import keys_with_prefix, read_record, records_after, write_record
 
 
 class SqlStore(Store):

@@ -16,9 +16,9 @@ from dataclasses import asdict
 from typing import Any
 
 from ..store import ArchiveRow, JournalEntry, PrunedTable, TableAge
-from .dead_letters import dead_letter_columns, dead_letter_of
 from .dialect import Cursor, Dialect
-from .journal import JOURNAL_COLUMNS, entry_of, id_hash
+from .sql_dead_letters import dead_letter_columns, dead_letter_of
+from .sql_journal import JOURNAL_COLUMNS, entry_of, id_hash
 
 #: Rows per statement inside one delete transaction (SQLite takes at most 32,766
 #: parameters in one statement, PostgreSQL 65,535).

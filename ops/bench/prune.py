@@ -1,4 +1,4 @@
-"""The store over time, with retention: ``python -m keylane.ops.bench.retention``.
+"""The store over time, with retention: ``python -m keylane.ops.bench.prune``.
 
 Three measurements, each against a baseline taken in the same run, on ``--store``
 (``sqlite``, ``postgres`` or both), in a private store removed at the end:
@@ -42,7 +42,7 @@ import click
 
 from ...routing.contract.settings import Settings, load_settings, settings_environ
 from ...workers.store import Commit, EventWrite, Store
-from ...workers.stores import journal as journal_sql
+from ...workers.stores import sql_journal as journal_sql
 from ...workers.stores import open_store
 from ..archive import read_rows
 from ..retention import PruneReport, prune
