@@ -42,8 +42,8 @@ import click
 
 from ...routing.contract.settings import Settings, load_settings, settings_environ
 from ...workers.store import Commit, EventWrite, Store
-from ...workers.stores import sql_journal as journal_sql
 from ...workers.stores import open_store
+from ...workers.stores import sql_journal as journal_sql
 from ..archive import read_rows
 from ..retention import PruneReport, prune
 from .procs import fresh_store_url, say
