@@ -108,9 +108,12 @@ def test_the_readme_example_runs_as_written(tmp_path: Path, crm: str) -> None:
             return json.loads(done.stdout)
 
         wait_until(
-            lambda: len(json_of("keylane schedules --json")) == 2,  # type: ignore[arg-type]
+            lambda: (
+                {s["job"] for s in json_of("keylane schedules --json")}  # type: ignore[attr-defined]
+                >= {"fill_domain", "pull_changed_contacts", "keylane.journal-prune"}
+            ),
             120,
-            "the scheduler to register both jobs",
+            "the scheduler to register both jobs and the prune",
             on_timeout=(tmp_path / "up.log").read_text,
         )
         # Then each command of the example runs and does what it says
@@ -131,6 +134,7 @@ def test_the_readme_example_runs_as_written(tmp_path: Path, crm: str) -> None:
                     on_timeout=(tmp_path / "up.log").read_text,
                 )
         assert "pull_changed_contacts" in outputs["keylane schedules"]
+        assert "keylane.journal-prune  every 600s" in outputs["keylane schedules"]
         assert "3 event(s) sent" in outputs["keylane run pull_changed_contacts"]
         assert "2 record(s) to repair" in outputs["keylane repair fill_domain --dry-run"]
         assert "2 event(s) sent" in outputs["keylane repair fill_domain"]

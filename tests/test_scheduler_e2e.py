@@ -96,12 +96,13 @@ def test_a_job_longer_than_its_interval_never_laps_itself(stack: Stack) -> None:
     client = redis.Redis.from_url(stack.settings.redis_dsn())
     seen = notes(client, stack.settings.namespace)
     states = {s.job: s for s in stack.view().schedules()}
+    owners = set()
     for job in ("slow_skip", "slow_buffer"):
         log = _log(stack, job)
-        # Then the run log shows no two runs of a job at once, both schedulers ran some
+        # Then the run log shows no two runs of a job at once
         runs = _runs(log)
         assert all(end["event"] == "finished" for _, end in runs)
-        assert len({start["owner"] for start, _ in runs}) == 2
+        owners |= {start["owner"] for start, _ in runs}
         # And neither did the job's own notes of when it ran (two processes, one clock)
         spans = sorted(
             (n["at"], m["at"])
@@ -145,6 +146,9 @@ def test_a_job_longer_than_its_interval_never_laps_itself(stack: Stack) -> None:
         for fields in _records(stack, job, 4):
             assert fields["ticks"] == [tick_text(int(t)) for t in started]
             assert fields["runs"] == len(runs)
+    # And both schedulers ran some (a buffered tick is started by the scheduler whose run
+    # just ended, so one job alone may stay with one of them)
+    assert len(owners) == 2
     # And `keylane schedules --json` shows the same counts
     shown = subprocess.run(
         [sys.executable, "-m", "keylane.ops.cli", "schedules", "--json"],
@@ -175,7 +179,7 @@ def test_kill_9_of_the_active_scheduler_mid_run_hands_the_tick_to_the_standby(
     for _ in range(2):
         # When the scheduler running the job is killed (-9) once a run has sent 3 events
         def mid_run() -> bool:
-            state = next(iter(stack.view().schedules()), None)
+            state = next((s for s in stack.view().schedules() if s.job == "slow_skip"), None)
             if state is None or state.running_tick is None or state.runner is None:
                 return False
             caught[:] = [state]
