@@ -1,6 +1,6 @@
 """Scheduled jobs with real processes: two schedulers, a worker, a real Redis and store.
 
-1. A job whose runs take longer than its interval, for two minutes: its runs never
+1. A job whose runs take longer than its interval, for about a minute: its runs never
    overlap (from the run log, and from the job's own notes of when it ran), and every
    tick is accounted for exactly once, as its overlap policy says.
 2. ``kill -9`` of the scheduler running a job, mid-run: the other takes the tick over and
@@ -82,14 +82,14 @@ def test_a_job_longer_than_its_interval_never_laps_itself(stack: Stack) -> None:
     )
     stack.worker(app=APP)
     schedulers = [stack.scheduler(app=APP), stack.scheduler(app=APP)]
-    # When they run for about two minutes (until each job has finished 20 runs)
+    # When they run for about a minute (until each job has finished 12 runs)
     wait_until(
         lambda: all(
-            sum(e["event"] == "finished" for e in _log(stack, job)) >= 20
+            sum(e["event"] == "finished" for e in _log(stack, job)) >= 12
             for job in ("slow_skip", "slow_buffer")
         ),
         300,
-        "20 runs of each job",
+        "12 runs of each job",
         on_timeout=stack.logs,
     )
     _stop_schedulers(schedulers)  # each lets its run in progress finish
