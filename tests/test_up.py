@@ -317,23 +317,9 @@ def test_the_readme_task_example_runs_from_its_folder(
         assert worker.wait(60) == 0, worker_log.read_text()
     # When README's `keylane up -A myapp.tasks` runs there (ports of the test's choosing)
     log_path = tmp_path / "up.log"
-    with log_path.open("wb") as out:
-        up = subprocess.Popen(
-            ["bash", "-c", f"{up_line} --port {free_port()} --no-flower"],
-            cwd=folder,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    line = f"{up_line} --port {free_port()} --no-flower"
+    up = start_up([], env, log_path, cwd=folder, shell_line=line)
     try:
-        wait_until(
-            lambda: "keylane is up" in log_path.read_text() or up.poll() is not None,
-            60,
-            "keylane up",
-            on_timeout=log_path.read_text,
-        )
-        assert up.poll() is None, log_path.read_text()
         # And README's sender script runs next to it: the same id is sent once
         (folder / "send_signup.py").write_text(readme_block("# send_signup.py"))
         sent = subprocess.run(

@@ -245,14 +245,25 @@ class Stack:
             self.http = None
 
 
-def start_up(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    """Start ``keylane up`` (``args`` after ``keylane``; output to ``log_path``) and wait
-    until it says it is up."""
+def start_up(
+    args: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    cwd: Path = REPO,
+    shell_line: str | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``keylane up`` (``args`` after ``keylane``, or a whole ``shell_line`` as a
+    user types it; output to ``log_path``) in ``cwd`` and wait until it says it is up."""
+    command = (
+        ["bash", "-c", shell_line]
+        if shell_line is not None
+        else [sys.executable, "-m", "keylane.ops.cli", *args]
+    )
     with log_path.open("wb") as log:
         up = subprocess.Popen(
-            [sys.executable, "-m", "keylane.ops.cli", *args],
+            command,
             env=env,
-            cwd=REPO,
+            cwd=cwd,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
