@@ -8,6 +8,7 @@ import base64
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -144,6 +145,82 @@ def _clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEYLANE_")}
     env["PYTHONPATH"] = str(REPO)
     return env
+
+
+def _readme_commands(block: str) -> list[tuple[str, list[str]]]:
+    """README's shell block as a person types it: each command (a quoted argument may
+    span lines) with the ``# `` lines under it, which show what it prints."""
+    commands: list[tuple[str, list[str]]] = []
+    pending = ""
+    for line in block.splitlines():
+        if not pending and line.startswith("# "):
+            commands[-1][1].append(line[2:])
+            continue
+        pending = f"{pending}\n{line}" if pending else line
+        try:
+            shlex.split(pending, comments=True)
+        except ValueError:  # a quote still open: the command goes on
+            continue
+        commands.append((pending, []))
+        pending = ""
+    return commands
+
+
+def test_the_readme_try_it_runs_as_written(tmp_path: Path) -> None:
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("curl is not installed")
+    # Given README's "Try it" lines, typed one by one from the checkout on a machine with
+    # no keylane configuration (its data, receiver and Flower where this test says)
+    first, *rest = _readme_commands(readme_block("ops/dev keylane up &"))
+    assert first == ("ops/dev keylane up &", [])
+    port = free_port()
+    env = {
+        **_clean_env(),
+        "KEYLANE_DATA_DIR": str(tmp_path / "data"),
+        "KEYLANE_PORT": str(port),
+        "KEYLANE_FLOWER_PORT": str(free_port()),
+    }
+
+    def typed(command: str) -> subprocess.CompletedProcess[str]:
+        line = command.replace("localhost:8000", f"localhost:{port}")
+        return subprocess.run(
+            ["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    up = start_up([], env, tmp_path / "up.log", shell_line=first[0].removesuffix("&"))
+    try:
+        # When each line runs, once keylane up says it is up
+        curl_line, shown = rest[0]
+        answered = typed(curl_line)
+        # Then the curl prints the answer shown ...
+        assert json.loads(answered.stdout) == json.loads(shown[0]), answered.stdout
+        # ... `records get` the record as shown (once applied), `records set` a revision 2
+        get_line, record_shown = rest[1]
+        assert get_line == "ops/dev keylane records get contact:42"
+        wait_until(lambda: "revision 1" in typed(get_line).stdout, 60, "the event to be applied")
+        printed = typed(get_line).stdout.splitlines()
+        assert [re.sub(r"updated .*", "", s) for s in printed] == [
+            re.sub(r"updated .*", "", s) for s in record_shown
+        ], printed
+        set_line, status_line = rest[2][0], rest[3][0]
+        assert typed(set_line).returncode == 0
+        assert "revision 2" in typed(get_line).stdout
+        assert 'owner = "ada"' in typed(get_line).stdout
+        status = typed(status_line)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert "shards" in status.stdout.lower(), status.stdout
+        # And the same curl again is answered 200 with the first answer and the replay
+        # header, and changes nothing
+        again = typed(curl_line.replace("curl -s ", "curl -s -i ", 1))
+        head, body = again.stdout.split("\n\n", 1)  # text mode reads \r\n as \n
+        assert head.startswith("HTTP/1.1 200"), head
+        assert "keylane-replayed: true" in head.lower(), head
+        assert json.loads(body) == json.loads(answered.stdout)
+        assert "revision 2" in typed(get_line).stdout
+    finally:
+        os.killpg(up.pid, signal.SIGTERM)
+        assert up.wait(90) == 0, (tmp_path / "up.log").read_text()
 
 
 def test_up_refuses_several_workers_on_sqlite(tmp_path: Path) -> None:
