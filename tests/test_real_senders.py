@@ -8,6 +8,9 @@ import base64
 import hashlib
 import hmac
 import json
+import os
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,6 +21,7 @@ import stripe
 from standardwebhooks.webhooks import Webhook
 
 from tests.support.notion import NotionLike
+from tests.support.readme import readme_block_containing
 from tests.support.stack import Stack, wait_until
 
 pytestmark = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
@@ -170,6 +174,42 @@ def test_form_tool_signed_with_standard_webhooks(stack: Stack) -> None:
     assert _state(stack) == before
 
 
+def test_the_readme_sender_scripts_run_as_written(stack: Stack, tmp_path: Path) -> None:
+    _start(stack)
+    # Given README's two worked examples' scripts, signed by the providers' own libraries,
+    # run as written against this stack's receiver (not on :8000) with the example secrets
+    env = {**os.environ, **SECRETS}
+    scripts = {
+        "send_invoice.py": readme_block_containing("stripe.WebhookSignature"),
+        "send_form.py": readme_block_containing("from standardwebhooks"),
+    }
+    printed = {}
+    for name, text in scripts.items():
+        (tmp_path / name).write_text(text.replace("http://127.0.0.1:8000", stack.url))
+        done = subprocess.run(
+            [sys.executable, name], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        printed[name] = done.stdout
+    # Then each prints the 202 README shows under it
+    assert printed["send_invoice.py"].startswith("202 {'status': 'accepted'"), printed
+    assert "'record_key': 'customer:cus_9'" in printed["send_invoice.py"]
+    assert printed["send_form.py"].startswith("202 "), printed
+    assert "'record_key': 'lead:ada@example.com'" in printed["send_form.py"]
+    # And the records hold what README shows
+    stack.wait_journal(2)
+    shown = readme_block_containing("keylane records get customer:cus_9").splitlines()[1:]
+    customer = stack.open_store().read("customer:cus_9")
+    assert [f"#   {k} = {json.dumps(v)}" for k, v in sorted(customer.fields.items())] == shown[1:]
+    lead = stack.open_store().read("lead:ada@example.com")
+    assert lead.fields == {
+        "company": "Analytical",
+        "name": "Ada",
+        "submissions": 1,
+        "utm_sources": ["newsletter"],
+    }
+
+
 def test_github_and_shopify_by_their_documented_schemes(stack: Stack) -> None:
     _start(stack)
     # Given a GitHub star event signed as GitHub documents it
@@ -282,22 +322,11 @@ def test_a_replay_after_the_dedupe_window_has_no_second_effect(
     assert record.revision == 1
 
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-
-
-def readme_block(marker: str) -> str:
-    """The fenced code block of README.md that contains ``marker``, as written."""
-    text = README.read_text()
-    at = text.index(marker)
-    opening = text.rindex("```", 0, at)
-    return text[text.index("\n", opening) + 1 : text.index("```", at)]
-
-
 def test_the_readme_signup_source_dedupes_a_senders_retry(stack: Stack, tmp_path: Path) -> None:
     # Given the README's signup source as written (Standard Webhooks, no event_id), its
     # task (the test suite's search-then-create sync_contact) against a local CRM
     sources = tmp_path / "sources.toml"
-    sources.write_text(readme_block("[sources.signup]"))
+    sources.write_text(readme_block_containing("[sources.signup]"))
     crm = NotionLike(seed=5).start()
     try:
         stack.settings = stack.settings.model_copy(

@@ -19,6 +19,15 @@ def readme_block(first_line: str) -> str:
     return found[0]
 
 
+def readme_block_containing(marker: str) -> str:
+    """The text of README's one code block that contains ``marker`` (fences excluded)."""
+    readme = (REPO / "README.md").read_text()
+    blocks = [chunk.split("\n", 1)[1] for chunk in readme.split("```")[1::2] if "\n" in chunk]
+    found = [block for block in blocks if marker in block]
+    assert len(found) == 1, f"{len(found)} README blocks contain {marker!r}"
+    return found[0]
+
+
 def keylane_command() -> list[str]:
     """The ``keylane`` command as a user runs it: the console script of this environment
     (its own folder, not the working directory, first on the import path); without one,
