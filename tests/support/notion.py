@@ -183,6 +183,8 @@ class HookServer(_Base):
     status_counts: dict[int, int] = field(default_factory=dict)
     effects: dict[str, list[Any]] = field(default_factory=dict)  # record key -> effects
     answers: dict[str, dict[str, Any]] = field(default_factory=dict)  # idempotency key -> body
+    headers: dict[str, dict[str, str]] = field(default_factory=dict)  # key -> last call's
+    bodies: dict[str, bytes] = field(default_factory=dict)  # key -> last call's, as it came
     gather: int = 0  # hold every call until this many were in flight at once (at most 60 s)
     peak: int = 0  # the most calls in flight at once
     overlaps: int = 0  # calls that began while another call for the same record was open
@@ -216,6 +218,9 @@ class HookServer(_Base):
 
     def _answer(self, headers: Any, body: bytes) -> tuple[int, Any, dict[str, str]]:
         key = headers.get("idempotency-key") or ""
+        with self.lock:
+            self.headers[key] = {k.lower(): v for k, v in headers.items()}
+            self.bodies[key] = body
         if self.secret is not None:
             Webhook(self.secret).verify(body, dict(headers.items()))  # raises when wrong
         doc = json.loads(body)
