@@ -138,27 +138,10 @@ async def apply_batch(
         else:
             record = await store.read(first.record_key)
         revision_read = record.revision
-        writes: list[EventWrite] = []
-        fields = record.fields
         changes_of = _ChangesOf(store.io, handler, handler_time_limit_s, events, record)
-        for index, event in enumerate(events):
-            try:
-                changes = await changes_of.next(index, event, fields)
-                after = (
-                    None
-                    if changes is None
-                    else apply_changes(fields, changes, source.ownership, source.name)
-                )
-            except (FieldNotOwned, ChangeNotApplicable, InvalidHandlerResult) as exc:
-                if writes:
-                    break  # the events so far go in; this one is taken again on its own
-                reason = next(r for kind, r in _REFUSALS.items() if isinstance(exc, kind))
-                row = await store.dead_letter(
-                    event, fence, reason, attempt, str(exc), record.revision
-                )
-                return [row]
-            writes.append(event_write(event, after, record.revision, attempt))
-            fields = fields if after is None else after
+        writes = await _attempt_writes(store, fence, source, changes_of, attempt)
+        if isinstance(writes, ApplyResult):
+            return [writes]
         if faults:
             await store.io.store(_before_write, faults, first)
         try:
@@ -192,6 +175,38 @@ async def apply_batch(
         conflicts=max_attempts,
     )
     return [row]
+
+
+async def _attempt_writes(
+    store: LaneStore,
+    fence: Fence | None,
+    source: SourceConfig,
+    changes_of: _ChangesOf,
+    attempt: int,
+) -> list[EventWrite] | ApplyResult:
+    """One attempt's writes: each event of ``changes_of`` with its change applied to what
+    the one before left, from the record ``changes_of`` was given. They stop before the
+    first event whose change cannot apply (it is taken again on its own); when that is the
+    first event, its dead letter instead."""
+    record = changes_of.record
+    writes: list[EventWrite] = []
+    fields = record.fields
+    for index, event in enumerate(changes_of.events):
+        try:
+            changes = await changes_of.next(index, event, fields)
+            after = (
+                None
+                if changes is None
+                else apply_changes(fields, changes, source.ownership, source.name)
+            )
+        except (FieldNotOwned, ChangeNotApplicable, InvalidHandlerResult) as exc:
+            if writes:
+                break  # the events so far go in; this one is taken again on its own
+            reason = next(r for kind, r in _REFUSALS.items() if isinstance(exc, kind))
+            return await store.dead_letter(event, fence, reason, attempt, str(exc), record.revision)
+        writes.append(event_write(event, after, record.revision, attempt))
+        fields = fields if after is None else after
+    return writes
 
 
 def _before_write(store: Store, faults: Faults, event: Event) -> None:
