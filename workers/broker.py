@@ -64,6 +64,11 @@ class Taken:
     held: bool = False
     #: The record's next messages taken with it (first deliveries, in order): a batch.
     followers: tuple[bytes, ...] = ()
+    #: Seconds until the shard's earliest other record is due once this one was handed
+    #: out (0: one is due now; None: none waits, or the broker does not say): the lane
+    #: sets the shard's timer by it, so a waiting record is woken on time even while its
+    #: shard-mates are being handled.
+    next_due_in_s: float | None = None
 
     @property
     def messages(self) -> tuple[bytes, ...]:

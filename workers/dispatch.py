@@ -32,7 +32,7 @@ import hashlib
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..routing.contract.destinations import DestinationConfig, retry_delay_s
@@ -65,15 +65,17 @@ SLOT_MARGIN_MS = 5000
 
 @dataclass(frozen=True)
 class Wait:
-    """Not now: the record waits ``seconds`` (``batch``: its messages are taken together
-    again); ``reason`` and ``detail`` say why and ``attempts`` how many calls were made so
-    far (status shows them)."""
+    """Not now: the record waits ``seconds`` from ``since`` (``time.monotonic()``: when
+    the destination answered, or when the wait was decided; ``batch``: its messages are
+    taken together again); ``reason`` and ``detail`` say why and ``attempts`` how many
+    calls were made so far (status shows them)."""
 
     seconds: float
     reason: str
     batch: bool = False
     detail: str = ""
     attempts: int | None = None
+    since: float = field(default_factory=time.monotonic)
 
 
 class Dispatcher:
@@ -148,13 +150,13 @@ class Dispatcher:
             # The call's log lines (the task's own among them) carry the attempt it is
             # told, counting its retries, not only the message's deliveries.
             with event_context(attempt=context.attempt):
-                outcome = await self._call(io, destination, slot, events, context)
+                outcome, answered = await self._call(io, destination, slot, events, context)
                 # A crash here: the call had its effect, the journal does not know it yet.
                 if self.faults:
                     await io.call(self.faults.hit, "destination.after_call", event.record_key)
                 if not isinstance(outcome, Conflict):
                     return await self._settle(
-                        store, fence, taken, events, destination, context, outcome
+                        store, fence, taken, events, destination, context, outcome, answered
                     )
             log.info("conflict at %s (%s): running again", config.name, outcome.detail)
             if config.versioned:
@@ -187,13 +189,16 @@ class Dispatcher:
         slot: str,
         events: list[Event],
         ctx: Context,
-    ) -> Outcome:
+    ) -> tuple[Outcome, float]:
+        """The call's outcome, and when it came (``time.monotonic()``): a wait it asks
+        for counts from then."""
         config = destination.config
         try:
             if destination.batched:
                 outcome = await destination.call_batch(events, ctx, io.call)
             else:
                 outcome = await destination.call(events[0], ctx, io.call)
+            answered = time.monotonic()
         except Exception:
             await io.call(
                 self.flow.release, config.name, slot, "failed", 0, False, _slot_ttl_ms(config)
@@ -214,7 +219,7 @@ class Dispatcher:
         )
         if rate is not None:
             log.info("%s: %s; calls to it slowed to %.2f/s", config.name, outcome.detail, rate)
-        return outcome
+        return outcome, answered
 
     async def _settle(
         self,
@@ -225,6 +230,7 @@ class Dispatcher:
         destination: Destination,
         ctx: Context,
         outcome: Outcome,
+        answered: float,
     ) -> list[ApplyResult] | Wait:
         if isinstance(outcome, Done):
             what = f"{len(events)} events" if len(events) > 1 else "delivered"
@@ -256,7 +262,12 @@ class Dispatcher:
             delay_s = retry_delay_s(retries, config.max_backoff_s, random.random())
         log.info("%s: %s; calling again in %.1fs", config.name, outcome.detail, delay_s)
         return Wait(
-            delay_s, "retry", batch=destination.batched, detail=outcome.detail, attempts=ctx.attempt
+            delay_s,
+            "retry",
+            batch=destination.batched,
+            detail=outcome.detail,
+            attempts=ctx.attempt,
+            since=answered,
         )
 
     async def aclose(self) -> None:

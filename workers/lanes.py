@@ -273,6 +273,7 @@ class Lanes:
         try:
             step: Step | None = Step(got)
             while step is not None:  # the shard's records, while they come at once
+                self._arm(step.taken)
                 self._holding[lane] = (lease.shard, step.taken.record_key)
                 step = await self._handle(lane, lease, step)
         finally:
@@ -280,6 +281,18 @@ class Lanes:
             self.ownership.end(lane, got.shard)
         self.doorbell.ring(got.shard)  # where there was one record there may be more
         return True
+
+    def _arm(self, taken: Taken) -> None:
+        """Set the shard's timer by the broker's word on its other records: one due now
+        wakes another lane, one that waits gets its wake-up (a timer the shard had for a
+        later time is brought forward)."""
+        due_in_s = taken.next_due_in_s
+        if due_in_s is None:
+            return
+        if due_in_s <= 0:
+            self.doorbell.ring(taken.shard)
+        else:
+            self.doorbell.ring_in(taken.shard, due_in_s)
 
     async def _handle(self, lane: int, lease: Lease, step: Step) -> Step | None:
         """Handle one record's message (or batch); the next record when it was taken with
@@ -358,13 +371,14 @@ class Lanes:
             await self._wait(lease, taken, batch, OUTAGE_WAIT_S, why, "uncount")
             raise
         except Exception as exc:
+            failed = time.monotonic()
             log.exception("handler error on %s (delivery %s)", ref, taken.deliveries)
             sentry_sdk.capture_exception(exc)
             error = f"{type(exc).__name__}: {exc}"
             await self.io.call(self.broker.note_failure, lease.shard, taken.raw, error)
             delay_s = retry_delay_s(taken.deliveries, MAX_BACKOFF_S, random.random())
             why = {"reason": "handler_error", "error": error[:EXCERPT_CHARS]}
-            await self._wait(lease, taken, batch, delay_s, why, "keep")
+            await self._wait(lease, taken, batch, delay_s, why, "keep", failed)
             return None
         if results is None:
             return None  # the lease ran out before the write: the next owner takes it on
@@ -373,7 +387,7 @@ class Lanes:
             if results.attempts is not None:  # calls made, not deliveries
                 why["attempts"] = results.attempts
             counts: Counts = "forget" if results.batch else "uncount"
-            await self._wait(lease, taken, batch, results.seconds, why, counts)
+            await self._wait(lease, taken, batch, results.seconds, why, counts, results.since)
             return None
         done = list(zip(batch, results, strict=False))
         acks, hold = [], None
@@ -426,8 +440,10 @@ class Lanes:
         delay_s: float,
         why: dict[str, Any],
         counts: Counts,
+        since: float | None = None,
     ) -> None:
-        """``taken``'s record waits ``delay_s`` (its shard's timer rings then)."""
+        """``taken``'s record waits ``delay_s`` from ``since`` (``time.monotonic()``, default
+        now: a destination's answer, a failure), and its shard's timer rings then."""
         why = {"attempts": taken.deliveries, **why}
         if self._events is not None:
             for queued in batch:
@@ -437,6 +453,8 @@ class Lanes:
                     queued.task_id, queued.event, why["reason"], detail, delay_s, attempts
                 )
         messages = [taken.raw] if counts != "keep" else []
+        if since is not None:  # what the calls since then took is not waited again
+            delay_s = max(0.0, delay_s - (time.monotonic() - since))
         waiting = await self.io.call(self.broker.wait, lease, taken, delay_s, why, counts, messages)
         if not waiting:
             self.ownership.lost(lease, "lease changed before the record could wait")

@@ -383,7 +383,7 @@ class RedisLaneBroker(LaneBroker):
 
 
 def _taken(shard: int, reply: Any) -> Taken:
-    key, raw, deliveries, held, batch = reply
+    key, raw, deliveries, held, batch, due_ms = reply
     return Taken(
         shard,
         reply_text(key),
@@ -391,6 +391,7 @@ def _taken(shard: int, reply: Any) -> Taken:
         int(deliveries),
         bool(int(held)),
         tuple(bytes(m) for m in batch),
+        None if int(due_ms) < 0 else int(due_ms) / 1000,
     )
 
 

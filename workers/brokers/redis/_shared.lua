@@ -121,8 +121,17 @@ local function admit(K, shard, now, n)
   end
 end
 
+-- Ms until the shard's earliest record in ready is due (0: one is due now), -1: none is
+-- there. A lane that is handed a record sets its shard's timer by it, so a record that
+-- waits is woken when it is due even while its shard-mates are being handled.
+local function next_due(K, now)
+  local first = redis.call('ZRANGE', K.ready, 0, 0, 'WITHSCORES')
+  if #first == 0 then return -1 end
+  return math.max(0, tonumber(first[2]) - now)
+end
+
 -- Hand the head of record key's list to a lane (it becomes busy): {key, message,
--- deliveries, held, batch}. A first delivery whose message carries keylane_batch also takes
+-- deliveries, held, batch, next due (see next_due)}. A first delivery whose message carries keylane_batch also takes
 -- the record's next messages with the same keylane_batch value that were never handed out,
 -- up to the limit it names, while the record is not held: a batch, in order. Only the head
 -- is counted: when it is handed out again (a crash, a failure) it goes alone, and so do
@@ -156,7 +165,7 @@ local function hand_out(K, key, now)
       i = i + 1
     end
   end
-  return {key, m, n, held, batch}
+  return {key, m, n, held, batch, next_due(K, now)}
 end
 
 -- The shard's next record that is due, handed out; else nil and the ms until the

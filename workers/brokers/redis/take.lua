@@ -3,7 +3,8 @@
 -- ARGV: admit (messages each shard admits first), then per shard: its number, the lease
 -- value this worker holds. A shard whose lease value differs is skipped: another worker's
 -- shards are never taken from.
--- Returns {i, record key, message, deliveries, held, batch} (i: the candidate's index), or
+-- Returns {i, record key, message, deliveries, held, batch, next due} (i: the candidate's
+-- index; next due: ms until the shard's earliest other record is due, see next_due), or
 -- {0, wait_1, ..., wait_n}: per candidate, ms until its first waiting record is due
 -- (-1: none waits, -2: not our lease).
 local now = now_ms()
