@@ -7,7 +7,8 @@ worker`` at default settings but the shard count):
 
 (a) **Back-off lateness**, once per ``--shards`` count (default 64 and 512): ``--records``
     records, each forwarded to a destination of its own (a ``Retry-After`` pauses the whole
-    destination: one per record keeps the records' waits apart), get ``--events`` events
+    destination: one per record keeps the records' waits apart; ``adaptive = false``, as
+    an adaptive one also lowers its rate after a Retry-After), get ``--events`` events
     each, one after the other. The server answers each event's first ``--fails`` calls
     ``503`` with ``Retry-After: --retry-after-s``, then ``200``. Lateness of a retry = its
     arrival - (the previous answer's time + the Retry-After): what a timer is late by, and
@@ -125,14 +126,15 @@ def serve(destination: Destination, es: ExitStack) -> str:
     return f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def sources_toml(url: str, destinations: int) -> str:
+def sources_toml(url: str, destinations: int, adaptive: bool) -> str:
     """Source ``s<i>`` forwards its orders to destination ``d<i>`` (all at ``url``)."""
+    extra = "" if adaptive else "adaptive = false\n"
     parts = []
     for i in range(destinations):
         parts.append(
             f'[sources.s{i}]\nevent_id = "body:id"\nrecord_key = "order:{{body:order}}"\n'
             f'destination = "d{i}"\n\n'
-            f'[destinations.d{i}]\nkind = "http"\nurl = "{url}/hook"\n\n'
+            f'[destinations.d{i}]\nkind = "http"\nurl = "{url}/hook"\n{extra}\n'
         )
     return "".join(parts)
 
@@ -153,13 +155,19 @@ class Deployment:
 
 
 def start(
-    opts: Options, shards: int, name: str, server_url: str, sources: int, es: ExitStack
+    opts: Options,
+    shards: int,
+    name: str,
+    server_url: str,
+    sources: int,
+    es: ExitStack,
+    adaptive: bool = True,
 ) -> Deployment:
     """A receiver and a worker forwarding ``sources`` sources to ``server_url``, once every
     shard is owned."""
     bench = Bench(_bench_options(opts, shards), es)
     path = bench.tmp / "sources.toml"
-    path.write_text(sources_toml(server_url, sources))
+    path.write_text(sources_toml(server_url, sources, adaptive))
     env = {**bench.env, "KEYLANE_SOURCES_FILE": str(path)}
     port = _free_port()
     receiver = bench.start(f"{name}-receiver", keylane_argv("serve", "--port", str(port)), env)
@@ -193,7 +201,11 @@ def run_lateness(opts: Options, shards: int) -> Lateness:
     with ExitStack() as es:
         destination = Destination(fail_first=opts.fails, retry_after_s=opts.retry_after_s)
         server_url = serve(destination, es)
-        deployment = start(opts, shards, f"late{shards}", server_url, opts.records, es)
+        # Not adaptive: after a Retry-After an adaptive destination also lowers its rate
+        # (by design), which would be measured here as lateness.
+        deployment = start(
+            opts, shards, f"late{shards}", server_url, opts.records, es, adaptive=False
+        )
         say(
             f"(a) {shards} shards: {opts.records} records x {opts.events} events, "
             f"each failing {opts.fails}x"
