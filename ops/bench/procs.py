@@ -323,7 +323,7 @@ class BenchOptions:
     keep_temp: bool
     #: Worker counts for (c); one drain run per count and key count.
     drain_workers: tuple[int, ...] = ()
-    #: The deployment's shards: records in flight at once, at most.
+    #: The deployment's shards (the unit of ownership; lanes bound the records in flight).
     shards: int = SHARD_COUNT
     #: Seconds of wrk load per (a) round and server.
     duration_s: int = 15

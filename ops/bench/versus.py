@@ -266,8 +266,8 @@ def run_versus(
     type=click.IntRange(1, 4096),
     default=SHARD_COUNT,
     show_default=True,
-    help="keylane's shards: records in flight at once across its workers, at most "
-    "(KEYLANE_SHARD_COUNT); raise with --lanes for a slow destination.",
+    help="keylane's shards (KEYLANE_SHARD_COUNT): the unit of ownership; records in "
+    "flight are bounded by --lanes, not by this.",
 )
 @click.option(
     "--systems",

@@ -22,6 +22,7 @@ HEADERS = (
     "x cp bound",
     "x best bound",
     "cpu ms/ev",
+    "worker ms/ev",
     "notes",
 )
 
@@ -85,8 +86,13 @@ def _row(run: SystemRun, cp: float, best: float) -> list[object]:
         None if elapsed is None else f"{elapsed / cp:.2f}",
         None if elapsed is None else f"{elapsed / best:.2f}",
         f"{run.cpu_s / run.case.work.events * 1000:.1f}",
+        _per_event_ms(run.worker_cpu_s, run),
         "; ".join(notes),
     ]
+
+
+def _per_event_ms(cpu_s: float | None, run: SystemRun) -> str | None:
+    return None if cpu_s is None else f"{cpu_s / run.case.work.events * 1000:.2f}"
 
 
 def as_json(run: SystemRun, processes: int) -> dict[str, Any]:
@@ -113,6 +119,9 @@ def as_json(run: SystemRun, processes: int) -> dict[str, Any]:
         "critical_path_s": round(cp, 3),
         "best_bound_s": round(best, 3),
         "cpu_ms_per_event": round(run.cpu_s / run.case.work.events * 1000, 2),
+        "worker_cpu_ms_per_event": None
+        if run.worker_cpu_s is None
+        else round(run.worker_cpu_s / run.case.work.events * 1000, 2),
         "idle_others_cpu_s": round(run.others_cpu_s, 2),
         "sender_retries": run.sent.retries,
         "sender_failures": len(run.sent.failures),

@@ -122,6 +122,9 @@ class SystemRun:
     #: CPU seconds the system's processes used during the run (not the senders').
     cpu_s: float
     extra: dict[str, int] = field(default_factory=dict)  # lock retries, dead letters
+    #: CPU seconds of its worker processes alone (keylane: not the receiver's; a Celery
+    #: setup's processes are all workers).
+    worker_cpu_s: float | None = None
     #: CPU seconds the other systems' idle processes used meanwhile (their noise).
     others_cpu_s: float = 0.0
 
@@ -243,6 +246,7 @@ class KeylaneSystem:
         journal0 = self.store.journal_size()
         dead0 = self._dead_letters()
         cpu0 = _cpu_s(self.children)
+        workers_cpu0 = _cpu_s(self.children[1:])
 
         def body_of(delivery: Delivery) -> bytes:
             return _envelope(case, delivery)
@@ -254,6 +258,7 @@ class KeylaneSystem:
             case.timeout_s(self.workers * self.lanes),
         )
         cpu_s = _cpu_s(self.children) - cpu0
+        workers_cpu_s = _cpu_s(self.children[1:]) - workers_cpu0
         applied_at: list[float | None] = [None] * work.events
         found: dict[int, tuple[int, list[int]]] = {}
         for record in range(work.records):
@@ -269,7 +274,7 @@ class KeylaneSystem:
             "busiest shard ev": case.busiest(ShardMap(self.bench.opts.shards).shard_for_key),
         }
         effects = check_effects(work, found)
-        return SystemRun(self.name, shown, sent, applied_at, effects, cpu_s, extra)
+        return SystemRun(self.name, shown, sent, applied_at, effects, cpu_s, extra, workers_cpu_s)
 
     def audit(self) -> str | None:
         """``keylane audit`` over everything it did: None when the lease log and the
@@ -412,4 +417,4 @@ class CelerySystem:
             extra["busiest queue ev"] = case.busiest(lambda key: queue_for(key, self.processes))
         if self.kind == "lock":
             extra["lock retries"] = reply_int(self.redis.get(retries))
-        return SystemRun(self.name, case, sent, applied_at, effects, cpu_s, extra)
+        return SystemRun(self.name, case, sent, applied_at, effects, cpu_s, extra, cpu_s)

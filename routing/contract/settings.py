@@ -60,7 +60,7 @@ class Settings(BaseSettings):
     shard_count: int = Field(DEFAULT_SHARD_COUNT, ge=1, le=MAX_SHARD_COUNT)
     max_attempts: int = Field(3, ge=1, le=100)
     max_deliveries: int = Field(5, ge=1, le=1000)
-    # Shards in flight at once per worker process (coroutines: an async task or an HTTP
+    # Records in flight at once per worker process (coroutines: an async task or an HTTP
     # forward waits without a thread) and the threads for blocking calls (store
     # transactions, Redis scripts, plain ``def`` handlers and tasks).
     lanes: int = Field(64, ge=1, le=1024)
