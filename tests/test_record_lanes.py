@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +40,16 @@ APP = "tests.support.user_tasks"
 HOOK_SECRET = "whsec_" + base64.b64encode(b"keylane-record-lanes-test").decode()
 
 
-def _forward(stack: Stack, tmp_path: Path, hook: HookServer, **limits: Any) -> None:
+def _forward(
+    stack: Stack, tmp_path: Path, hook: HookServer, timeout_s: int = 10, **limits: Any
+) -> None:
     """Source ``shop`` forwards each order's events to ``hook`` (its record: the order)."""
     extra = "".join(f"{name} = {value!r}\n" for name, value in limits.items())
     path = tmp_path / "sources.toml"
     path.write_text(
         '[sources.shop]\ndestination = "hook"\nrecord_key = "order:{body:order}"\n\n'
         f'[destinations.hook]\nkind = "http"\nurl = "{hook.url}/hook"\n'
-        f'secret_env = "TEST_HOOK_SECRET"\ntimeout_s = 10\n{extra}'
+        f'secret_env = "TEST_HOOK_SECRET"\ntimeout_s = {timeout_s}\n{extra}'
     )
     hook.secret = HOOK_SECRET
     stack.extra_env["TEST_HOOK_SECRET"] = HOOK_SECRET
@@ -151,6 +154,68 @@ def test_a_record_whose_destination_fails_holds_up_only_itself(
         stack.wait_journal(3 * 101)
         assert stack.open_store().dead_letters(DeadLetterFilter()) == []
     finally:
+        hook.stop()
+
+
+@dataclass
+class RetryHeld(HookServer):
+    """Answers each record's first call 503 (it backs off), holds the first retry it gets,
+    of any record, until :attr:`release` is set, and answers the other calls as usual."""
+
+    release: threading.Event = field(default_factory=threading.Event)
+    tried: set[str] = field(default_factory=set)
+    held: str | None = None
+
+    def _answer(self, headers: Any, body: bytes) -> tuple[int, Any, dict[str, str]]:
+        record = headers.get("keylane-record-key") or ""
+        with self.lock:
+            first = record not in self.tried
+            self.tried.add(record)
+            hold = not first and self.held is None
+            if hold:
+                self.held = record
+            if first:
+                self._record(headers.get("idempotency-key") or "", json.loads(body), 503)
+                return 503, {"error": "unavailable"}, {}
+        if hold:
+            self.release.wait(300)
+        return super()._answer(headers, body)
+
+
+@SQLITE
+def test_a_wait_ends_on_its_timer_while_a_shard_mate_hangs(stack: Stack, tmp_path: Path) -> None:
+    # Given two records of one shard whose first calls are answered 503 (each backs off),
+    # a server that holds the first retry it gets until the test releases it, and a
+    # worker that never looks at its shards unless rung or woken by a timer (no idle poll)
+    hook = RetryHeld()
+    hook.start()
+    try:
+        # (the held call does not time out while the test runs)
+        _forward(stack, tmp_path, hook, timeout_s=120, retry_for_s=600, max_backoff_s=1)
+        pair = _orders_on(stack.settings, 0, 2, "w")
+        stack.worker(lanes=8, idle_poll_ms=3_600_000, inflight_deadline_ms=1_000_000)
+        stack.receiver()
+        stack.wait_all_owned()
+        # When each gets one event
+        _send(stack, pair, 1)
+        # Then the record whose back-off ends second is called again, and its event
+        # applied, while its shard-mate's retry still hangs: taking the first one did
+        # not swallow the second one's wake-up
+        wait_until(
+            lambda: any(_seqs(hook, order) for order in pair),
+            60,
+            "the second record's retry",
+            on_timeout=stack.logs,
+        )
+        held = hook.held
+        assert held is not None
+        assert _seqs(hook, held.removeprefix("order:")) == []
+        # And once the hanging call returns, both events are applied once
+        hook.release.set()
+        wait_until(lambda: _applied(hook, pair, 1), 60, "both records", on_timeout=stack.logs)
+        _assert_once_in_order(hook, pair, 1)
+    finally:
+        hook.release.set()
         hook.stop()
 
 
