@@ -67,7 +67,7 @@ def main() -> None:
     "one writer process; 2 on PostgreSQL).",
     type=int,
 )
-@setting_option("--lanes", "lanes", "Records (shards) in flight per worker process.", type=int)
+@setting_option("--lanes", "lanes", "Records in flight per worker process.", type=int)
 @setting_option(
     "--lane-threads", "lane_threads", "Threads per worker process for blocking calls.", type=int
 )
@@ -134,7 +134,7 @@ class _UvicornStartSteps(logging.Filter):
 
 
 @cli.command()
-@setting_option("--lanes", "lanes", "Records (shards) in flight in this process.", type=int)
+@setting_option("--lanes", "lanes", "Records in flight in this process.", type=int)
 @setting_option(
     "--lane-threads", "lane_threads", "Threads for blocking calls in this process.", type=int
 )

@@ -45,6 +45,7 @@ from typing import Any
 
 import click
 
+from ...routing.contract.settings import DEFAULT_LANES
 from .procs import (
     INTERRUPTS,
     SHARD_COUNT,
@@ -257,9 +258,9 @@ def run_versus(
 @click.option(
     "--lanes",
     type=click.IntRange(1, 1024),
-    default=64,
+    default=DEFAULT_LANES,
     show_default=True,
-    help="Lanes (records in flight) per keylane worker process.",
+    help="Lanes (records in flight) per keylane worker process (KEYLANE_LANES).",
 )
 @click.option(
     "--shards",
