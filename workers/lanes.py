@@ -243,12 +243,16 @@ class Lanes:
         """Take and handle one record; False when nothing was due.
 
         The shards offered to the take are reserved for this lane first (their handoff
-        waits for it), at most ``TAKE_WINDOW`` at a time: the rung ones first, then the
-        others in rotation. Shards with records waiting get a timer for when the first is
-        due.
+        waits for it), at most ``TAKE_WINDOW`` at a time: the rung ones only, or, when none
+        was rung (a poke, or a lane looking for more work), the others in rotation. A shard
+        that gets a message is rung, so offering more shards with the rung ones would only
+        make each take of a busy worker dearer (their keys sent, their leases and queues
+        looked at in the script). Shards with records waiting get a timer for when the
+        first is due.
         """
         hints = self.doorbell.hints()
-        leases = self.ownership.reserve(lane, hints, TAKE_WINDOW)
+        window = min(len(hints), TAKE_WINDOW) if hints else TAKE_WINDOW
+        leases = self.ownership.reserve(lane, hints, window)
         if not leases:
             return False
         got: Taken | Idle | None = None
