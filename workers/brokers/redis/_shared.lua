@@ -131,11 +131,11 @@ local function next_due(K, now)
 end
 
 -- Hand the head of record key's list to a lane (it becomes busy): {key, message,
--- deliveries, held, batch, next due (see next_due)}. A first delivery whose message carries keylane_batch also takes
--- the record's next messages with the same keylane_batch value that were never handed out,
--- up to the limit it names, while the record is not held: a batch, in order. Only the head
--- is counted: when it is handed out again (a crash, a failure) it goes alone, and so do
--- the ones behind it, each counted then.
+-- deliveries, held, batch, next due (see next_due)}. A first delivery whose message
+-- carries keylane_batch also takes the record's next messages with the same keylane_batch
+-- value that were never handed out, up to the limit it names, while the record is not
+-- held: a batch, in order. Only the head is counted: when it is handed out again (a crash,
+-- a failure) it goes alone, and so do the ones behind it, each counted then.
 local function hand_out(K, key, now)
   local rec = K.rec_prefix .. key
   local m = redis.call('LINDEX', rec, 0)
