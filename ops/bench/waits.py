@@ -445,7 +445,7 @@ def _shard_counts(ctx: click.Context, param: click.Parameter, value: str) -> tup
 @click.option("--mates-shards", default=64, show_default=True, help="(b) shard count.")
 @click.option("--mates", default=10, show_default=True, help="(b) records on order:bad's shard.")
 @click.option("--others", default=90, show_default=True, help="(b) records on other shards.")
-@click.option("--per-record", default=10, show_default=True, help="(b) events per record.")
+@click.option("--per-record", default=20, show_default=True, help="(b) events per record.")
 @click.option("--rate", default=50.0, show_default=True, help="(b) events sent per second.")
 @click.option(
     "--redis-url",
