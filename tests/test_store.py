@@ -407,6 +407,19 @@ def test_advance_fence_keeps_the_newest_token_per_shard(store: Store) -> None:
     assert store.advance_fence(SHARD + 1, 1) == 1
 
 
+def test_claim_fence_gives_each_claim_a_newer_token_and_fences_the_older(store: Store) -> None:
+    # Given a shard whose fence a lease-based broker advanced to 4
+    store.advance_fence(SHARD, 4)
+    # When two consumers claim it in turn (a broker with no counter of its own)
+    first, second = store.claim_fence(SHARD), store.claim_fence(SHARD)
+    # Then each got its own token past the newest, and an unknown shard starts at 1
+    assert (first, second) == (5, 6)
+    assert store.claim_fence(SHARD + 1) == 1
+    # And the first claim's write is refused, as any older owner's
+    with pytest.raises(StaleFence):
+        store.commit_event(write("claim-1", "contact:1", {"n": 1}, 0), Fence(SHARD, first))
+
+
 def test_a_write_with_an_older_token_is_refused_and_writes_nothing(store: Store) -> None:
     # Given a shard whose fence was advanced to 7 by a new owner
     store.advance_fence(SHARD, 7)

@@ -233,6 +233,12 @@ class Store(ABC):
         """Record ``token`` as the shard's newest if it is newer; return the newest."""
 
     @abstractmethod
+    def claim_fence(self, shard: int) -> int:
+        """Advance the shard's token by one and return it: a token no other claim got
+        (brokers without a counter of their own, RabbitMQ, claim one per change of
+        consumer)."""
+
+    @abstractmethod
     def fence_of(self, shard: int) -> int:
         """The newest fencing token the store has seen for ``shard`` (0 if none)."""
 

@@ -40,7 +40,7 @@ from .sql_dead_letters import (
     list_dead_letters,
     move_dead_letter,
 )
-from .sql_fences import check_fence, lock_fence, stored_token, upsert_fence
+from .sql_fences import check_fence, claim_next_token, lock_fence, stored_token, upsert_fence
 from .sql_journal import count_entries, find_entry, list_entries, record_outcome
 from .sql_records import keys_with_prefix, read_record, records_after, write_record
 
@@ -128,6 +128,10 @@ class SqlStore(Store):
         with self.dialect.transaction() as cur:
             upsert_fence(cur, shard, token)
             return lock_fence(self.dialect, cur, shard)
+
+    def claim_fence(self, shard: int) -> int:
+        with self.dialect.transaction() as cur:
+            return claim_next_token(cur, shard)
 
     # -- reads -----------------------------------------------------------------------------
 
