@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import threading
 from typing import Any
 
@@ -63,7 +64,7 @@ class ConfirmingPublisher:
         self._lock = threading.Lock()
         self._connection: Any = None
         self._channel: Any = None
-        self._node = -1
+        self._node = random.randrange(len(self.urls)) - 1  # receivers spread over the nodes
 
     def publish(self, queue: str, message: bytes, record_key: str) -> None:
         """Publish and wait for the confirm; :class:`BrokerUnavailable` when none came

@@ -9,6 +9,7 @@ applied in (a second application would show twice), ``n`` their count.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -24,6 +25,7 @@ from kombu import Connection
 
 from keylane.routing.contract.amqp_names import dead_queue, shard_queue
 from keylane.routing.contract.settings import Settings, load_settings
+from keylane.workers.store import DeadLetterFilter
 from tests.support.rabbitmq import RabbitCluster
 from tests.support.stack import Stack, event, wait_until
 
@@ -315,3 +317,62 @@ def test_killing_the_leader_of_a_shard_queue_loses_no_accepted_event(
     # if any, were 503 with Retry-After, and their retries went through)
     assert_applied_once_in_order(stack, stream)
     assert stream.statuses <= {202, 503}
+
+
+def test_a_message_that_kills_its_worker_becomes_a_poison_dead_letter(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given one shard, at most 1 delivery, and a worker that dies on every poison:* write
+    kill = {"point": "worker.before_write", "action": "kill", "match": "poison:"}
+    stack: Stack = deploy(shard_count=1, max_deliveries=1, faults=[kill])
+    stack.receiver()
+    first = stack.worker(lanes=2)
+    wait_consuming(rabbitmq, stack, {first.pid})
+    # When its event arrives, the worker is killed taking it, and a new worker starts
+    assert stack.post(event("x1", "poison:1", n={"increment": 1})).status_code == 202
+    wait_until(lambda: not first.alive(), 60, "the first worker to die", on_timeout=stack.logs)
+    stack.worker(lanes=2)
+    # Then the broker's delivery count survived the crash: the event is a poison dead
+    # letter, the record unchanged
+    store = stack.open_store()
+    wait_until(lambda: store.dead_letters(DeadLetterFilter()) != [], 60, "a dead letter",
+               on_timeout=stack.logs)  # fmt: skip
+    (row,) = store.dead_letters(DeadLetterFilter())
+    assert (row.reason, row.event_id) == ("poison", "x1")
+    assert not store.read("poison:1").exists
+
+
+def test_a_message_past_the_brokers_delivery_limit_is_a_dead_letter_never_dropped(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given one shard whose queue delivers a message at most 3 times (limit 2)
+    stack: Stack = deploy(shard_count=1, max_deliveries=1, amqp_delivery_margin=1)
+    stack.receiver()
+    assert stack.post(event("d1", "dropped:1", n={"increment": 1})).status_code == 202
+    # When a consumer that is not keylane rejects it every time
+    s = stack.settings
+    rejected = 0
+    with Connection(rabbitmq.nodes[0].url) as conn:
+        channel = conn.channel()
+        channel.basic_qos(0, 1, False)
+
+        def reject(message: Any) -> None:
+            nonlocal rejected
+            rejected += 1
+            channel.basic_reject(message.delivery_tag, requeue=True)
+
+        channel.basic_consume(shard_queue(s.namespace, s.shards, 0), callback=reject)
+        deadline = time.monotonic() + 30
+        while rejected < 3 and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                conn.drain_events(timeout=0.5)
+    assert rejected == 3
+    # Then the broker dead-lettered it, and a worker turns it into a poison dead letter
+    store = stack.open_store()
+    store.migrate()
+    stack.worker(lanes=2)
+    wait_until(lambda: store.dead_letters(DeadLetterFilter()) != [], 60, "a dead letter",
+               on_timeout=stack.logs)  # fmt: skip
+    (row,) = store.dead_letters(DeadLetterFilter())
+    assert (row.reason, row.event_id) == ("poison", "d1")
+    assert not store.read("dropped:1").exists

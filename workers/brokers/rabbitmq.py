@@ -45,6 +45,7 @@ import functools
 import json
 import logging
 import queue
+import random
 import socket
 import threading
 import time
@@ -207,7 +208,8 @@ class RabbitLaneBroker(LaneBroker):
         self.worker_id = ""
         self._info: dict[str, Any] = {}
         self._connection: Any = None
-        self._node = 0
+        # Workers start on different nodes, so one node's loss is not every worker's.
+        self._node = random.randrange(len(self.urls))
         self._generation = 0
         self._control: Any = None
         self._dead_channel: Any = None
