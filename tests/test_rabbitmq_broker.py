@@ -105,8 +105,11 @@ class Stream:
     only after event ``i - 1`` got a 2xx (a 503 or a broken connection is retried with
     the same event id, as a provider does), so the accepted order is known."""
 
-    def __init__(self, stack: Stack, prefix: str, records: int, senders: int = 4) -> None:
+    def __init__(
+        self, stack: Stack, prefix: str, records: int, senders: int = 4, per_record: int = 0
+    ) -> None:
         self.stack = stack
+        self.per_record = per_record  # 0: no end
         self.keys = [f"{prefix}:{n}" for n in range(records)]
         self.sent: dict[str, int] = dict.fromkeys(self.keys, 0)  # events with a 2xx
         self.refused = 0  # 503 answers (each retried)
@@ -125,8 +128,12 @@ class Stream:
     def _send(self, keys: list[str]) -> None:
         with httpx.Client(timeout=30) as client:
             while not self._stop.is_set():
+                if self.per_record and all(self.sent[k] >= self.per_record for k in keys):
+                    return
                 for key in keys:
                     seq = self.sent[key]
+                    if self.per_record and seq >= self.per_record:
+                        continue
                     body = event(f"{key}/{seq}", key, seq={"append": seq}, n={"increment": 1})
                     while not self._stop.is_set():
                         try:
@@ -376,3 +383,32 @@ def test_a_message_past_the_brokers_delivery_limit_is_a_dead_letter_never_droppe
     (row,) = store.dead_letters(DeadLetterFilter())
     assert (row.reason, row.event_id) == ("poison", "d1")
     assert not store.read("dropped:1").exists
+
+
+def test_records_held_too_long_are_parked_in_the_store_and_keep_their_order(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given one lane per worker, writes that take 0.1 s, and a hold budget of 2 s: a
+    # record's deliveries waiting behind its shard-mates' for over a second are parked
+    slow = {"point": "worker.before_write", "action": "sleep", "match": "park:", "sleep_ms": 100}
+    stack: Stack = deploy(shard_count=2, amqp_hold_budget_s=2, faults=[slow])
+    stack.receiver()
+    stream = Stream(stack, "park", records=6, senders=6, per_record=12).start()
+    stream.wait_total(6 * 12)
+    stream.stop()
+    # And a backlog of them for a worker that starts now
+    first = stack.worker(lanes=1)
+    # When the worker is killed -9 with records parked, and another takes over
+    wait_until(lambda: "parked" in first.log(), 60, "records parked", on_timeout=stack.logs)
+    first.kill()
+    left = [row for shard in (0, 1) for row in stack.open_store().parked(shard)]
+    assert left, "the killed worker left parked messages"
+    stack.worker(lanes=1)
+    # Then every accepted event is applied once, in order per record, and some waited
+    # in the store on the way (nothing is left there)
+    assert_applied_once_in_order(stack, stream)
+    assert "parked" in stack.logs()
+    # (the copies the killed worker had parked but not acknowledged were redelivered and
+    # parked again behind: each is a duplicate in the journal, and is gone in the end)
+    store = stack.open_store()
+    wait_until(lambda: store.parked(0) == [] and store.parked(1) == [], 60, "nothing parked")

@@ -111,16 +111,9 @@ class LaneService:
         check_rabbitmq_config(s, self.sources, self.destinations)
         if s.redis_url is not None:
             self.redis = RedisLaneBroker.from_url(s.redis_dsn(), s.keys, s.shards)
-        broker = RabbitLaneBroker(s, self._claim_fence, self._past_delivery_limit)
+        broker = RabbitLaneBroker(s, self.open_store, self._past_delivery_limit)
         flow = self.redis.flow if self.redis is not None else DestinationFlow(s.keys, _no_flow)
         return broker, flow
-
-    def _claim_fence(self, shard: int) -> int:
-        store = self.open_store()
-        try:
-            return store.claim_fence(shard)
-        finally:
-            store.close()
 
     def _past_delivery_limit(self, raw: bytes, headers: dict[str, object]) -> None:
         store = self.open_store()

@@ -84,8 +84,8 @@ class Settings(BaseSettings):
     # shards after about two missed ones), how long a publish waits for its confirm, and
     # how far past KEYLANE_MAX_DELIVERIES the broker's own delivery limit sits (the
     # backstop that turns a message keylane never finished into a `poison` dead letter).
-    # A record never keeps a delivery longer than `amqp_hold_budget_s` (well under the
-    # broker's consumer_timeout, 30 min by default).
+    # A record that would keep its deliveries longer than half `amqp_hold_budget_s` is
+    # parked in the store (keep it well under the broker's consumer_timeout, 30 min).
     amqp_prefetch: int = Field(256, ge=1, le=65535)
     amqp_heartbeat_s: int = Field(10, ge=1, le=600)
     amqp_confirm_timeout_ms: int = Field(5_000, ge=10)

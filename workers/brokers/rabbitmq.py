@@ -19,6 +19,13 @@ What RabbitMQ gives, and what keylane adds (facts checked in ``ops/docs/rabbitmq
   deliveries held in memory, grouped by record in delivery order; a record has at most one
   message (or one batch) with a lane, and the others wait behind it. Acknowledgements go
   one message at a time, in any order.
+* **No delivery held past the consumer timeout** (the broker would close the channel and
+  redeliver): a record that would keep its deliveries longer than half
+  ``amqp_hold_budget_s`` (a long wait, or a backlog) is **parked**: its messages are
+  written to the store (``Store.park``, fenced), then acknowledged; its later deliveries
+  are parked behind them; lanes take parked messages from the store when due and delete
+  each once done (``Store.unpark``). A new consumer reads its shards' parked records
+  before it hands anything out.
 * **Graceful handoff** closes the shard's channel (never ``basic.cancel``, after which the
   next consumer would run later messages while this one still holds earlier ones): what
   it held returns to the head of the queue, in order.
@@ -70,10 +77,11 @@ from ...routing.contract.amqp_names import (
     shard_queue,
     topology,
 )
-from ...routing.contract.errors import BrokerUnavailable
+from ...routing.contract.errors import BrokerUnavailable, StaleFence, StoreUnavailable
 from ...routing.contract.message import BATCH_HEADER, RECORD_HEADER
 from ...routing.contract.settings import Settings
 from ..broker import Ack, Acquired, Counts, Idle, LaneBroker, Lease, Taken
+from ..store import Fence, Store
 
 log = logging.getLogger("keylane.rabbitmq")
 
@@ -97,6 +105,21 @@ def declare_topology(channel: Any, settings: Settings) -> None:
         channel.queue_declare(name, durable=True, auto_delete=False, arguments=arguments)
     for name, exchange in wanted.bindings:
         channel.queue_bind(name, exchange, name)
+
+
+def delete_topology(settings: Settings) -> None:
+    """Delete the deployment's queues and exchanges (benchmarks and tools clean up)."""
+    conn, _ = connect(settings.amqp_urls(), settings.amqp_heartbeat_s)
+    try:
+        channel = conn.channel()
+        wanted = topology(settings)
+        for name, _arguments in wanted.queues:
+            channel.queue_delete(name)
+        for exchange, _kind in wanted.exchanges:
+            channel.exchange_delete(exchange)
+        channel.exchange_delete(members_exchange(settings.namespace))
+    finally:
+        conn.release()
 
 
 def connect(urls: Sequence[str], heartbeat_s: int, start: int = 0) -> tuple[Any, int]:
@@ -141,6 +164,7 @@ class Delivery:
     returned: int
     #: Times a lane of this worker took it.
     taken: int = 0
+    received: float = field(default_factory=time.monotonic)
     notes: dict[str, Any] = field(default_factory=dict)
 
 
@@ -162,6 +186,9 @@ class ShardConsumer:
     busy: dict[str, tuple[list[int], float]] = field(default_factory=dict)
     #: Records waiting until a time (monotonic).
     due: dict[str, float] = field(default_factory=dict)
+    #: Records with messages parked in the store, and when they are due (epoch seconds):
+    #: their deliveries here wait behind those (they are parked too, then acknowledged).
+    parked: dict[str, float] = field(default_factory=dict)
 
     def lease_value(self, worker_id: str) -> str:
         return f"{worker_id}/{self.tag}"
@@ -190,12 +217,14 @@ class RabbitLaneBroker(LaneBroker):
     def __init__(
         self,
         settings: Settings,
-        claim_fence: Callable[[int], int],
+        store_factory: Callable[[], Store],
         on_dead: Callable[[bytes, dict[str, Any]], None] | None = None,
     ) -> None:
         self.settings = settings
         self.urls = settings.amqp_urls()
-        self._claim_fence = claim_fence
+        self._store_factory = store_factory
+        self._store: Store | None = None
+        self._store_lock = threading.Lock()
         self._on_dead = on_dead
         self._lock = threading.RLock()
         self._shards: dict[int, ShardConsumer] = {}
@@ -347,6 +376,7 @@ class RabbitLaneBroker(LaneBroker):
             raise BrokerUnavailable("RabbitMQ: not connected")
         mine = assign_shards(self.settings.shard_count, members).get(worker_id, [])
         self.release_unleased(set(mine))
+        self.park_stale()
         return members
 
     def leave(self, worker_id: str) -> None:
@@ -370,16 +400,19 @@ class RabbitLaneBroker(LaneBroker):
         if not consumer.active or not consumer.alive:
             return Acquired(None, "", 0)
         if consumer.epoch == 0:
-            epoch = self._claim_fence(shard)
+            epoch = self._stored(lambda store: store.claim_fence(shard))
             # One round trip on the channel that received: if the broker dropped this
             # connection (and another consumer took over), this fails and no lane writes
             # under the token just claimed.
             prefetch = self.settings.amqp_prefetch
             self._submit(lambda: _round_trip(consumer, prefetch), wait=True)
+            # Records parked by earlier consumers: their deliveries wait behind them.
+            parked = {row.record_key: row.due_at for row in self._stored(lambda s: s.parked(shard))}
             with self._lock:
                 if self._shards.get(shard) is not consumer or not consumer.alive:
                     return Acquired(None, "", 0)
                 consumer.epoch = epoch
+                consumer.parked = parked
         value = consumer.lease_value(worker_id)
         held = sum(1 for d in consumer.deliveries.values() if d.returned)
         return Acquired(Lease(shard, value, consumer.epoch), value, held)
@@ -472,22 +505,51 @@ class RabbitLaneBroker(LaneBroker):
     def take(self, leases: Sequence[Lease]) -> Taken | Idle:
         now = time.monotonic()
         due_in: dict[int, float] = {}
-        with self._lock:
-            for lease in leases:
+        for lease in leases:
+            with self._lock:
                 consumer = self._current(lease)
-                if consumer is None:
+                behind = self._behind_parked(consumer) if consumer is not None else []
+            if consumer is None:
+                continue
+            for key, deliveries in behind:
+                self._park(consumer, lease, key, deliveries, consumer.parked.get(key, 0.0))
+            with self._lock:
+                if self._current(lease) is not consumer:
                     continue
-                taken = self._take_from(consumer, now)
-                if taken is not None:
-                    return taken
-                waits = [at - now for key, at in consumer.due.items() if key not in consumer.busy]
-                if waits:
-                    due_in[lease.shard] = max(0.0, min(waits))
+                taken = self._take_from(consumer, now, parked_ok=True)
+                if taken is None:
+                    waits = [at - now for k, at in consumer.due.items() if k not in consumer.busy]
+                    waits += [
+                        at - time.time()
+                        for k, at in consumer.parked.items()
+                        if k not in consumer.busy
+                    ]
+                    if waits:
+                        due_in[lease.shard] = max(0.0, min(waits))
+                    continue
+            if isinstance(taken, Taken):
+                return taken
+            unparked = self._take_parked(consumer, lease, taken)
+            if unparked is not None:
+                return unparked
         return Idle(due_in)
 
-    def _take_from(self, consumer: ShardConsumer, now: float) -> Taken | None:
+    def _take_from(
+        self, consumer: ShardConsumer, now: float, parked_ok: bool = False
+    ) -> Taken | str | None:
+        """(Under the lock.) The next due record: handed out from memory, or (with
+        ``parked_ok``) the key of a due parked record, marked busy for the caller to read
+        from the store."""
+        if parked_ok:
+            wall = time.time()
+            for key, due_at in consumer.parked.items():
+                if key not in consumer.busy and due_at <= wall:
+                    consumer.busy[key] = ([], now)
+                    return key
         for key, tags in consumer.records.items():
-            if key in consumer.busy or consumer.due.get(key, 0.0) > now or not tags:
+            if key in consumer.busy or key in consumer.parked or not tags:
+                continue
+            if consumer.due.get(key, 0.0) > now:
                 continue
             consumer.due.pop(key, None)
             first = consumer.deliveries[tags[0]]
@@ -511,6 +573,111 @@ class RabbitLaneBroker(LaneBroker):
             )
         return None
 
+    # -- parking: records that wait longer than the broker may hold a delivery --------
+
+    def _behind_parked(self, consumer: ShardConsumer) -> list[tuple[str, list[Delivery]]]:
+        """(Under the lock.) Deliveries of parked records that are not parked yet, each
+        record marked busy while they are."""
+        found = []
+        for key in consumer.parked:
+            tags = consumer.records.get(key)
+            if tags and key not in consumer.busy:
+                consumer.busy[key] = ([], time.monotonic())
+                found.append((key, [consumer.deliveries[t] for t in tags]))
+        return found
+
+    def _stale(self, consumer: ShardConsumer) -> list[tuple[str, list[Delivery]]]:
+        """(Under the lock.) Records not in a lane whose first delivery is held longer
+        than half the hold budget (a backlog): marked busy, to be parked due now."""
+        limit = time.monotonic() - self.settings.amqp_hold_budget_s / 2
+        found = []
+        for key, tags in consumer.records.items():
+            if tags and key not in consumer.busy and consumer.deliveries[tags[0]].received < limit:
+                consumer.busy[key] = ([], time.monotonic())
+                found.append((key, [consumer.deliveries[t] for t in tags]))
+        return found
+
+    def park_stale(self) -> int:
+        """Park every record whose deliveries are held too long (the heartbeat calls it):
+        how many records were parked."""
+        parked = 0
+        with self._lock:
+            work = [(c, self._stale(c)) for c in self._shards.values() if c.epoch and c.alive]
+        for consumer, records in work:
+            lease = Lease(consumer.shard, consumer.lease_value(self.worker_id), consumer.epoch)
+            for key, deliveries in records:
+                parked += self._park(consumer, lease, key, deliveries, time.time())
+        return parked
+
+    def _park(
+        self,
+        consumer: ShardConsumer,
+        lease: Lease,
+        key: str,
+        deliveries: list[Delivery],
+        due_at: float,
+    ) -> bool:
+        """Write ``deliveries`` (the record's, in order, marked busy by the caller) to the
+        store behind what is parked, under the shard's fence, then acknowledge them. On
+        failure they stay here, and the record waits in memory."""
+        messages = [(d.raw, d.returned + d.taken) for d in deliveries]
+        fence = Fence(lease.shard, lease.token)
+        try:
+            self._stored(lambda store: store.park(lease.shard, key, messages, due_at, fence))
+        except Exception as exc:
+            log.warning("shard %s: could not park %s: %s", lease.shard, key, exc)
+            with self._lock:
+                consumer.busy.pop(key, None)
+            return False
+        with self._lock:
+            tags = consumer.records.get(key, [])
+            for delivery in deliveries:
+                consumer.deliveries.pop(delivery.tag, None)
+                if delivery.tag in tags:
+                    tags.remove(delivery.tag)
+            if not tags:
+                consumer.records.pop(key, None)
+            consumer.due.pop(key, None)
+            consumer.parked[key] = due_at
+            consumer.busy.pop(key, None)
+            alive, channel = consumer.alive, consumer.channel
+        if alive:  # else the broker gives them back: parked again behind, the journal dedupes
+            self._submit(functools.partial(_ack, channel, [d.tag for d in deliveries]))
+        log.info("shard %s: parked %s message(s) of %s", lease.shard, len(messages), key)
+        return True
+
+    def _take_parked(self, consumer: ShardConsumer, lease: Lease, key: str) -> Taken | None:
+        """Hand out the first parked message of ``key`` (marked busy by the caller),
+        its delivery counted in the store."""
+        try:
+            rows = self._stored(lambda store: store.parked(lease.shard, key, limit=1))
+            if rows:
+                first = rows[0]
+                self._stored(lambda s: s.count_parked(lease.shard, key, first.seq))
+        except Exception:
+            with self._lock:
+                consumer.busy.pop(key, None)
+            raise
+        with self._lock:
+            if not rows:
+                consumer.parked.pop(key, None)
+                consumer.busy.pop(key, None)
+                return None
+            consumer.busy[key] = ([-first.seq], time.monotonic())
+        return Taken(lease.shard, key, first.raw, first.deliveries + 1)
+
+    def _stored(self, fn: Callable[[Store], Any]) -> Any:
+        """Run ``fn`` on this broker's store connection (one at a time)."""
+        with self._store_lock:
+            try:
+                self._store = self._store or self._store_factory()
+                return fn(self._store)
+            except StoreUnavailable:
+                if self._store is not None:
+                    self._store.close()
+                self._store = None
+                raise
+
     def finish(
         self,
         lease: Lease,
@@ -527,10 +694,20 @@ class RabbitLaneBroker(LaneBroker):
             consumer = self._current(lease)
             if consumer is None:
                 return False
-            handed, _ = consumer.busy.pop(taken.record_key, ([], 0.0))
+            handed, _ = consumer.busy.get(taken.record_key, ([], 0.0))
+        if handed and handed[0] < 0:
+            return self._finish_parked(consumer, lease, taken, [-t for t in handed], acks)
+        with self._lock:
+            if self._current(lease) is not consumer:
+                return False
+            consumer.busy.pop(taken.record_key, None)
             acked = {ack.raw for ack in acks}
             tags = consumer.records.get(taken.record_key, [])
-            done = [t for t in handed if consumer.deliveries[t].raw in acked]
+            done = [
+                t
+                for t in handed
+                if t in consumer.deliveries and consumer.deliveries[t].raw in acked
+            ]
             for tag in done:
                 del consumer.deliveries[tag]
                 tags.remove(tag)
@@ -539,8 +716,34 @@ class RabbitLaneBroker(LaneBroker):
             channel = consumer.channel
             nxt = self._take_from(consumer, time.monotonic()) if then_take else None
         if done:
-            self._submit(lambda: _ack(channel, done))
-        return nxt if nxt is not None else True
+            self._submit(functools.partial(_ack, channel, done))
+        return nxt if isinstance(nxt, Taken) else True
+
+    def _finish_parked(
+        self,
+        consumer: ShardConsumer,
+        lease: Lease,
+        taken: Taken,
+        seqs: list[int],
+        acks: Sequence[Ack],
+    ) -> bool:
+        """A parked message done with: forget it in the store (fenced)."""
+        key = taken.record_key
+        remaining = 1
+        if acks:
+            fence = Fence(lease.shard, lease.token)
+            try:
+                remaining = self._stored(lambda s: s.unpark(lease.shard, key, seqs, fence))
+            except StaleFence:
+                return False
+            finally:
+                with self._lock:
+                    consumer.busy.pop(key, None)
+        with self._lock:
+            consumer.busy.pop(key, None)
+            if remaining == 0:
+                consumer.parked.pop(key, None)
+        return True
 
     def wait(
         self,
@@ -551,11 +754,18 @@ class RabbitLaneBroker(LaneBroker):
         counts: Counts = "keep",
         messages: Sequence[bytes] = (),
     ) -> bool:
+        key = taken.record_key
         with self._lock:
             consumer = self._current(lease)
             if consumer is None:
                 return False
-            handed, _ = consumer.busy.pop(taken.record_key, ([], 0.0))
+            handed, _ = consumer.busy.get(key, ([], 0.0))
+        if handed and handed[0] < 0:
+            return self._wait_parked(consumer, lease, key, -handed[0], delay_s, counts)
+        with self._lock:
+            if self._current(lease) is not consumer:
+                return False
+            consumer.busy.pop(key, None)
             uncount = set(messages) if counts != "keep" else set()
             for tag in handed:
                 delivery = consumer.deliveries.get(tag)
@@ -563,15 +773,45 @@ class RabbitLaneBroker(LaneBroker):
                     delivery.taken = max(0, delivery.taken - 1)
             if counts == "forget":
                 for tag in handed[1:]:
-                    consumer.deliveries[tag].taken = 0
-            consumer.due[taken.record_key] = time.monotonic() + max(0.0, delay_s)
-            if delay_s > self.settings.amqp_hold_budget_s:
-                log.warning(
-                    "shard %s: record %s waits %.0fs, past KEYLANE_AMQP_HOLD_BUDGET_S",
-                    lease.shard,
-                    taken.record_key,
-                    delay_s,
-                )
+                    if tag in consumer.deliveries:
+                        consumer.deliveries[tag].taken = 0
+            tags = consumer.records.get(key, [])
+            oldest = consumer.deliveries[tags[0]].received if tags else time.monotonic()
+            held_s = time.monotonic() - oldest + delay_s
+            if held_s <= self.settings.amqp_hold_budget_s / 2:
+                consumer.due[key] = time.monotonic() + max(0.0, delay_s)
+                return True
+            # Too long to hold the deliveries: park them in the store.
+            consumer.busy[key] = ([], time.monotonic())
+            deliveries = [consumer.deliveries[t] for t in tags]
+        if not self._park(consumer, lease, key, deliveries, time.time() + delay_s):
+            with self._lock:
+                consumer.due[key] = time.monotonic() + max(0.0, delay_s)
+        return True
+
+    def _wait_parked(
+        self,
+        consumer: ShardConsumer,
+        lease: Lease,
+        key: str,
+        seq: int,
+        delay_s: float,
+        counts: Counts,
+    ) -> bool:
+        """A parked message's record waits again: its new due time in the store."""
+        due_at = time.time() + delay_s
+        fence = Fence(lease.shard, lease.token)
+        try:
+            if counts != "keep":
+                self._stored(lambda s: s.count_parked(lease.shard, key, seq, -1))
+            self._stored(lambda s: s.park(lease.shard, key, [], due_at, fence))
+        except StaleFence:
+            return False
+        finally:
+            with self._lock:
+                consumer.busy.pop(key, None)
+        with self._lock:
+            consumer.parked[key] = due_at
         return True
 
     def in_flight(self, shard: int) -> list[str]:
@@ -688,6 +928,10 @@ class RabbitLaneBroker(LaneBroker):
         self._dead_work.put(None)
         self._thread.join(10)
         self._dead_thread.join(5)
+        with self._store_lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
 
 
 def _batch_limit(tag: str) -> int:
@@ -706,6 +950,10 @@ def _body(message: Any) -> bytes:
 
 
 def _ack(channel: Any, tags: Sequence[int]) -> None:
+    # A channel closed since (a handoff, a lost connection) gave its deliveries back: an
+    # ack there is void, and raising would take the new connection down.
+    if not channel.is_open:
+        return
     for tag in tags:
         channel.basic_ack(tag)
 
@@ -716,7 +964,7 @@ def _close(channel: Any) -> None:
 
 
 def _round_trip(consumer: ShardConsumer, prefetch: int) -> None:
-    if not consumer.alive:
+    if not consumer.alive or not consumer.channel.is_open:
         raise BrokerUnavailable("RabbitMQ: the shard's channel is gone")
     consumer.channel.basic_qos(0, prefetch, False)  # answered by qos-ok: a round trip
 
@@ -730,4 +978,5 @@ def _is_connection_error(exc: BaseException) -> bool:
 __all__ = [
     "RabbitLaneBroker",
     "declare_topology",
+    "delete_topology",
 ]

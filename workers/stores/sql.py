@@ -24,6 +24,7 @@ from ..store import (
     DeadLetterStatus,
     Fence,
     JournalEntry,
+    Parked,
     PrunedTable,
     Record,
     Removal,
@@ -42,6 +43,7 @@ from .sql_dead_letters import (
 )
 from .sql_fences import check_fence, claim_next_token, lock_fence, stored_token, upsert_fence
 from .sql_journal import count_entries, find_entry, list_entries, record_outcome
+from .sql_parked import count_delivery, park_messages, parked_rows, unpark_messages
 from .sql_records import keys_with_prefix, read_record, records_after, write_record
 
 
@@ -132,6 +134,33 @@ class SqlStore(Store):
     def claim_fence(self, shard: int) -> int:
         with self.dialect.transaction() as cur:
             return claim_next_token(cur, shard)
+
+    def park(
+        self,
+        shard: int,
+        record_key: str,
+        messages: Sequence[tuple[bytes, int]],
+        due_at: float,
+        fence: Fence,
+    ) -> None:
+        with self.dialect.transaction() as cur:
+            check_fence(self.dialect, cur, fence)
+            park_messages(cur, shard, record_key, messages, due_at)
+
+    def parked(
+        self, shard: int, record_key: str | None = None, limit: int | None = None
+    ) -> list[Parked]:
+        with self.dialect.cursor() as cur:
+            return parked_rows(cur, shard, record_key, limit)
+
+    def count_parked(self, shard: int, record_key: str, seq: int, by: int = 1) -> None:
+        with self.dialect.transaction() as cur:
+            count_delivery(cur, shard, record_key, seq, by)
+
+    def unpark(self, shard: int, record_key: str, seqs: Sequence[int], fence: Fence) -> int:
+        with self.dialect.transaction() as cur:
+            check_fence(self.dialect, cur, fence)
+            return unpark_messages(cur, shard, record_key, seqs)
 
     # -- reads -----------------------------------------------------------------------------
 
