@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import queue
 import random
 import threading
 from typing import Any
@@ -145,6 +146,42 @@ def declare_topology(channel: Any, wanted: Topology) -> None:
         channel.queue_bind(name, exchange, name)
 
 
+#: Confirming connections per receiver process: a publish waits for its confirm (a
+#: quorum's write), so several let deliveries of different senders wait at once.
+PUBLISHERS = 4
+
+
+class PublisherPool:
+    """:data:`PUBLISHERS` confirming publishers; each publish takes a free one."""
+
+    def __init__(self, settings: Settings, size: int = PUBLISHERS) -> None:
+        self._free: queue.SimpleQueue[ConfirmingPublisher] = queue.SimpleQueue()
+        self._all = [ConfirmingPublisher(settings) for _ in range(size)]
+        for publisher in self._all:
+            self._free.put(publisher)
+
+    def publish(self, queue_name: str, message: bytes, record_key: str) -> None:
+        """:meth:`ConfirmingPublisher.publish` on a free connection."""
+        publisher = self._free.get()
+        try:
+            publisher.publish(queue_name, message, record_key)
+        finally:
+            self._free.put(publisher)
+
+    def alive(self) -> bool:
+        """Whether a node answers."""
+        publisher = self._free.get()
+        try:
+            return publisher.alive()
+        finally:
+            self._free.put(publisher)
+
+    def close(self) -> None:
+        """Close every connection."""
+        for publisher in self._all:
+            publisher.close()
+
+
 class AmqpReceiverGateway(ReceiverGateway):
     """The receiver's gateway when the shard queues are on RabbitMQ: dedupe marks,
     counters and metrics stay in Redis (an optional helper), the events go to RabbitMQ."""
@@ -152,7 +189,7 @@ class AmqpReceiverGateway(ReceiverGateway):
     def __init__(self, redis_gateway: ReceiverGateway, settings: Settings) -> None:
         super().__init__(redis_gateway.client, redis_gateway.keys, redis_gateway.shards)
         self.settings = settings
-        self.publisher = ConfirmingPublisher(settings)
+        self.publisher = PublisherPool(settings)
 
     async def accept(
         self,
