@@ -412,3 +412,31 @@ def test_records_held_too_long_are_parked_in_the_store_and_keep_their_order(
     # parked again behind: each is a duplicate in the journal, and is gone in the end)
     store = stack.open_store()
     wait_until(lambda: store.parked(0) == [] and store.parked(1) == [], 60, "nothing parked")
+
+
+def test_without_a_quorum_the_receiver_answers_503_and_the_retry_goes_through(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given a receiver whose events were confirmed
+    stack: Stack = deploy(shard_count=1, amqp_confirm_timeout_ms=2000)
+    stack.receiver()
+    assert stack.post(event("q1", "quorum:1", n={"increment": 1})).status_code == 202
+    # When two of the three nodes are killed -9: no quorum can confirm
+    for node in rabbitmq.nodes[1:]:
+        rabbitmq.kill(node)
+    body = event("q2", "quorum:1", n={"increment": 1})
+    answer = stack.post(body)
+    # Then the receiver answers 503 with Retry-After, not a 2xx
+    assert answer.status_code == 503, answer.text
+    assert int(answer.headers["retry-after"]) > 0
+    # When the nodes are back, Then the sender's retry of the same event is accepted
+    rabbitmq.heal()
+    wait_until(lambda: stack.post(body).status_code == 202, 90, "the retry accepted",
+               interval_s=1.0, on_timeout=stack.logs)  # fmt: skip
+    # And each event has one effect, also if the unconfirmed copy landed as well
+    store = stack.open_store()
+    store.migrate()
+    stack.worker(lanes=2)
+    stack.wait_journal(2)
+    wait_until(lambda: store.read("quorum:1").fields.get("n") == 2, 60, "both applied")
+    assert store.journal_size() == 2
