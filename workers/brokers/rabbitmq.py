@@ -289,6 +289,10 @@ class RabbitLaneBroker(LaneBroker):
             with contextlib.suppress(TimeoutError):
                 conn.drain_events(timeout=DRAIN_S)
             conn.heartbeat_check()
+        # Stopping: close properly, so the acknowledgements just sent are read before the
+        # broker sees the connection end (what is still unacknowledged goes back in order).
+        with contextlib.suppress(Exception):
+            conn.release()
 
     def _run_calls(self) -> None:
         while True:
