@@ -293,6 +293,7 @@ def test_64_shards_spread_evenly_over_two_workers_also_after_a_restart(
     # Then each is the active consumer of 32 +- 4 shards
     wait_until(lambda: spread({first.pid, second.pid}), 90, "32 +- 4 each", interval_s=1.0,
                on_timeout=lambda: f"{shards_by_pid(rabbitmq, s)}\n{stack.logs()}")  # fmt: skip
+    print(f"\nactive shards per worker after start: {shards_by_pid(rabbitmq, s)}")
     # When one of them restarts
     second.stop()
     third = stack.worker(lanes=4)
@@ -300,6 +301,7 @@ def test_64_shards_spread_evenly_over_two_workers_also_after_a_restart(
     wait_until(lambda: spread({first.pid, third.pid}), 90, "32 +- 4 after a restart",
                interval_s=1.0,
                on_timeout=lambda: f"{shards_by_pid(rabbitmq, s)}\n{stack.logs()}")  # fmt: skip
+    print(f"active shards per worker after a restart: {shards_by_pid(rabbitmq, s)}")
 
 
 def test_killing_the_leader_of_a_shard_queue_loses_no_accepted_event(
