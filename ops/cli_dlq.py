@@ -229,6 +229,9 @@ def _bulk(
             click.confirm(
                 f"{verb.capitalize()} {len(rows)} dead letter(s) ({summary})?", abort=True, err=True
             )
+        if verb == "retry" and settings.broker_is_rabbitmq:
+            # The retry would go to a Redis queue no lane reads: refuse, never drop it.
+            raise KeylaneError("keylane dlq retry does not publish to RabbitMQ yet")
         broker = RedisLaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
         done = _run(Triage(store, broker), rows, act, verb)
     finally:

@@ -160,6 +160,41 @@ class ReceiverGateway:
         )
         return bool(result)
 
+    async def seen(self, source: str, event_id: str, body_sha256: str) -> EnqueueResult | None:
+        """The verdict an earlier delivery's dedupe mark gives (``duplicate`` or
+        ``reused``, with the first delivery's answer), or None: the accept of a broker
+        whose publish and mark are two steps (RabbitMQ, :mod:`keylane.producers.amqp`)."""
+        with broker_errors():
+            value = await self.client.get(self.keys.dedupe(source, event_id))
+        if value is None:
+            return None
+        digest, _, answer = reply_text(value).partition("\n")
+        verdict: Verdict = "duplicate" if digest == body_sha256 else "reused"
+        counter = "duplicate_deliveries" if verdict == "duplicate" else "reused_ids"
+        with broker_errors():
+            await self.client.hincrby(self.keys.counters, counter, 1)
+        return EnqueueResult(verdict, answer)
+
+    async def mark_seen(
+        self,
+        source: str,
+        event_id: str,
+        body_sha256: str,
+        answer: bytes,
+        retention_ms: int,
+        key_missing: bool = False,
+    ) -> None:
+        """Mark ``event_id`` seen (after its message was confirmed), unless a concurrent
+        delivery of it marked it first; count it accepted."""
+        pipe = self.client.pipeline(transaction=False)
+        mark = body_sha256.encode() + b"\n" + answer
+        pipe.set(self.keys.dedupe(source, event_id), mark, px=retention_ms, nx=True)
+        pipe.hincrby(self.keys.counters, "accepted", 1)
+        if key_missing:
+            pipe.hincrby(self.keys.counters, "keyless", 1)
+        with broker_errors():
+            await pipe.execute()
+
     async def ping(self) -> bool:
         """Whether Redis answers."""
         try:

@@ -55,6 +55,7 @@ from ..routing.contract.logcontext import event_context
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import SourceConfig, Sources, load_sources
 from .accept import Acceptor, NewEvent, body_sha256, new_event
+from .amqp import AmqpReceiverGateway
 from .body import ClientGone, Receive, discard_body, parse_json, read_body
 from .gateway import EnqueueResult, ReceiverGateway
 from .intake import Ignored, Intake, load_hook, take_in
@@ -354,6 +355,8 @@ def create_receiver(
     """The receiver's ASGI application for ``settings`` (signing secrets are read from
     ``environ``, by default the process environment)."""
     gateway = ReceiverGateway.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+    if settings.broker_is_rabbitmq:
+        gateway = AmqpReceiverGateway(gateway, settings)
     receiver = Receiver(settings, sources or load_sources(settings), gateway, environ)
 
     async def http_error(request: Request, exc: Exception) -> Response:

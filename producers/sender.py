@@ -20,6 +20,7 @@ from ..routing.contract.events import wire_changes
 from ..routing.contract.schedules import RunLease
 from ..routing.contract.settings import Settings
 from .accept import Acceptor, NewEvent, body_sha256, new_event, payload_body
+from .amqp import AmqpReceiverGateway
 from .gateway import ReceiverGateway
 from .intake import keyless_id
 
@@ -77,6 +78,8 @@ class Sender:
         if self._acceptor is None:
             s = self.settings
             gateway = ReceiverGateway.from_url(s.redis_dsn(), s.keys, s.shards)
+            if s.broker_is_rabbitmq:  # never a Redis queue no lane reads
+                gateway = AmqpReceiverGateway(gateway, s)
             self._acceptor = Acceptor(s, gateway)
         return self._acceptor
 

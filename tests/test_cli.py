@@ -149,6 +149,7 @@ def test_a_command_on_a_postgresql_schema_without_keylane_tables_creates_none(
             "shard_fences",
             "dead_letters",
             "archived_ids",
+            "parked",
         }
     finally:
         with psycopg.connect(pg_url, autocommit=True) as conn:

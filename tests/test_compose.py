@@ -23,6 +23,8 @@ yaml = pytest.importorskip("yaml", reason="PyYAML is needed to parse docker-comp
 
 COMPOSE = REPO / "docker-compose.yml"
 KEYLANE_SERVICES = ("receiver", "worker", "flower")
+RABBITMQ_NODES = ("rabbitmq-1", "rabbitmq-2", "rabbitmq-3")
+RABBITMQ = (*RABBITMQ_NODES, "receiver-rabbitmq", "worker-rabbitmq")
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +58,8 @@ def test_the_compose_file_has_the_expected_services(compose: dict[str, Any]) -> 
     # Given the parsed compose file
     services = compose["services"]
     # Then it runs Redis, the receiver, workers and Flower, and PostgreSQL only on request
-    assert set(services) == {"redis", "receiver", "worker", "flower", "postgres"}
-    assert services["postgres"]["profiles"] == ["postgres"]
+    assert set(services) == {"redis", "receiver", "worker", "flower", "postgres", *RABBITMQ}
+    assert services["postgres"]["profiles"] == ["postgres", "rabbitmq"]
     for name in ("redis", *KEYLANE_SERVICES):
         assert "profiles" not in services[name], name
 
@@ -202,3 +204,30 @@ def test_the_dockerfile_installs_the_project_as_a_non_root_user() -> None:
                 continue  # optional file (glob)
             assert (REPO / source).exists(), source
             assert source not in ignored, source
+
+
+def test_the_rabbitmq_profile_has_no_single_point_of_failure(compose: dict[str, Any]) -> None:
+    # Given the services of the rabbitmq profile
+    for name in RABBITMQ:
+        assert _service(compose, name)["profiles"] == ["rabbitmq"], name
+    # Then three RabbitMQ nodes form one cluster by name, each with its own data volume
+    conf = compose["configs"]["rabbitmq-conf"]["content"]
+    for number, node in enumerate(RABBITMQ_NODES, start=1):
+        assert f"classic_config.nodes.{number} = rabbit@{node}" in conf
+        assert f"{node}-data:/var/lib/rabbitmq" in _service(compose, node)["volumes"]
+    assert "consumer_timeout = " in conf
+    # And the receiver and workers reach every node and PostgreSQL, and wait for them
+    for name in ("receiver-rabbitmq", "worker-rabbitmq"):
+        service = _service(compose, name)
+        env = service["environment"]
+        settings = load_settings(
+            broker_url=env["KEYLANE_BROKER_URL"], store_url=env["KEYLANE_STORE_URL"]
+        )
+        hosts = [url.split("@")[1].split(":")[0] for url in settings.amqp_urls()]
+        assert hosts == list(RABBITMQ_NODES), name
+        assert not settings.store_is_sqlite
+        for needed in (*RABBITMQ_NODES, "postgres"):
+            assert service["depends_on"][needed]["condition"] == "service_healthy", name
+    # And the command of each is a real keylane command
+    assert _service(compose, "worker-rabbitmq")["command"] == ["keylane", "worker"]
+    assert _service(compose, "receiver-rabbitmq")["command"][:2] == ["keylane", "serve"]

@@ -25,6 +25,10 @@ REDIS_IMPORTERS = {
     "keylane.ops.deployment_view",
     "keylane.ops.embedded_redis",
 }
+#: The only modules that open AMQP connections (py-amqp through kombu), one per side:
+#: the RabbitMQ lane broker and the receiver's confirming publisher. (Celery's own
+#: configuration, ``workers.app`` and ``workers.worker``, names kombu queues only.)
+AMQP_IMPORTERS = {"keylane.producers.amqp", "keylane.workers.brokers.rabbitmq"}
 #: What the bottom layers may not import: I/O clients and frameworks.
 PURE_FORBIDDEN = ("redis", "celery", "kombu", "psycopg", "sqlite3", "starlette", "httpx")
 
@@ -156,3 +160,16 @@ def test_each_client_library_has_its_own_modules(library: str) -> None:
     }
     # Then only the modules of the parts that talk to that outside import the library
     assert importers == CLIENT_IMPORTERS[library]
+
+
+def test_amqp_is_reached_through_one_module_per_side() -> None:
+    # Given every keylane module, When the ones that import py-amqp or kombu's connection
+    # are listed
+    clients = ("amqp", "kombu.connection", "kombu.transport")
+    found = {
+        module
+        for module, path in MODULES.items()
+        if any(name == c or name.startswith(f"{c}.") for name in imports(path) for c in clients)
+    }
+    # Then they are the RabbitMQ broker and the receiver's publisher
+    assert found == AMQP_IMPORTERS

@@ -407,6 +407,46 @@ def test_advance_fence_keeps_the_newest_token_per_shard(store: Store) -> None:
     assert store.advance_fence(SHARD + 1, 1) == 1
 
 
+def test_claim_fence_gives_each_claim_a_newer_token_and_fences_the_older(store: Store) -> None:
+    # Given a shard whose fence a lease-based broker advanced to 4
+    store.advance_fence(SHARD, 4)
+    # When two consumers claim it in turn (a broker with no counter of its own)
+    first, second = store.claim_fence(SHARD), store.claim_fence(SHARD)
+    # Then each got its own token past the newest, and an unknown shard starts at 1
+    assert (first, second) == (5, 6)
+    assert store.claim_fence(SHARD + 1) == 1
+    # And the first claim's write is refused, as any older owner's
+    with pytest.raises(StaleFence):
+        store.commit_event(write("claim-1", "contact:1", {"n": 1}, 0), Fence(SHARD, first))
+
+
+def test_parked_messages_keep_their_order_and_their_owners_fence(store: Store) -> None:
+    # Given a shard's current consumer (token 3) parking a record's waiting messages twice
+    store.advance_fence(SHARD, 3)
+    store.park(SHARD, "contact:1", [(b"m1", 1), (b"m2\x00\xff", 0)], 100.0, Fence(SHARD, 3))
+    store.park(SHARD, "contact:1", [(b"m3", 0)], 200.0, Fence(SHARD, 3))
+    store.park(SHARD, "contact:2", [(b"n1", 2)], 50.0, Fence(SHARD, 3))
+    # Then they come back in order, bytes as they were, due at the last time given
+    rows = store.parked(SHARD, "contact:1")
+    assert [(r.seq, r.raw, r.deliveries, r.due_at) for r in rows] == [
+        (1, b"m1", 1, 200.0),
+        (2, b"m2\x00\xff", 0, 200.0),
+        (3, b"m3", 0, 200.0),
+    ]
+    assert {r.record_key for r in store.parked(SHARD)} == {"contact:1", "contact:2"}
+    # When a delivery is counted, and the first two are done with
+    store.count_parked(SHARD, "contact:1", 1)
+    assert store.parked(SHARD, "contact:1")[0].deliveries == 2
+    assert store.unpark(SHARD, "contact:1", [1, 2], Fence(SHARD, 3)) == 1
+    # Then an older owner can neither park nor unpark
+    store.advance_fence(SHARD, 4)
+    with pytest.raises(StaleFence):
+        store.park(SHARD, "contact:1", [(b"late", 0)], 1.0, Fence(SHARD, 3))
+    with pytest.raises(StaleFence):
+        store.unpark(SHARD, "contact:1", [3], Fence(SHARD, 3))
+    assert [r.raw for r in store.parked(SHARD, "contact:1")] == [b"m3"]
+
+
 def test_a_write_with_an_older_token_is_refused_and_writes_nothing(store: Store) -> None:
     # Given a shard whose fence was advanced to 7 by a new owner
     store.advance_fence(SHARD, 7)

@@ -39,10 +39,17 @@ def broker_options(settings: Settings) -> dict[str, Any]:
 
 
 def create_app(settings: Settings) -> Celery:
-    """A Celery app configured for ``settings`` (not set as the current app)."""
-    app = Celery("keylane", broker=settings.redis_dsn(), set_as_current=False)
+    """A Celery app configured for ``settings`` (not set as the current app). On RabbitMQ
+    its broker is the cluster (kombu's failover URL), so workers' heartbeats, remote
+    control and task events go there; the shard queues are the lanes' own."""
+    if settings.broker_is_rabbitmq:
+        app = Celery("keylane", broker=";".join(settings.amqp_urls()), set_as_current=False)
+        options: dict[str, Any] = {}
+    else:
+        app = Celery("keylane", broker=settings.redis_dsn(), set_as_current=False)
+        options = broker_options(settings)
     app.conf.update(
-        broker_transport_options=broker_options(settings),
+        broker_transport_options=options,
         broker_connection_retry_on_startup=True,
         task_default_queue=CONTROL_QUEUE,
         task_queues=[Queue(CONTROL_QUEUE), *(Queue(q) for q in settings.shards.all_queues())],

@@ -18,10 +18,12 @@ import logging
 from collections.abc import Sequence
 
 import sentry_sdk
+from pydantic import ValidationError
 
 from ..routing.contract.destinations import EXCERPT_CHARS
-from ..routing.contract.errors import AlreadyApplied
+from ..routing.contract.errors import AlreadyApplied, MalformedMessage
 from ..routing.contract.events import Event
+from ..routing.contract.message import parse_message
 from .results import ApplyResult
 from .store import DeadLetterDraft, DeadLetterFilter, Fence, Store
 
@@ -98,7 +100,7 @@ def review(store: Store, event: Event, fence: Fence | None) -> ApplyResult:
     return dead_letter(store, event, fence, event.review, 1, error, close_event=False)
 
 
-def malformed(store: Store, shard: int, raw: bytes, error: str, fence: Fence) -> int:
+def malformed(store: Store, shard: int, raw: bytes, error: str, fence: Fence | None) -> int:
     """The review row of bytes in a shard queue that are not a keylane message (the event
     id is the bytes' digest, so a redelivery adds no second row)."""
     digest = hashlib.sha256(raw).hexdigest()
@@ -156,3 +158,17 @@ def alert(event: Event, result: ApplyResult) -> None:
             f"dead letter {result.dead_letter_id}: {result.reason} ({event.source})",
             level="warning",
         )
+
+
+def past_delivery_limit(store: Store, raw: bytes, deliveries: int) -> ApplyResult | int:
+    """The ``poison`` dead letter of a message the broker dead-lettered past its delivery
+    limit (RabbitMQ: handed out that often and never acknowledged; a worker killed each
+    time). A message that is not a keylane event is a ``malformed`` review row. No fence:
+    the message has left its shard queue, no lane holds it any more."""
+    try:
+        message = parse_message(raw)
+        event = Event.model_validate(message.kwargs.get("event"))
+    except (MalformedMessage, ValidationError, TypeError, ValueError) as exc:
+        return malformed(store, -1, raw, str(exc), None)
+    error = f"handed out {deliveries} times and never finished (the worker died each time)"
+    return dead_letter(store, event, None, "poison", deliveries, error)

@@ -10,12 +10,17 @@ import time
 import uuid
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
+from ..routing.contract.errors import ConfigError
 from ..routing.contract.faults import Faults
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources, load_sources
+from . import dead_letters
+from .broker import LaneBroker
+from .brokers.rabbitmq import RabbitLaneBroker
 from .brokers.redis import RedisLaneBroker
 from .destinations import Destination, open_destinations
 from .dispatch import Dispatcher
+from .flow import DestinationFlow
 from .lanes import LaneEvents, Lanes
 from .ownership import Ownership
 from .store import Store
@@ -68,7 +73,7 @@ class LaneService:
         self.destinations = prepare_destinations(settings, configured)
         # After the app's import: its scheduled jobs and repairs are registered by then.
         self.sources = configured.with_jobs(configured.scheduled_jobs())
-        self.broker = RedisLaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+        self.broker, flow = self._open_broker()
         info: dict[str, object] = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -77,7 +82,9 @@ class LaneService:
         }
         faults = Faults(settings.faults)
         self.writer = (
-            StoreWriter(self.broker, settings, self.worker_id) if settings.store_is_sqlite else None
+            StoreWriter(self.redis, settings, self.worker_id)
+            if settings.store_is_sqlite and self.redis is not None
+            else None
         )
         self.ownership = Ownership(
             settings, self.broker, self.open_store, self.worker_id, info, writer=self.writer
@@ -89,9 +96,33 @@ class LaneService:
             self.sources,
             self.open_store,
             faults,
-            Dispatcher(settings, self.broker, self.broker.flow, self.destinations, faults),
+            Dispatcher(settings, self.broker, flow, self.destinations, faults),
             events,
         )
+
+    def _open_broker(self) -> tuple[LaneBroker, DestinationFlow]:
+        """The lane broker ``KEYLANE_BROKER_URL`` names (Redis unless it is amqp://), and
+        destinations' flow control (always on Redis: on RabbitMQ an optional helper)."""
+        s = self.settings
+        self.redis: RedisLaneBroker | None = None
+        if not s.broker_is_rabbitmq:
+            self.redis = RedisLaneBroker.from_url(s.redis_dsn(), s.keys, s.shards)
+            return self.redis, self.redis.flow
+        check_rabbitmq_config(s, self.sources, self.destinations)
+        if s.redis_url is not None:
+            self.redis = RedisLaneBroker.from_url(s.redis_dsn(), s.keys, s.shards)
+        broker = RabbitLaneBroker(s, self.open_store, self._past_delivery_limit)
+        flow = self.redis.flow if self.redis is not None else DestinationFlow(s.keys, _no_flow)
+        return broker, flow
+
+    def _past_delivery_limit(self, raw: bytes, headers: dict[str, object]) -> None:
+        store = self.open_store()
+        try:
+            deliveries = self.settings.max_deliveries + self.settings.amqp_delivery_margin + 1
+            result = dead_letters.past_delivery_limit(store, raw, deliveries)
+            log.error("a message past the broker's delivery limit became a dead letter: %s", result)
+        finally:
+            store.close()
 
     def open_store(self) -> Store:
         """A new store connection (one per thread)."""
@@ -122,7 +153,33 @@ class LaneService:
         """Finish in-flight messages, acknowledge them, release every lease, leave."""
         self.ownership.stop(timeout_s)
         self.lanes.stop(timeout_s)  # closes the destinations as its loop ends
+        if isinstance(self.broker, RabbitLaneBroker):
+            self.broker.close()  # after the acks and handoffs queued so far
         log.info("worker %s stopped", self.worker_id)
+
+
+def check_rabbitmq_config(
+    settings: Settings, sources: Sources, destinations: dict[str, Destination]
+) -> None:
+    """What the RabbitMQ broker does not do (yet): a SQLite store (its one-writer claim
+    lives in Redis; RabbitMQ is for deployments of several machines: PostgreSQL), the
+    ``hold`` policy (a held record would keep its deliveries unacknowledged past the
+    broker's consumer timeout), destinations without a Redis for their flow control."""
+    if settings.store_is_sqlite:
+        raise ConfigError("KEYLANE_BROKER_URL=amqp://... needs a PostgreSQL store")
+    held = [s.name for s in sources.all() if s.on_dead_letter == "hold"]
+    if held:
+        raise ConfigError(
+            f"source(s) {', '.join(held)}: on_dead_letter = hold is not supported on RabbitMQ"
+        )
+    if destinations and settings.redis_url is None:
+        raise ConfigError(
+            "destinations on RabbitMQ keep their flow control in Redis: set KEYLANE_REDIS_URL"
+        )
+
+
+def _no_flow(name: str, keys: list[str], args: list[object]) -> object:
+    raise ConfigError("destination flow control needs KEYLANE_REDIS_URL")
 
 
 def prepare_destinations(settings: Settings, sources: Sources) -> dict[str, Destination]:

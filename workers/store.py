@@ -70,6 +70,17 @@ class Record:
 
 
 @dataclass(frozen=True)
+class Parked:
+    """A message parked in the store (see :meth:`Store.park`)."""
+
+    record_key: str
+    seq: int
+    raw: bytes
+    deliveries: int
+    due_at: float
+
+
+@dataclass(frozen=True)
 class Fence:
     """The shard and fencing token a lane writes under."""
 
@@ -231,6 +242,41 @@ class Store(ABC):
     @abstractmethod
     def advance_fence(self, shard: int, token: int) -> int:
         """Record ``token`` as the shard's newest if it is newer; return the newest."""
+
+    @abstractmethod
+    def park(
+        self,
+        shard: int,
+        record_key: str,
+        messages: Sequence[tuple[bytes, int]],
+        due_at: float,
+        fence: Fence,
+    ) -> None:
+        """Append ``messages`` (bytes, deliveries so far) to the record's parked messages
+        and make them due at ``due_at`` (no messages: only the time), if ``fence`` is
+        current; else :class:`StaleFence`, nothing written."""
+
+    @abstractmethod
+    def parked(
+        self, shard: int, record_key: str | None = None, limit: int | None = None
+    ) -> list[Parked]:
+        """The shard's parked messages (only ``record_key``'s if given; the first
+        ``limit``), in order per record."""
+
+    @abstractmethod
+    def count_parked(self, shard: int, record_key: str, seq: int, by: int = 1) -> None:
+        """Count one more delivery of a parked message (``by`` -1: one less)."""
+
+    @abstractmethod
+    def unpark(self, shard: int, record_key: str, seqs: Sequence[int], fence: Fence) -> int:
+        """Forget the record's parked messages ``seqs`` (done with), if ``fence`` is
+        current; how many of its messages are still parked."""
+
+    @abstractmethod
+    def claim_fence(self, shard: int) -> int:
+        """Advance the shard's token by one and return it: a token no other claim got
+        (brokers without a counter of their own, RabbitMQ, claim one per change of
+        consumer)."""
 
     @abstractmethod
     def fence_of(self, shard: int) -> int:

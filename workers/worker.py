@@ -218,7 +218,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
     """Run a worker in this process until it is told to stop. On SQLite, first become the
     store's one writer, or raise :class:`ConfigError` (another worker is)."""
     worker_id = new_worker_id()
-    if settings.store_is_sqlite:
+    if settings.store_is_sqlite and not settings.broker_is_rabbitmq:
         broker = RedisLaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
         try:
             StoreWriter(broker, settings, worker_id).claim()

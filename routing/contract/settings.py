@@ -58,6 +58,10 @@ class Settings(BaseSettings):
     data_dir: Path = Path("keylane-data")
     redis_url: SecretStr | None = None
     store_url: SecretStr | None = None
+    # The broker of the shard queues: unset (the default) is Redis (KEYLANE_REDIS_URL, or
+    # the one `keylane up` embeds); ``amqp://user:pass@host1:5672,host2:5672/vhost`` is a
+    # RabbitMQ cluster (README "The RabbitMQ broker").
+    broker_url: SecretStr | None = None
     namespace: str = "keylane"
 
     # Lanes
@@ -79,6 +83,18 @@ class Settings(BaseSettings):
     store_timeout_ms: int = Field(5_000, ge=10)
     inflight_deadline_ms: int = Field(120_000, ge=100)
     idle_poll_ms: int = Field(200, ge=1)
+    # RabbitMQ only: deliveries of one shard a worker holds at once (its records in
+    # flight and waiting behind them), the AMQP heartbeat (a paused worker loses its
+    # shards after about two missed ones), how long a publish waits for its confirm, and
+    # how far past KEYLANE_MAX_DELIVERIES the broker's own delivery limit sits (the
+    # backstop that turns a message keylane never finished into a `poison` dead letter).
+    # A record that would keep its deliveries longer than half `amqp_hold_budget_s` is
+    # parked in the store (keep it well under the broker's consumer_timeout, 30 min).
+    amqp_prefetch: int = Field(256, ge=1, le=65535)
+    amqp_heartbeat_s: int = Field(10, ge=1, le=600)
+    amqp_confirm_timeout_ms: int = Field(5_000, ge=10)
+    amqp_delivery_margin: int = Field(3, ge=1, le=100)
+    amqp_hold_budget_s: int = Field(600, ge=1)
     # User tasks: modules imported before the lanes start (comma-separated), as `celery -A`
     app: str | None = None
 
@@ -212,6 +228,22 @@ class Settings(BaseSettings):
             return self.store_url.get_secret_value()
         return f"sqlite:///{self.sqlite_path.resolve()}"
 
+    @property
+    def broker_is_rabbitmq(self) -> bool:
+        """Whether the shard queues live on RabbitMQ (``KEYLANE_BROKER_URL=amqp://...``)."""
+        return self.broker_url is not None and self.broker_url.get_secret_value().startswith(
+            ("amqp://", "amqps://")
+        )
+
+    def amqp_urls(self) -> list[str]:
+        """One URL per RabbitMQ node of ``KEYLANE_BROKER_URL``: the hosts of
+        ``amqp://user:pass@a:5672,b:5672/vhost`` each with the credentials and vhost, or
+        the URLs of kombu's failover form ``amqp://a;amqp://b``."""
+        if not self.broker_is_rabbitmq:
+            raise ConfigError("KEYLANE_BROKER_URL is not an amqp:// URL")
+        assert self.broker_url is not None
+        return amqp_node_urls(self.broker_url.get_secret_value())
+
     def redis_dsn(self) -> str:
         """The Redis URL (``KEYLANE_REDIS_URL``; the ``keylane`` command and ``import
         keylane`` fill it in with the data directory's embedded Redis when it is unset:
@@ -224,6 +256,17 @@ class Settings(BaseSettings):
             "KEYLANE_DATA_DIR; default: keylane-data in the current folder). Run the command "
             "from the folder `keylane up` runs in, give its --data-dir, or set KEYLANE_REDIS_URL"
         )
+
+
+def amqp_node_urls(url: str) -> list[str]:
+    """Split a several-node AMQP URL into one URL per node (see :meth:`Settings.amqp_urls`)."""
+    if ";" in url:
+        return [part.strip() for part in url.split(";") if part.strip()]
+    scheme, _, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    auth, at, hosts = netloc.rpartition("@")
+    prefix = f"{scheme}://{auth}{at}"
+    return [f"{prefix}{host.strip()}{slash}{path}" for host in hosts.split(",") if host.strip()]
 
 
 def settings_environ(settings: Settings) -> dict[str, str]:

@@ -4,6 +4,9 @@
 so it creates a new database and leaves an existing one as it finds it (adding what a
 newer version needs: the indexes the prune reads by age, the archived ids).
 
+``parked`` holds the waiting messages of records that must wait longer than the broker
+may hold a delivery (RabbitMQ), base64-encoded, in order per record.
+
 ``archived_ids`` is what remains in the store of a journal row once it is archived: a
 64-bit hash of its ``(source, event id)`` and the second it was recorded, so that a
 delivery replayed after its row left the table is still recognised (see
@@ -81,6 +84,16 @@ CREATE TABLE IF NOT EXISTS dead_letters (
 CREATE INDEX IF NOT EXISTS dead_letters_status ON dead_letters (status, created_at);
 CREATE INDEX IF NOT EXISTS dead_letters_key ON dead_letters (record_key);
 CREATE INDEX IF NOT EXISTS dead_letters_event ON dead_letters (source, event_id);
+CREATE TABLE IF NOT EXISTS parked (
+    shard INTEGER NOT NULL,
+    record_key TEXT NOT NULL,
+    seq {bigint} NOT NULL,
+    message TEXT NOT NULL,
+    deliveries INTEGER NOT NULL,
+    due_at {real} NOT NULL,
+    parked_at {real} NOT NULL,
+    PRIMARY KEY (shard, record_key, seq)
+);
 """
 
 

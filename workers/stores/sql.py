@@ -24,6 +24,7 @@ from ..store import (
     DeadLetterStatus,
     Fence,
     JournalEntry,
+    Parked,
     PrunedTable,
     Record,
     Removal,
@@ -40,8 +41,9 @@ from .sql_dead_letters import (
     list_dead_letters,
     move_dead_letter,
 )
-from .sql_fences import check_fence, lock_fence, stored_token, upsert_fence
+from .sql_fences import check_fence, claim_next_token, lock_fence, stored_token, upsert_fence
 from .sql_journal import count_entries, find_entry, list_entries, record_outcome
+from .sql_parked import count_delivery, park_messages, parked_rows, unpark_messages
 from .sql_records import keys_with_prefix, read_record, records_after, write_record
 
 
@@ -128,6 +130,37 @@ class SqlStore(Store):
         with self.dialect.transaction() as cur:
             upsert_fence(cur, shard, token)
             return lock_fence(self.dialect, cur, shard)
+
+    def claim_fence(self, shard: int) -> int:
+        with self.dialect.transaction() as cur:
+            return claim_next_token(cur, shard)
+
+    def park(
+        self,
+        shard: int,
+        record_key: str,
+        messages: Sequence[tuple[bytes, int]],
+        due_at: float,
+        fence: Fence,
+    ) -> None:
+        with self.dialect.transaction() as cur:
+            check_fence(self.dialect, cur, fence)
+            park_messages(cur, shard, record_key, messages, due_at)
+
+    def parked(
+        self, shard: int, record_key: str | None = None, limit: int | None = None
+    ) -> list[Parked]:
+        with self.dialect.cursor() as cur:
+            return parked_rows(cur, shard, record_key, limit)
+
+    def count_parked(self, shard: int, record_key: str, seq: int, by: int = 1) -> None:
+        with self.dialect.transaction() as cur:
+            count_delivery(cur, shard, record_key, seq, by)
+
+    def unpark(self, shard: int, record_key: str, seqs: Sequence[int], fence: Fence) -> int:
+        with self.dialect.transaction() as cur:
+            check_fence(self.dialect, cur, fence)
+            return unpark_messages(cur, shard, record_key, seqs)
 
     # -- reads -----------------------------------------------------------------------------
 

@@ -47,3 +47,15 @@ def upsert_fence(cur: Cursor, shard: int, token: int) -> None:
         "updated_at = excluded.updated_at WHERE shard_fences.token < excluded.token",
         (shard, token, time.time()),
     )
+
+
+def claim_next_token(cur: Cursor, shard: int) -> int:
+    """Advance the shard's token by one and return it. The increment is one ``UPDATE``
+    (it locks the row): two concurrent claims get two tokens, and a write holding the row
+    ``FOR SHARE`` with an older token finishes before it or is refused after it."""
+    upsert_fence(cur, shard, 0)  # the row, if there was none
+    cur.execute(
+        "UPDATE shard_fences SET token = token + 1, updated_at = ? WHERE shard = ?",
+        (time.time(), shard),
+    )
+    return stored_token(cur, shard)

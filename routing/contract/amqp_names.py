@@ -1,0 +1,69 @@
+"""RabbitMQ names of a deployment (the receiver publishes to them, the lane broker declares
+and consumes them): every queue and exchange under the namespace, as every Redis key is
+(:mod:`keylane.routing.redis_keys`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import ShardMap
+from .settings import Settings
+
+
+def shard_queue(namespace: str, shards: ShardMap, shard: int) -> str:
+    """The shard's quorum queue: the Celery queue name under the namespace."""
+    return f"{namespace}:{shards.queue_name(shard)}"
+
+
+def dead_queue(namespace: str) -> str:
+    """Where the broker dead-letters a message past its delivery limit (also the name of
+    the direct exchange that routes there)."""
+    return f"{namespace}:dead"
+
+
+def members_exchange(namespace: str) -> str:
+    """The fanout exchange the workers' membership beats go through."""
+    return f"{namespace}:members"
+
+
+def shard_queue_arguments(settings: Settings) -> dict[str, Any]:
+    """The shard queues' arguments (a queue's arguments are fixed at declaration)."""
+    return {
+        "x-queue-type": "quorum",
+        "x-single-active-consumer": True,
+        "x-delivery-limit": settings.max_deliveries + settings.amqp_delivery_margin,
+        "x-dead-letter-exchange": dead_queue(settings.namespace),
+        "x-dead-letter-routing-key": dead_queue(settings.namespace),
+        # At-least-once dead-lettering works only with reject-publish; without it the
+        # queue falls back to at-most-once, silently (ops/docs/rabbitmq.md).
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
+        # The shard's high-water mark: past it a publish is refused (nacked), and the
+        # receiver answers 503 with Retry-After.
+        "x-max-length": settings.shard_high_water,
+    }
+
+
+@dataclass(frozen=True)
+class Topology:
+    """What a deployment declares on RabbitMQ: exchanges (name, type), queues (name,
+    arguments), bindings (queue, exchange; the routing key is the queue's name)."""
+
+    exchanges: list[tuple[str, str]]
+    queues: list[tuple[str, dict[str, Any]]]
+    bindings: list[tuple[str, str]]
+
+
+def topology(settings: Settings) -> Topology:
+    """The dead-letter exchange and queue, and every shard queue. Receivers declare it
+    too before they publish: a message to a queue not declared yet would be confirmed
+    and dropped."""
+    dead = dead_queue(settings.namespace)
+    dead_arguments: dict[str, Any] = {"x-queue-type": "quorum", "x-single-active-consumer": True}
+    shard_arguments = shard_queue_arguments(settings)
+    shards = [
+        (shard_queue(settings.namespace, settings.shards, shard), shard_arguments)
+        for shard in range(settings.shard_count)
+    ]
+    return Topology([(dead, "direct")], [(dead, dead_arguments), *shards], [(dead, dead)])

@@ -1,0 +1,444 @@
+"""keylane on RabbitMQ (``KEYLANE_BROKER_URL=amqp://...``), end to end with real processes:
+a receiver, workers, the test's own 3-node cluster (``tests/support/rabbitmq.py``) and a
+PostgreSQL store. Each test checks the invariants, never a timing: every event that got a
+2xx is applied exactly once, in accepted order per record.
+
+The events are appends and increments: a record's ``seq`` list is the order its events were
+applied in (a second application would show twice), ``n`` their count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from kombu import Connection
+
+from keylane.routing.contract.amqp_names import dead_queue, shard_queue
+from keylane.routing.contract.settings import Settings, load_settings
+from keylane.workers.store import DeadLetterFilter
+from tests.support.rabbitmq import RabbitCluster
+from tests.support.stack import Stack, event, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def pg_store_url(pg_url: str) -> Iterator[str]:
+    """A fresh PostgreSQL schema (RabbitMQ deployments run on PostgreSQL)."""
+    schema = f"kltest_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    sep = "&" if "?" in pg_url else "?"
+    try:
+        yield f"{pg_url}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def rabbit_settings(
+    cluster: RabbitCluster, redis_url: str, namespace: str, store_url: str, data: Path, **more: Any
+) -> Settings:
+    """Settings of a test deployment on the cluster: the broker URL in its several-host
+    form, short AMQP heartbeats (a paused worker loses its shards in seconds)."""
+    hosts = ",".join(f"127.0.0.1:{node.amqp_port}" for node in cluster.nodes)
+    options: dict[str, Any] = {
+        "data_dir": data,
+        "redis_url": redis_url,
+        "store_url": store_url,
+        "namespace": namespace,
+        "broker_url": f"amqp://guest:guest@{hosts}//",
+        "shard_count": 8,
+        "lease_ttl_ms": 3000,
+        "heartbeat_ms": 500,
+        "idle_poll_ms": 50,
+        "amqp_heartbeat_s": 2,
+        "amqp_confirm_timeout_ms": 3000,
+        **more,
+    }
+    return load_settings(**options)
+
+
+@pytest.fixture
+def deploy(
+    rabbitmq: RabbitCluster, redis_url: str, namespace: str, pg_store_url: str, tmp_path: Path
+) -> Iterator[Any]:
+    """Build a deployment on the cluster (``deploy(**settings)``); its processes are
+    stopped and its queues deleted after the test."""
+    stacks: list[Stack] = []
+
+    def build(**more: Any) -> Stack:
+        s = rabbit_settings(rabbitmq, redis_url, namespace, pg_store_url, tmp_path / "d", **more)
+        stack = Stack(s, tmp_path)
+        stacks.append(stack)
+        return stack
+
+    yield build
+    for stack in stacks:
+        stack.stop_all()
+    rabbitmq.heal()
+    for stack in stacks:
+        _delete_queues(rabbitmq, stack.settings)
+
+
+def _delete_queues(cluster: RabbitCluster, s: Settings) -> None:
+    with Connection(cluster.nodes[0].url) as conn:
+        channel = conn.channel()
+        for shard in range(s.shard_count):
+            channel.queue_delete(shard_queue(s.namespace, s.shards, shard))
+        channel.queue_delete(dead_queue(s.namespace))
+        channel.exchange_delete(dead_queue(s.namespace))
+
+
+class Stream:
+    """Senders posting each record's events in sequence: event ``i`` of a record is sent
+    only after event ``i - 1`` got a 2xx (a 503 or a broken connection is retried with
+    the same event id, as a provider does), so the accepted order is known."""
+
+    def __init__(
+        self, stack: Stack, prefix: str, records: int, senders: int = 4, per_record: int = 0
+    ) -> None:
+        self.stack = stack
+        self.per_record = per_record  # 0: no end
+        self.keys = [f"{prefix}:{n}" for n in range(records)]
+        self.sent: dict[str, int] = dict.fromkeys(self.keys, 0)  # events with a 2xx
+        self.refused = 0  # 503 answers (each retried)
+        self.statuses: set[int] = set()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._send, args=(self.keys[i::senders],), daemon=True)
+            for i in range(senders)
+        ]
+
+    def start(self) -> Stream:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def _send(self, keys: list[str]) -> None:
+        with httpx.Client(timeout=30) as client:
+            while not self._stop.is_set():
+                if self.per_record and all(self.sent[k] >= self.per_record for k in keys):
+                    return
+                for key in keys:
+                    seq = self.sent[key]
+                    if self.per_record and seq >= self.per_record:
+                        continue
+                    body = event(f"{key}/{seq}", key, seq={"append": seq}, n={"increment": 1})
+                    while not self._stop.is_set():
+                        try:
+                            answer = self.stack.post(body, client=client)
+                        except httpx.TransportError:
+                            time.sleep(0.2)
+                            continue
+                        self.statuses.add(answer.status_code)
+                        if answer.status_code == 202:
+                            self.sent[key] = seq + 1
+                            break
+                        assert answer.status_code == 503, answer.text
+                        assert answer.headers.get("retry-after"), answer.headers
+                        self.refused += 1
+                        time.sleep(0.2)
+
+    @property
+    def total(self) -> int:
+        return sum(self.sent.values())
+
+    def wait_total(self, count: int, timeout_s: float = 120) -> None:
+        wait_until(lambda: self.total >= count, timeout_s, f"{count} events accepted")
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+
+
+def assert_applied_once_in_order(stack: Stack, stream: Stream, timeout_s: float = 180) -> None:
+    """Every accepted event is applied, exactly once, in accepted order per record."""
+    stack.wait_journal(stream.total, timeout_s)
+    store = stack.open_store()
+    for key in stream.keys:
+        fields = store.read(key).fields
+        want = list(range(stream.sent[key]))
+        assert fields.get("seq", []) == want, (key, fields, stack.logs())
+        assert fields.get("n", 0) == len(want), (key, fields)
+    assert store.journal_size() == stream.total
+
+
+def active_consumers(cluster: RabbitCluster, s: Settings) -> dict[int, list[str]]:
+    """Shard -> the consumer tags of its queue that are active (at most one each)."""
+    names = {shard_queue(s.namespace, s.shards, n): n for n in range(s.shard_count)}
+    rows = cluster.ctl_json("list_consumers", "queue_name", "consumer_tag", "active")
+    assert isinstance(rows, list)
+    out: dict[int, list[str]] = {}
+    for row in rows:
+        shard = names.get(row["queue_name"])
+        if shard is not None and row["active"]:
+            out.setdefault(shard, []).append(row["consumer_tag"])
+    return out
+
+
+def shards_by_pid(cluster: RabbitCluster, s: Settings) -> dict[int, int]:
+    """How many shards each worker process is the active consumer of (consumer tags are
+    ``host:pid:rand/shard/rand``)."""
+    counts: dict[int, int] = {}
+    for tags in active_consumers(cluster, s).values():
+        assert len(tags) == 1, tags  # single active consumer
+        pid = int(tags[0].split("/")[0].split(":")[1])
+        counts[pid] = counts.get(pid, 0) + 1
+    return counts
+
+
+def wait_consuming(cluster: RabbitCluster, stack: Stack, pids: set[int]) -> None:
+    """Wait until exactly the worker processes ``pids`` are the shards' consumers, every
+    shard with one."""
+
+    def consuming() -> bool:
+        counts = shards_by_pid(cluster, stack.settings)
+        return set(counts) == pids and sum(counts.values()) == stack.settings.shard_count
+
+    wait_until(consuming, 90, f"workers {sorted(pids)} consuming", interval_s=0.5,
+               on_timeout=stack.logs)  # fmt: skip
+
+
+# -- tests ------------------------------------------------------------------------------
+
+
+def test_events_flow_and_a_killed_worker_loses_nothing_and_doubles_nothing(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given a receiver and two workers on the cluster, and a steady stream of events
+    stack: Stack = deploy()
+    stack.receiver()
+    first, second = stack.worker(lanes=8), stack.worker(lanes=8)
+    wait_consuming(rabbitmq, stack, {first.pid, second.pid})
+    stream = Stream(stack, "killed", records=24).start()
+    try:
+        stream.wait_total(150)
+        # When one worker is killed -9 mid-stream, and a new one starts later
+        first.kill()
+        stream.wait_total(stream.total + 150)
+        third = stack.worker(lanes=8)
+        wait_consuming(rabbitmq, stack, {second.pid, third.pid})
+        stream.wait_total(stream.total + 150)
+    finally:
+        stream.stop()
+    # Then every accepted event is applied once, in order per record
+    assert_applied_once_in_order(stack, stream)
+    assert stream.statuses == {202}
+
+
+def test_a_paused_workers_late_write_is_refused(deploy: Any, rabbitmq: RabbitCluster) -> None:
+    # Given two workers, each the active consumer of one of two shards, and writes of
+    # paused:* records that wait 6 s before their transaction (a stall in the handler)
+    stack: Stack = deploy(
+        shard_count=2,
+        faults=[{"point": "worker.before_write", "action": "sleep", "match": "paused:",
+                 "sleep_ms": 6000, "times": 1}],
+    )  # fmt: skip
+    stack.receiver()
+    workers = [stack.worker(lanes=4), stack.worker(lanes=4)]
+    s = stack.settings
+    wait_consuming(rabbitmq, stack, {w.pid for w in workers})
+    # When an event of a paused:* record is taken by its shard's worker, which is then
+    # stopped (SIGSTOP) past its AMQP heartbeats while it waits to write
+    key = "paused:1"
+    answer = stack.post(event("p1", key, n={"increment": 1}))
+    assert answer.status_code == 202
+    shard = s.shards.shard_for_key(key)
+    owner_pid = int(active_consumers(rabbitmq, s)[shard][0].split("/")[0].split(":")[1])
+    owner = next(w for w in workers if w.pid == owner_pid)
+    other = next(w for w in workers if w.pid != owner_pid)
+    time.sleep(1.0)  # the owner took it and sleeps before its write
+    owner.signal(signal.SIGSTOP)
+    try:
+        # Then the other worker becomes the shard's consumer and applies the event
+        store = stack.open_store()
+        wait_until(lambda: store.journal("demo", "p1") is not None, 60, "p1 applied",
+                   on_timeout=stack.logs)  # fmt: skip
+        entry = store.journal("demo", "p1")
+        assert entry is not None
+    finally:
+        owner.signal(signal.SIGCONT)
+    # And the paused worker's late write is refused by the store's fence
+    wait_until(lambda: "refused, the shard has a newer owner" in owner.log(), 60,
+               "the late write refused", on_timeout=stack.logs)  # fmt: skip
+    assert store.read(key).fields == {"n": 1}
+    assert store.journal_size() == 1
+    assert other.alive()
+
+
+def test_64_shards_spread_evenly_over_two_workers_also_after_a_restart(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given 64 shards and two workers
+    stack: Stack = deploy(shard_count=64)
+    s = stack.settings
+    first, second = stack.worker(lanes=4), stack.worker(lanes=4)
+
+    def spread(pids: set[int]) -> bool:
+        counts = shards_by_pid(rabbitmq, s)
+        return set(counts) == pids and all(28 <= c <= 36 for c in counts.values())
+
+    # Then each is the active consumer of 32 +- 4 shards
+    wait_until(lambda: spread({first.pid, second.pid}), 90, "32 +- 4 each", interval_s=1.0,
+               on_timeout=lambda: f"{shards_by_pid(rabbitmq, s)}\n{stack.logs()}")  # fmt: skip
+    print(f"\nactive shards per worker after start: {shards_by_pid(rabbitmq, s)}")
+    # When one of them restarts
+    second.stop()
+    third = stack.worker(lanes=4)
+    # Then again
+    wait_until(lambda: spread({first.pid, third.pid}), 90, "32 +- 4 after a restart",
+               interval_s=1.0,
+               on_timeout=lambda: f"{shards_by_pid(rabbitmq, s)}\n{stack.logs()}")  # fmt: skip
+    print(f"active shards per worker after a restart: {shards_by_pid(rabbitmq, s)}")
+
+
+def test_killing_the_leader_of_a_shard_queue_loses_no_accepted_event(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given a receiver, two workers and a steady stream of events
+    stack: Stack = deploy()
+    stack.receiver()
+    workers = [stack.worker(lanes=8), stack.worker(lanes=8)]
+    wait_consuming(rabbitmq, stack, {w.pid for w in workers})
+    stream = Stream(stack, "leader", records=24).start()
+    try:
+        stream.wait_total(150)
+        # When the node that leads shard 0's queue is killed -9 mid-stream
+        s = stack.settings
+        leader = rabbitmq.leader_of(shard_queue(s.namespace, s.shards, 0))
+        rabbitmq.kill(leader)
+        stream.wait_total(stream.total + 200, timeout_s=180)
+    finally:
+        stream.stop()
+    # Then every event that got a 2xx is applied once, in order per record (refusals,
+    # if any, were 503 with Retry-After, and their retries went through)
+    assert_applied_once_in_order(stack, stream)
+    assert stream.statuses <= {202, 503}
+
+
+def test_a_message_that_kills_its_worker_becomes_a_poison_dead_letter(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given one shard, at most 1 delivery, and a worker that dies on every poison:* write
+    kill = {"point": "worker.before_write", "action": "kill", "match": "poison:"}
+    stack: Stack = deploy(shard_count=1, max_deliveries=1, faults=[kill])
+    stack.receiver()
+    first = stack.worker(lanes=2)
+    wait_consuming(rabbitmq, stack, {first.pid})
+    # When its event arrives, the worker is killed taking it, and a new worker starts
+    assert stack.post(event("x1", "poison:1", n={"increment": 1})).status_code == 202
+    wait_until(lambda: not first.alive(), 60, "the first worker to die", on_timeout=stack.logs)
+    stack.worker(lanes=2)
+    # Then the broker's delivery count survived the crash: the event is a poison dead
+    # letter, the record unchanged
+    store = stack.open_store()
+    wait_until(lambda: store.dead_letters(DeadLetterFilter()) != [], 60, "a dead letter",
+               on_timeout=stack.logs)  # fmt: skip
+    (row,) = store.dead_letters(DeadLetterFilter())
+    assert (row.reason, row.event_id) == ("poison", "x1")
+    assert not store.read("poison:1").exists
+
+
+def test_a_message_past_the_brokers_delivery_limit_is_a_dead_letter_never_dropped(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given one shard whose queue delivers a message at most 3 times (limit 2)
+    stack: Stack = deploy(shard_count=1, max_deliveries=1, amqp_delivery_margin=1)
+    stack.receiver()
+    assert stack.post(event("d1", "dropped:1", n={"increment": 1})).status_code == 202
+    # When a consumer that is not keylane rejects it every time
+    s = stack.settings
+    rejected = 0
+    with Connection(rabbitmq.nodes[0].url) as conn:
+        channel = conn.channel()
+        channel.basic_qos(0, 1, False)
+
+        def reject(message: Any) -> None:
+            nonlocal rejected
+            rejected += 1
+            channel.basic_reject(message.delivery_tag, requeue=True)
+
+        channel.basic_consume(shard_queue(s.namespace, s.shards, 0), callback=reject)
+        deadline = time.monotonic() + 30
+        while rejected < 3 and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                conn.drain_events(timeout=0.5)
+    assert rejected == 3
+    # Then the broker dead-lettered it, and a worker turns it into a poison dead letter
+    store = stack.open_store()
+    store.migrate()
+    stack.worker(lanes=2)
+    wait_until(lambda: store.dead_letters(DeadLetterFilter()) != [], 60, "a dead letter",
+               on_timeout=stack.logs)  # fmt: skip
+    (row,) = store.dead_letters(DeadLetterFilter())
+    assert (row.reason, row.event_id) == ("poison", "d1")
+    assert not store.read("dropped:1").exists
+
+
+def test_records_held_too_long_are_parked_in_the_store_and_keep_their_order(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given one lane per worker, writes that take 0.1 s, and a hold budget of 2 s: a
+    # record's deliveries waiting behind its shard-mates' for over a second are parked
+    slow = {"point": "worker.before_write", "action": "sleep", "match": "park:", "sleep_ms": 100}
+    stack: Stack = deploy(shard_count=2, amqp_hold_budget_s=2, faults=[slow])
+    stack.receiver()
+    stream = Stream(stack, "park", records=6, senders=6, per_record=12).start()
+    stream.wait_total(6 * 12)
+    stream.stop()
+    # And a backlog of them for a worker that starts now
+    first = stack.worker(lanes=1)
+    # When the worker is killed -9 with records parked, and another takes over
+    wait_until(lambda: "parked" in first.log(), 60, "records parked", on_timeout=stack.logs)
+    first.kill()
+    left = [row for shard in (0, 1) for row in stack.open_store().parked(shard)]
+    assert left, "the killed worker left parked messages"
+    stack.worker(lanes=1)
+    # Then every accepted event is applied once, in order per record, and some waited
+    # in the store on the way (nothing is left there)
+    assert_applied_once_in_order(stack, stream)
+    assert "parked" in stack.logs()
+    # (the copies the killed worker had parked but not acknowledged were redelivered and
+    # parked again behind: each is a duplicate in the journal, and is gone in the end)
+    store = stack.open_store()
+    wait_until(lambda: store.parked(0) == [] and store.parked(1) == [], 60, "nothing parked")
+
+
+def test_without_a_quorum_the_receiver_answers_503_and_the_retry_goes_through(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given a receiver whose events were confirmed
+    stack: Stack = deploy(shard_count=1, amqp_confirm_timeout_ms=2000)
+    stack.receiver()
+    assert stack.post(event("q1", "quorum:1", n={"increment": 1})).status_code == 202
+    # When two of the three nodes are killed -9: no quorum can confirm
+    for node in rabbitmq.nodes[1:]:
+        rabbitmq.kill(node)
+    body = event("q2", "quorum:1", n={"increment": 1})
+    answer = stack.post(body)
+    # Then the receiver answers 503 with Retry-After, not a 2xx
+    assert answer.status_code == 503, answer.text
+    assert int(answer.headers["retry-after"]) > 0
+    # When the nodes are back, Then the sender's retry of the same event is accepted
+    rabbitmq.heal()
+    wait_until(lambda: stack.post(body).status_code == 202, 90, "the retry accepted",
+               interval_s=1.0, on_timeout=stack.logs)  # fmt: skip
+    # And each event has one effect, also if the unconfirmed copy landed as well
+    store = stack.open_store()
+    store.migrate()
+    stack.worker(lanes=2)
+    stack.wait_journal(2)
+    wait_until(lambda: store.read("quorum:1").fields.get("n") == 2, 60, "both applied")
+    assert store.journal_size() == 2
