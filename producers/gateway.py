@@ -171,8 +171,10 @@ class ReceiverGateway:
         digest, _, answer = reply_text(value).partition("\n")
         verdict: Verdict = "duplicate" if digest == body_sha256 else "reused"
         counter = "duplicate_deliveries" if verdict == "duplicate" else "reused_ids"
+        pipe = self.client.pipeline(transaction=False)  # typed alike on every redis-py
+        pipe.hincrby(self.keys.counters, counter, 1)
         with broker_errors():
-            await self.client.hincrby(self.keys.counters, counter, 1)
+            await pipe.execute()
         return EnqueueResult(verdict, answer)
 
     async def mark_seen(
