@@ -2,7 +2,7 @@
 py-amqp). It holds the connection thread (``keylane-amqp``: py-amqp connections are not
 thread-safe, so every call that needs the broker is queued to it), connecting to the
 first node that answers, declaring and deleting the deployment's topology, and the small
-channel calls (acknowledge, close, a round trip) the other modules queue to that thread.
+channel calls (acknowledge, close, a round trip, a queue's depth) the other modules use.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from amqp import Message  # type: ignore[import-untyped]
 from amqp.exceptions import (  # type: ignore[import-untyped]
     ConnectionError as AmqpConnectionError,
 )
-from amqp.exceptions import RecoverableConnectionError
+from amqp.exceptions import NotFound, RecoverableConnectionError
 from kombu.connection import Connection as _KombuConnection
 
 from ....routing.contract.amqp_names import members_exchange, topology
@@ -95,6 +95,18 @@ def message_body(message: Any) -> bytes:
     """A delivered message's body as bytes."""
     body = message.body
     return body.encode() if isinstance(body, str) else bytes(body)
+
+
+def queue_depth(conn: Any, name: str) -> tuple[int, int] | None:
+    """A queue's ready messages and consumers, by a passive declare on a channel of its
+    own (None: no such queue; the broker then closes that channel)."""
+    channel = conn.channel()
+    try:
+        _, messages, consumers = channel.queue_declare(name, passive=True)
+    except NotFound:
+        return None
+    close_channel(channel)
+    return int(messages), int(consumers)
 
 
 def publish(channel: Any, body: str, exchange: str) -> None:

@@ -1,7 +1,8 @@
 """Membership and shard spread: the live workers (a fanout exchange of beats, each worker
 an exclusive inbox), and the shards this worker consumes — those the rendezvous assignment
 over the live members gives it; a consumer of a shard the assignment moved away that never
-became a lease is closed (the broker's own pick would give one worker every shard)."""
+became a lease is closed (the broker's own pick would give one worker every shard). Each
+beat also names the shards its worker consumes (what ``keylane status`` shows as owners)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import functools
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from ....routing.assignment import assign_shards
@@ -17,6 +19,28 @@ from ....routing.contract.amqp_names import members_exchange
 from ....routing.contract.errors import BrokerUnavailable
 from .link import close_channel, message_body, publish
 from .parking import Parking
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One member's beat: ``alive`` (each heartbeat) or ``left``; the shards it consumes,
+    each with its fencing token (0 until its first delivery made it the active consumer),
+    the deliveries it holds and its records in a lane."""
+
+    worker: str
+    what: str
+    info: dict[str, Any]
+    shards: dict[int, dict[str, int]]
+
+
+def read_beat(raw: bytes) -> Beat | None:
+    """The beat in ``raw`` (None: not one)."""
+    try:
+        beat = json.loads(raw)
+        shards = {int(s): dict(lead) for s, lead in (beat.get("shards") or {}).items()}
+        return Beat(str(beat["worker"]), str(beat["what"]), dict(beat.get("info") or {}), shards)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 class Membership(Parking):
@@ -36,21 +60,27 @@ class Membership(Parking):
         channel.basic_consume(inbox, no_ack=True, callback=self._on_beat)
 
     def _beat(self, what: str) -> None:
-        body = json.dumps({"worker": self.worker_id, "what": what, "info": self._info})
+        with self._lock:
+            leading = {
+                str(c.shard): {"token": c.epoch, "held": len(c.deliveries), "busy": len(c.busy)}
+                for c in self._shards.values()
+                if c.alive
+            }
+        body = json.dumps(
+            {"worker": self.worker_id, "what": what, "info": self._info, "shards": leading}
+        )
         exchange = members_exchange(self.settings.namespace)
         publish(self._control, body, exchange)
 
     def _on_beat(self, message: Any) -> None:
-        try:
-            beat = json.loads(message_body(message))
-            worker, what = str(beat["worker"]), beat["what"]
-        except (ValueError, KeyError, TypeError):
+        beat = read_beat(message_body(message))
+        if beat is None:
             return
         with self._lock:
-            if what == "left":
-                self._members.pop(worker, None)
+            if beat.what == "left":
+                self._members.pop(beat.worker, None)
             else:
-                self._members[worker] = time.monotonic()
+                self._members[beat.worker] = time.monotonic()
 
     def heartbeat(self, worker_id: str, info: dict[str, Any], member_ttl_ms: int) -> list[str]:
         self.worker_id, self._info, self._member_ttl_s = worker_id, info, member_ttl_ms / 1000
