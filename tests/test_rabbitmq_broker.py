@@ -436,6 +436,13 @@ def test_records_held_too_long_are_parked_in_the_store_and_keep_their_order(
     audit = stack.keylane("audit")
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert "no lease log on RabbitMQ" in audit.stdout
+    # And keylane check finds every shard owned; the table names the owner
+    check = stack.keylane("check")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "all 2 owned by 1 worker(s)" in check.stdout
+    table = stack.keylane("status")
+    assert table.returncode == 0, table.stdout + table.stderr
+    assert worker["worker"] in table.stdout
 
 
 def status(stack: Stack) -> dict[str, Any]:
