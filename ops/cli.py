@@ -187,14 +187,17 @@ def status(ctx: click.Context, as_json: bool, stuck_after: str) -> None:
     flight and waiting), the idle ones in one line; the records that wait (why, attempts,
     when due, events behind them); workers; destinations and every outcome of their calls;
     scheduled jobs; counters."""
-    from .deployment_view import DeploymentView
     from .status import collect_retention, collect_status
     from .status_text import render_status
     from .triage import parse_age
+    from .views import open_view
 
     settings = settings_of(ctx)
-    view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)
-    report = collect_status(settings, view, parse_age(stuck_after))
+    view = open_view(settings)
+    try:
+        report = collect_status(settings, view, parse_age(stuck_after))
+    finally:
+        view.close()
     report["retention"] = collect_retention(settings)
     if as_json:
         emit_json(report)
@@ -236,11 +239,14 @@ def audit(ctx: click.Context, as_json: bool) -> None:
     Exit code 0 when both are clean, 1 when a problem is found.
     """
     from .audit import audit_journal, audit_lease_log
-    from .deployment_view import DeploymentView
+    from .views import open_view
 
     settings = settings_of(ctx)
-    view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)
-    events = view.lease_events()
+    view = open_view(settings)
+    try:
+        events = view.lease_events()
+    finally:
+        view.close()
     store = cli_store(settings)
     try:
         entries = store.journal_entries()
@@ -257,7 +263,12 @@ def audit(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         emit_json(report)
     else:
-        click.echo(f"lease log: {len(events)} events; journal: {len(entries)} entries")
+        leases = (
+            "no lease log on RabbitMQ (its single active consumer owns each shard)"
+            if settings.broker_is_rabbitmq
+            else f"lease log: {len(events)} events"
+        )
+        click.echo(f"{leases}; journal: {len(entries)} entries")
         for line in problems:
             click.echo(f"PROBLEM {line}")
         click.echo(

@@ -163,7 +163,7 @@ class DeploymentView:
         for i, record in enumerate(found):
             length, head = replies[2 * i], replies[2 * i + 1]
             record["behind"] = max(0, int(length) - 1)  # events of the record after its head
-            record.update(_head_event(head))
+            record.update(head_event(head))
         return found
 
     def members(self) -> list[dict[str, Any]]:
@@ -307,7 +307,7 @@ class RetentionRecords:
         self.client.close()
 
 
-def _head_event(raw: bytes | None) -> dict[str, Any]:
+def head_event(raw: bytes | None) -> dict[str, Any]:
     """The event at a record's head (in flight, waiting or holding it up): which one, and
     when it was accepted."""
     event = event_of(raw)

@@ -17,6 +17,7 @@ from ..routing.contract.settings import Settings
 from .cli_common import cli_store
 from .deployment_view import DeploymentView
 from .status import collect_status
+from .views import open_view
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def _store(settings: Settings) -> Check:
 
 
 def _shards(settings: Settings, max_age_s: float | None) -> Check:
-    view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+    view = open_view(settings)
     try:
         report = collect_status(settings, view)
     finally:

@@ -26,9 +26,9 @@ REDIS_IMPORTERS = {
     "keylane.ops.embedded_redis",
 }
 #: The only modules that open AMQP connections (py-amqp through kombu), one per side:
-#: the RabbitMQ lane broker and the receiver's confirming publisher. (Celery's own
+#: the RabbitMQ lane broker's AMQP link and the receiver's confirming publisher. (Celery's own
 #: configuration, ``workers.app`` and ``workers.worker``, names kombu queues only.)
-AMQP_IMPORTERS = {"keylane.producers.amqp", "keylane.workers.brokers.rabbitmq"}
+AMQP_IMPORTERS = {"keylane.producers.amqp", "keylane.workers.brokers.rabbitmq.link"}
 #: What the bottom layers may not import: I/O clients and frameworks.
 PURE_FORBIDDEN = ("redis", "celery", "kombu", "psycopg", "sqlite3", "starlette", "httpx")
 

@@ -10,6 +10,7 @@ applied in (a second application would show twice), ``n`` their count.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import threading
 import time
@@ -398,6 +399,10 @@ def test_records_held_too_long_are_parked_in_the_store_and_keep_their_order(
     stream = Stream(stack, "park", records=6, senders=6, per_record=12).start()
     stream.wait_total(6 * 12)
     stream.stop()
+    # (keylane status shows them all in the queues, the shards without an owner)
+    before = status(stack)
+    assert before["unowned"] == [0, 1]
+    assert sum(shard["depth"] for shard in before["shards"]) == stream.total
     # And a backlog of them for a worker that starts now
     first = stack.worker(lanes=1)
     # When the worker is killed -9 with records parked, and another takes over
@@ -405,7 +410,11 @@ def test_records_held_too_long_are_parked_in_the_store_and_keep_their_order(
     first.kill()
     left = [row for shard in (0, 1) for row in stack.open_store().parked(shard)]
     assert left, "the killed worker left parked messages"
-    stack.worker(lanes=1)
+    # (keylane status lists the parked records as waiting)
+    waiting = status(stack)["waiting_records"]
+    assert {r["record_key"] for r in waiting} == {row.record_key for row in left}
+    assert {r["state"] for r in waiting} == {"parked"}
+    second = stack.worker(lanes=1)
     # Then every accepted event is applied once, in order per record, and some waited
     # in the store on the way (nothing is left there)
     assert_applied_once_in_order(stack, stream)
@@ -414,6 +423,34 @@ def test_records_held_too_long_are_parked_in_the_store_and_keep_their_order(
     # parked again behind: each is a duplicate in the journal, and is gone in the end)
     store = stack.open_store()
     wait_until(lambda: store.parked(0) == [] and store.parked(1) == [], 60, "nothing parked")
+    # And keylane status shows both shards owned by the live worker, under tokens the
+    # store issued, and empty queues; audit finds no write under an older owner's token
+    after = status(stack)
+    (worker,) = after["workers"]
+    assert worker["info"]["pid"] == second.pid
+    assert worker["shards"] == 2
+    for shard in after["shards"]:
+        assert shard["owner"] == worker["worker"]
+        assert 0 <= shard["token"] <= shard["fence"]
+        assert (shard["depth"], shard["waiting"]) == (0, 0)
+    audit = stack.keylane("audit")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert "no lease log on RabbitMQ" in audit.stdout
+    # And keylane check finds every shard owned; the table names the owner
+    check = stack.keylane("check")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "all 2 owned by 1 worker(s)" in check.stdout
+    table = stack.keylane("status")
+    assert table.returncode == 0, table.stdout + table.stderr
+    assert worker["worker"] in table.stdout
+
+
+def status(stack: Stack) -> dict[str, Any]:
+    """``keylane status --json`` of the deployment."""
+    done = stack.keylane("status", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
 
 
 def test_without_a_quorum_the_receiver_answers_503_and_the_retry_goes_through(

@@ -163,6 +163,16 @@ class Stack:
         s = self.settings
         return DeploymentView.from_url(s.redis_dsn(), s.keys, s.shards)
 
+    def keylane(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run a ``keylane`` command against this deployment."""
+        return subprocess.run(
+            [sys.executable, "-m", "keylane.ops.cli", *args],
+            env={**settings_env(self.settings), **self.extra_env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
     def wait_all_owned(self, workers: int | None = None, timeout_s: float = 30) -> None:
         """Wait until every shard has an owner (and, if given, ``workers`` live members
         each owning some)."""

@@ -1,0 +1,26 @@
+"""The lanes' broker on RabbitMQ (see :mod:`.broker` for what RabbitMQ gives and what
+keylane adds: the failure model). One concept per module:
+
+* :mod:`.broker` — :class:`RabbitLaneBroker`, the :class:`LaneBroker` itself: taking,
+  finishing and waiting records, dead letters past the delivery limit;
+* :mod:`.link` — the AMQP link: the connection thread, connect, topology, channel calls;
+  the only module here that imports the AMQP client;
+* :mod:`.ownership` — shard consumers, the single active consumer, fencing tokens;
+* :mod:`.membership` — live workers and the spread of shards over them;
+* :mod:`.parking` — records that wait longer than the broker may hold a delivery;
+* :mod:`.consumers` — what a shard consumer holds; :mod:`.notes` — per-delivery notes;
+* :mod:`.survey` — what an operator sees: queue depths and the members' beats.
+"""
+
+from .broker import RabbitLaneBroker
+from .link import declare_topology, delete_topology
+from .survey import QueueDepth, Survey, survey
+
+__all__ = [
+    "QueueDepth",
+    "RabbitLaneBroker",
+    "Survey",
+    "declare_topology",
+    "delete_topology",
+    "survey",
+]

@@ -1,0 +1,336 @@
+"""The lanes' broker on RabbitMQ: quorum queues with a single active consumer, one per
+shard. The AMQP client itself is imported by :mod:`.link` only.
+
+What RabbitMQ gives, and what keylane adds (facts checked in ``ops/docs/rabbitmq.md``):
+
+* **Ownership** is the broker's single active consumer (SAC): every shard queue has at
+  most one consumer receiving, and when it dies (its process, its node, its connection
+  after missed AMQP heartbeats) its unacknowledged deliveries go to the next consumer
+  first, in their original order. A consumer learns that it is the active one when its
+  first delivery arrives; only then does it hold a :class:`Lease`.
+* **Fencing**: RabbitMQ has no token a consumer could show the store, so the store keeps
+  one: at the first delivery of each consumer registration the worker claims the shard's
+  next token (:meth:`Store.claim_fence`, the same ``shard_fences`` row the Redis leases
+  advance), then checks with one round trip on the same channel that its connection is
+  still the one that received (a paused worker whose connection the broker dropped fails
+  here). Every write transaction checks the token: a paused or partitioned consumer's
+  late write is refused once the next consumer claimed its token.
+* **Per-record order with many records in flight**: one channel per shard, ``prefetch``
+  deliveries held in memory, grouped by record in delivery order; a record has at most one
+  message (or one batch) with a lane, and the others wait behind it. Acknowledgements go
+  one message at a time, in any order.
+* **No delivery held past the consumer timeout** (the broker would close the channel and
+  redeliver): a record that would keep its deliveries longer than half
+  ``amqp_hold_budget_s`` (a long wait, or a backlog) is **parked**: its messages are
+  written to the store (``Store.park``, fenced), then acknowledged; its later deliveries
+  are parked behind them; lanes take parked messages from the store when due and delete
+  each once done (``Store.unpark``). A new consumer reads its shards' parked records
+  before it hands anything out.
+* **Graceful handoff** closes the shard's channel (never ``basic.cancel``, after which the
+  next consumer would run later messages while this one still holds earlier ones): what
+  it held returns to the head of the queue, in order.
+* **Delivery limit**: ``x-delivery-limit`` is ``max_deliveries + amqp_delivery_margin``;
+  the lanes see ``x-delivery-count`` and dead-letter a message past ``max_deliveries``
+  themselves; a message that goes past the broker's limit anyway (a worker killed every
+  time it was handed out) is dead-lettered at least once to the ``<ns>.dead`` queue,
+  which this broker consumes and hands to ``on_dead`` (a ``poison`` dead letter in the
+  store): never dropped.
+* **Even spread**: a worker consumes only the shards the rendezvous assignment over the
+  live members gives it (membership: a fanout exchange of AMQP heartbeats), and hands a
+  shard back (closes its channel) when the assignment moves it. The broker's own choice
+  would be whoever registered first: one worker with every shard.
+
+All AMQP traffic runs in one thread (``keylane-amqp``) per process: py-amqp connections
+are not thread-safe. Lanes and ownership call from their threads; the calls that need the
+broker (acks, consuming, closing a channel) are queued to that thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from ....routing.contract.amqp_names import dead_queue
+from ....routing.contract.settings import Settings
+from ...broker import Ack, Counts, Idle, LaneBroker, Lease, Taken
+from ...store import Store
+from .consumers import ShardConsumer, batch_limit
+from .link import ack, message_body
+from .membership import Membership
+from .notes import DeliveryNotes
+from .ownership import DoorbellSubscription, Ownership
+
+log = logging.getLogger("keylane.rabbitmq")
+
+
+class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
+    """:class:`LaneBroker` on a RabbitMQ cluster (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store_factory: Callable[[], Store],
+        on_dead: Callable[[bytes, dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.urls = settings.amqp_urls()
+        self._store_factory = store_factory
+        self._store: Store | None = None
+        self._store_lock = threading.Lock()
+        self._on_dead = on_dead
+        self._lock = threading.RLock()
+        self._shards: dict[int, ShardConsumer] = {}
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any] | None]] = (
+            queue.SimpleQueue()
+        )
+        self._subscriptions: set[DoorbellSubscription] = set()
+        self._members: dict[str, float] = {}
+        self._member_ttl_s = settings.lease_ttl_ms / 1000
+        self.worker_id = ""
+        self._info: dict[str, Any] = {}
+        self._connection: Any = None
+        # Workers start on different nodes, so one node's loss is not every worker's.
+        self._node = random.randrange(len(self.urls))
+        self._generation = 0
+        self._control: Any = None
+        self._dead_channel: Any = None
+        self._stop = threading.Event()
+        self._dead_work: queue.SimpleQueue[tuple[int, int, bytes, dict[str, Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._run, name="keylane-amqp", daemon=True)
+        self._dead_thread = threading.Thread(
+            target=self._dead_letters, name="keylane-amqp-dead", daemon=True
+        )
+        self._thread.start()
+        self._dead_thread.start()
+
+    # -- records ----------------------------------------------------------------------
+
+    def take(self, leases: Sequence[Lease]) -> Taken | Idle:
+        now = time.monotonic()
+        due_in: dict[int, float] = {}
+        for lease in leases:
+            with self._lock:
+                consumer = self._current(lease)
+                behind = self._behind_parked(consumer) if consumer is not None else []
+            if consumer is None:
+                continue
+            for key, deliveries in behind:
+                self._park(consumer, lease, key, deliveries, consumer.parked.get(key, 0.0))
+            with self._lock:
+                if self._current(lease) is not consumer:
+                    continue
+                taken = self._take_from(consumer, now, parked_ok=True)
+                if taken is None:
+                    waits = [at - now for k, at in consumer.due.items() if k not in consumer.busy]
+                    waits += [
+                        at - time.time()
+                        for k, at in consumer.parked.items()
+                        if k not in consumer.busy
+                    ]
+                    if waits:
+                        due_in[lease.shard] = max(0.0, min(waits))
+                    continue
+            if isinstance(taken, Taken):
+                return taken
+            unparked = self._take_parked(consumer, lease, taken)
+            if unparked is not None:
+                return unparked
+        return Idle(due_in)
+
+    def _take_from(
+        self, consumer: ShardConsumer, now: float, parked_ok: bool = False
+    ) -> Taken | str | None:
+        """(Under the lock.) The next due record: handed out from memory, or (with
+        ``parked_ok``) the key of a due parked record, marked busy for the caller to read
+        from the store."""
+        if parked_ok:
+            wall = time.time()
+            for key, due_at in consumer.parked.items():
+                if key not in consumer.busy and due_at <= wall:
+                    consumer.busy[key] = ([], now)
+                    return key
+        for key, tags in consumer.records.items():
+            if key in consumer.busy or key in consumer.parked or not tags:
+                continue
+            if consumer.due.get(key, 0.0) > now:
+                continue
+            consumer.due.pop(key, None)
+            first = consumer.deliveries[tags[0]]
+            handed = [first]
+            limit = batch_limit(first.batch)
+            for tag in tags[1:limit]:
+                follower = consumer.deliveries[tag]
+                if follower.batch != first.batch or follower.returned or follower.taken:
+                    break
+                handed.append(follower)
+            for delivery in handed:
+                delivery.taken += 1
+            consumer.busy[key] = ([d.tag for d in handed], now)
+            return Taken(
+                consumer.shard,
+                key,
+                first.raw,
+                first.returned + first.taken,
+                False,
+                tuple(d.raw for d in handed[1:]),
+            )
+        return None
+
+    # -- parking: records that wait longer than the broker may hold a delivery --------
+
+    def finish(
+        self,
+        lease: Lease,
+        taken: Taken,
+        acks: Sequence[Ack],
+        hold: int | None = None,
+        then_take: bool = False,
+    ) -> Taken | bool:
+        if hold is not None:
+            # Sources whose policy is hold are refused on RabbitMQ at start-up (their
+            # record would wait with deliveries unacknowledged, past the consumer timeout).
+            log.error("shard %s: hold %s ignored on RabbitMQ", lease.shard, hold)
+        with self._lock:
+            consumer = self._current(lease)
+            if consumer is None:
+                return False
+            handed, _ = consumer.busy.get(taken.record_key, ([], 0.0))
+        if handed and handed[0] < 0:
+            return self._finish_parked(consumer, lease, taken, [-t for t in handed], acks)
+        with self._lock:
+            if self._current(lease) is not consumer:
+                return False
+            consumer.busy.pop(taken.record_key, None)
+            acked = {ack.raw for ack in acks}
+            tags = consumer.records.get(taken.record_key, [])
+            done = [
+                t
+                for t in handed
+                if t in consumer.deliveries and consumer.deliveries[t].raw in acked
+            ]
+            for tag in done:
+                del consumer.deliveries[tag]
+                tags.remove(tag)
+            if not tags:
+                consumer.records.pop(taken.record_key, None)
+            channel = consumer.channel
+            nxt = self._take_from(consumer, time.monotonic()) if then_take else None
+        if done:
+            self._submit(functools.partial(ack, channel, done))
+        return nxt if isinstance(nxt, Taken) else True
+
+    def wait(
+        self,
+        lease: Lease,
+        taken: Taken,
+        delay_s: float,
+        why: dict[str, Any],
+        counts: Counts = "keep",
+        messages: Sequence[bytes] = (),
+    ) -> bool:
+        key = taken.record_key
+        with self._lock:
+            consumer = self._current(lease)
+            if consumer is None:
+                return False
+            handed, _ = consumer.busy.get(key, ([], 0.0))
+        if handed and handed[0] < 0:
+            return self._wait_parked(consumer, lease, key, -handed[0], delay_s, counts)
+        with self._lock:
+            if self._current(lease) is not consumer:
+                return False
+            consumer.busy.pop(key, None)
+            uncount = set(messages) if counts != "keep" else set()
+            for tag in handed:
+                delivery = consumer.deliveries.get(tag)
+                if delivery is not None and delivery.raw in uncount:
+                    delivery.taken = max(0, delivery.taken - 1)
+            if counts == "forget":
+                for tag in handed[1:]:
+                    if tag in consumer.deliveries:
+                        consumer.deliveries[tag].taken = 0
+            tags = consumer.records.get(key, [])
+            oldest = consumer.deliveries[tags[0]].received if tags else time.monotonic()
+            held_s = time.monotonic() - oldest + delay_s
+            if held_s <= self.settings.amqp_hold_budget_s / 2:
+                consumer.due[key] = time.monotonic() + max(0.0, delay_s)
+                return True
+            # Too long to hold the deliveries: park them in the store.
+            consumer.busy[key] = ([], time.monotonic())
+            deliveries = [consumer.deliveries[t] for t in tags]
+        if not self._park(consumer, lease, key, deliveries, time.time() + delay_s):
+            with self._lock:
+                consumer.due[key] = time.monotonic() + max(0.0, delay_s)
+        return True
+
+    def in_flight(self, shard: int) -> list[str]:
+        with self._lock:
+            consumer = self._shards.get(shard)
+            return list(consumer.busy) if consumer is not None else []
+
+    def reclaim(self, lease: Lease, record_keys: Sequence[str], min_age_s: float) -> int:
+        now = time.monotonic()
+        with self._lock:
+            consumer = self._current(lease)
+            if consumer is None:
+                return -1
+            found = 0
+            for key in record_keys:
+                busy = consumer.busy.get(key)
+                if busy is not None and now - busy[1] >= min_age_s:
+                    del consumer.busy[key]
+                    found += 1
+            return found
+
+    # -- dead letters past the broker's delivery limit ---------------------------------
+
+    def _consume_dead(self, conn: Any) -> None:
+        channel = self._dead_channel = conn.channel()
+        channel.basic_qos(0, 16, False)
+        generation = self._generation
+
+        def delivered(message: Any) -> None:
+            tag, headers = int(message.delivery_tag), message.headers or {}
+            self._dead_work.put((generation, tag, message_body(message), headers))
+
+        channel.basic_consume(dead_queue(self.settings.namespace), callback=delivered)
+
+    def _dead_letters(self) -> None:
+        """(Its own thread: a store write.) Each message the broker dead-lettered becomes
+        a ``poison`` dead letter, then is acknowledged."""
+        while (work := self._dead_work.get()) is not None:
+            generation, tag, raw, headers = work
+            assert self._on_dead is not None
+            try:
+                self._on_dead(raw, headers)
+            except Exception:
+                log.exception("a message past the delivery limit could not be recorded")
+                continue  # not acknowledged: the broker delivers it again later
+            self._submit(functools.partial(self._ack_dead, tag, generation))
+
+    def _ack_dead(self, tag: int, generation: int) -> None:
+        if self._dead_channel is not None and generation == self._generation:
+            self._dead_channel.basic_ack(tag)
+
+    def close(self) -> None:
+        """Send what is queued (acknowledgements, handoffs), then disconnect."""
+        if self._connection is not None and self._thread.is_alive():
+            self._submit(self._stop.set)
+        else:
+            self._stop.set()
+        self._dead_work.put(None)
+        self._thread.join(10)
+        self._dead_thread.join(5)
+        with self._store_lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None

@@ -1,0 +1,259 @@
+"""The AMQP link: the one module of the worker side that imports the AMQP client (kombu /
+py-amqp). It holds the connection thread (``keylane-amqp``: py-amqp connections are not
+thread-safe, so every call that needs the broker is queued to it), connecting to the
+first node that answers, declaring and deleting the deployment's topology, and the small
+channel calls (acknowledge, close, a round trip, a queue's depth) the other modules use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import socket
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from amqp import Message  # type: ignore[import-untyped]
+from amqp.exceptions import (  # type: ignore[import-untyped]
+    ConnectionError as AmqpConnectionError,
+)
+from amqp.exceptions import NotFound, RecoverableConnectionError
+from kombu.connection import Connection as _KombuConnection
+
+from ....routing.contract.amqp_names import members_exchange, topology
+from ....routing.contract.errors import BrokerUnavailable
+from ....routing.contract.settings import Settings
+from .consumers import ShardConsumer
+
+log = logging.getLogger("keylane.rabbitmq")
+
+#: kombu's connection is untyped: used as ``Any``.
+Connection: Any = _KombuConnection
+
+#: How long the AMQP thread waits for a frame before it looks at its queued calls.
+DRAIN_S = 0.05
+#: How long a caller waits for the AMQP thread to run a call it needs the answer of.
+CALL_TIMEOUT_S = 15.0
+#: Pause between two connection attempts (each goes to the next node).
+RECONNECT_S = 0.5
+
+
+def declare_topology(channel: Any, settings: Settings) -> None:
+    """Declare the deployment's exchanges and queues (idempotent)."""
+    wanted = topology(settings)
+    for exchange, kind in wanted.exchanges:
+        channel.exchange_declare(exchange, kind, durable=True, auto_delete=False)
+    for name, arguments in wanted.queues:
+        channel.queue_declare(name, durable=True, auto_delete=False, arguments=arguments)
+    for name, exchange in wanted.bindings:
+        channel.queue_bind(name, exchange, name)
+
+
+def delete_topology(settings: Settings) -> None:
+    """Delete the deployment's queues and exchanges (benchmarks and tools clean up)."""
+    conn, _ = connect(settings.amqp_urls(), settings.amqp_heartbeat_s)
+    try:
+        channel = conn.channel()
+        wanted = topology(settings)
+        for name, _arguments in wanted.queues:
+            channel.queue_delete(name)
+        for exchange, _kind in wanted.exchanges:
+            channel.exchange_delete(exchange)
+        channel.exchange_delete(members_exchange(settings.namespace))
+    finally:
+        conn.release()
+
+
+def connect(urls: Sequence[str], heartbeat_s: int, start: int = 0) -> tuple[Any, int]:
+    """A connection to the first node of ``urls`` (from index ``start``) that answers;
+    :class:`BrokerUnavailable` when none does."""
+    errors = []
+    for step in range(len(urls)):
+        index = (start + step) % len(urls)
+        conn = Connection(urls[index], heartbeat=heartbeat_s, connect_timeout=5)
+        try:
+            conn.connect()
+            return conn, index
+        except Exception as exc:
+            errors.append(f"{host(urls[index])}: {exc}")
+            with contextlib.suppress(Exception):
+                conn.release()
+    raise BrokerUnavailable(f"RabbitMQ: no node answers ({'; '.join(errors)})")
+
+
+def host(url: str) -> str:
+    """The host:port part of an AMQP URL (for logs: never the credentials)."""
+    return url.rpartition("@")[2].partition("/")[0]
+
+
+def message_body(message: Any) -> bytes:
+    """A delivered message's body as bytes."""
+    body = message.body
+    return body.encode() if isinstance(body, str) else bytes(body)
+
+
+def queue_depth(conn: Any, name: str) -> tuple[int, int] | None:
+    """A queue's ready messages and consumers, by a passive declare on a channel of its
+    own (None: no such queue; the broker then closes that channel)."""
+    channel = conn.channel()
+    try:
+        _, messages, consumers = channel.queue_declare(name, passive=True)
+    except NotFound:
+        return None
+    close_channel(channel)
+    return int(messages), int(consumers)
+
+
+def publish(channel: Any, body: str, exchange: str) -> None:
+    """Publish ``body`` to ``exchange`` on ``channel`` (no confirm: membership beats)."""
+    channel.basic_publish(Message(body), exchange=exchange)
+
+
+def ack(channel: Any, tags: Sequence[int]) -> None:
+    """Acknowledge the deliveries ``tags`` on ``channel``, one message at a time."""
+    # A channel closed since (a handoff, a lost connection) gave its deliveries back: an
+    # ack there is void, and raising would take the new connection down.
+    if not channel.is_open:
+        return
+    for tag in tags:
+        channel.basic_ack(tag)
+
+
+def close_channel(channel: Any) -> None:
+    """Close ``channel``: what it held goes back to its queue, in order."""
+    with contextlib.suppress(Exception):
+        channel.close()
+
+
+def round_trip(consumer: ShardConsumer, prefetch: int) -> None:
+    """One round trip on the shard's channel: :class:`BrokerUnavailable` if it is gone."""
+    if not consumer.alive or not consumer.channel.is_open:
+        raise BrokerUnavailable("RabbitMQ: the shard's channel is gone")
+    consumer.channel.basic_qos(0, prefetch, False)  # answered by qos-ok: a round trip
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means the connection is lost (the AMQP thread reconnects)."""
+    return isinstance(
+        exc, (AmqpConnectionError, RecoverableConnectionError, OSError, socket.timeout)
+    )
+
+
+class AmqpLink(ABC):
+    """The connection thread of :class:`RabbitLaneBroker`: connects (each attempt to the
+    next node), declares the topology, runs the calls queued by other threads, sends the
+    membership beat, reads frames; forgets every shard consumer when the connection ends."""
+
+    settings: Settings
+    urls: list[str]
+    worker_id: str
+    _lock: threading.RLock
+    _shards: dict[int, ShardConsumer]
+    _calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any] | None]]
+    _connection: Any
+    _node: int
+    _generation: int
+    _control: Any
+    _dead_channel: Any
+    _stop: threading.Event
+    _on_dead: Callable[[bytes, dict[str, Any]], None] | None
+
+    @abstractmethod
+    def _join_members(self) -> None:
+        """(AMQP thread, on connect.) Start receiving the members' beats."""
+
+    @abstractmethod
+    def _beat(self, what: str) -> None:
+        """(AMQP thread.) Tell the members this worker is ``alive`` or has ``left``."""
+
+    @abstractmethod
+    def _consume_dead(self, conn: Any) -> None:
+        """(AMQP thread, on connect.) Consume the messages the broker dead-lettered."""
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._serve()
+            except Exception as exc:
+                if self._stop.is_set():
+                    break
+                log.warning("RabbitMQ connection lost: %s", exc)
+            self._drop_connection()
+            self._stop.wait(RECONNECT_S)
+        self._drop_connection()
+
+    def _serve(self) -> None:
+        conn, self._node = connect(self.urls, self.settings.amqp_heartbeat_s, self._node + 1)
+        with self._lock:
+            self._connection = conn
+            self._generation += 1
+        self._control = conn.channel()
+        declare_topology(self._control, self.settings)
+        self._join_members()
+        if self._on_dead is not None:
+            self._consume_dead(conn)
+        log.info("connected to RabbitMQ at %s", host(self.urls[self._node]))
+        beat_every = self.settings.heartbeat_ms / 1000
+        next_beat = 0.0
+        while not self._stop.is_set():
+            self._run_calls()
+            now = time.monotonic()
+            if self.worker_id and now >= next_beat:
+                self._beat("alive")
+                next_beat = now + beat_every
+            with contextlib.suppress(TimeoutError):
+                conn.drain_events(timeout=DRAIN_S)
+            conn.heartbeat_check()
+        # Stopping: close properly, so the acknowledgements just sent are read before the
+        # broker sees the connection end (what is still unacknowledged goes back in order).
+        with contextlib.suppress(Exception):
+            conn.release()
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                fn, done = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                result = fn()
+            except Exception as exc:
+                if done is not None:
+                    done.set_exception(exc)
+                if is_connection_error(exc):
+                    raise
+                log.warning("AMQP call failed: %s", exc)
+                continue
+            if done is not None:
+                done.set_result(result)
+
+    def _drop_connection(self) -> None:
+        """The connection is gone: the broker gives back everything it delivered on it,
+        so every shard consumer and what it held is forgotten."""
+        with self._lock:
+            conn, self._connection = self._connection, None
+            for consumer in self._shards.values():
+                consumer.alive = False
+            self._shards.clear()
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.collect()
+        self._control = None
+        self._dead_channel = None
+
+    def _submit(self, fn: Callable[[], Any], wait: bool = False) -> Any:
+        """Run ``fn`` in the AMQP thread; with ``wait``, return its result."""
+        if not wait:
+            self._calls.put((fn, None))
+            return None
+        done: Future[Any] = Future()
+        self._calls.put((fn, done))
+        try:
+            return done.result(CALL_TIMEOUT_S)
+        except Exception as exc:
+            raise BrokerUnavailable(f"RabbitMQ: {exc}") from exc

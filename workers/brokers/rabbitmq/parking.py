@@ -1,0 +1,185 @@
+"""Parking: a record whose deliveries would be held longer than half
+``amqp_hold_budget_s`` (a long wait, or a backlog) has its messages written to the store
+(``Store.park``, fenced), then acknowledged, so no delivery outlives the broker's consumer
+timeout; its later deliveries park behind them; lanes take parked messages from the store
+when due and delete each once done (``Store.unpark``). Also this broker's one store
+connection."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ....routing.contract.errors import StaleFence, StoreUnavailable
+from ...broker import Ack, Counts, Lease, Taken
+from ...store import Fence, Store
+from .consumers import Delivery, ShardConsumer
+from .link import AmqpLink, ack
+
+log = logging.getLogger("keylane.rabbitmq")
+
+
+class Parking(AmqpLink):
+    """The parked records of :class:`RabbitLaneBroker`, and its store connection."""
+
+    _store_factory: Callable[[], Store]
+    _store: Store | None
+    _store_lock: threading.Lock
+
+    def _behind_parked(self, consumer: ShardConsumer) -> list[tuple[str, list[Delivery]]]:
+        """(Under the lock.) Deliveries of parked records that are not parked yet, each
+        record marked busy while they are."""
+        found = []
+        for key in consumer.parked:
+            tags = consumer.records.get(key)
+            if tags and key not in consumer.busy:
+                consumer.busy[key] = ([], time.monotonic())
+                found.append((key, [consumer.deliveries[t] for t in tags]))
+        return found
+
+    def _stale(self, consumer: ShardConsumer) -> list[tuple[str, list[Delivery]]]:
+        """(Under the lock.) Records not in a lane whose first delivery is held longer
+        than half the hold budget (a backlog): marked busy, to be parked due now."""
+        limit = time.monotonic() - self.settings.amqp_hold_budget_s / 2
+        found = []
+        for key, tags in consumer.records.items():
+            if tags and key not in consumer.busy and consumer.deliveries[tags[0]].received < limit:
+                consumer.busy[key] = ([], time.monotonic())
+                found.append((key, [consumer.deliveries[t] for t in tags]))
+        return found
+
+    def park_stale(self) -> int:
+        """Park every record whose deliveries are held too long (the heartbeat calls it):
+        how many records were parked."""
+        parked = 0
+        with self._lock:
+            work = [(c, self._stale(c)) for c in self._shards.values() if c.epoch and c.alive]
+        for consumer, records in work:
+            lease = Lease(consumer.shard, consumer.lease_value(self.worker_id), consumer.epoch)
+            for key, deliveries in records:
+                parked += self._park(consumer, lease, key, deliveries, time.time())
+        return parked
+
+    def _park(
+        self,
+        consumer: ShardConsumer,
+        lease: Lease,
+        key: str,
+        deliveries: list[Delivery],
+        due_at: float,
+    ) -> bool:
+        """Write ``deliveries`` (the record's, in order, marked busy by the caller) to the
+        store behind what is parked, under the shard's fence, then acknowledge them. On
+        failure they stay here, and the record waits in memory."""
+        messages = [(d.raw, d.returned + d.taken) for d in deliveries]
+        fence = Fence(lease.shard, lease.token)
+        try:
+            self._stored(lambda store: store.park(lease.shard, key, messages, due_at, fence))
+        except Exception as exc:
+            log.warning("shard %s: could not park %s: %s", lease.shard, key, exc)
+            with self._lock:
+                consumer.busy.pop(key, None)
+            return False
+        with self._lock:
+            tags = consumer.records.get(key, [])
+            for delivery in deliveries:
+                consumer.deliveries.pop(delivery.tag, None)
+                if delivery.tag in tags:
+                    tags.remove(delivery.tag)
+            if not tags:
+                consumer.records.pop(key, None)
+            consumer.due.pop(key, None)
+            consumer.parked[key] = due_at
+            consumer.busy.pop(key, None)
+            alive, channel = consumer.alive, consumer.channel
+        if alive:  # else the broker gives them back: parked again behind, the journal dedupes
+            self._submit(functools.partial(ack, channel, [d.tag for d in deliveries]))
+        log.info("shard %s: parked %s message(s) of %s", lease.shard, len(messages), key)
+        return True
+
+    def _take_parked(self, consumer: ShardConsumer, lease: Lease, key: str) -> Taken | None:
+        """Hand out the first parked message of ``key`` (marked busy by the caller),
+        its delivery counted in the store."""
+        try:
+            rows = self._stored(lambda store: store.parked(lease.shard, key, limit=1))
+            if rows:
+                first = rows[0]
+                self._stored(lambda s: s.count_parked(lease.shard, key, first.seq))
+        except Exception:
+            with self._lock:
+                consumer.busy.pop(key, None)
+            raise
+        with self._lock:
+            if not rows:
+                consumer.parked.pop(key, None)
+                consumer.busy.pop(key, None)
+                return None
+            consumer.busy[key] = ([-first.seq], time.monotonic())
+        return Taken(lease.shard, key, first.raw, first.deliveries + 1)
+
+    def _stored(self, fn: Callable[[Store], Any]) -> Any:
+        """Run ``fn`` on this broker's store connection (one at a time)."""
+        with self._store_lock:
+            try:
+                self._store = self._store or self._store_factory()
+                return fn(self._store)
+            except StoreUnavailable:
+                if self._store is not None:
+                    self._store.close()
+                self._store = None
+                raise
+
+    def _finish_parked(
+        self,
+        consumer: ShardConsumer,
+        lease: Lease,
+        taken: Taken,
+        seqs: list[int],
+        acks: Sequence[Ack],
+    ) -> bool:
+        """A parked message done with: forget it in the store (fenced)."""
+        key = taken.record_key
+        remaining = 1
+        if acks:
+            fence = Fence(lease.shard, lease.token)
+            try:
+                remaining = self._stored(lambda s: s.unpark(lease.shard, key, seqs, fence))
+            except StaleFence:
+                return False
+            finally:
+                with self._lock:
+                    consumer.busy.pop(key, None)
+        with self._lock:
+            consumer.busy.pop(key, None)
+            if remaining == 0:
+                consumer.parked.pop(key, None)
+        return True
+
+    def _wait_parked(
+        self,
+        consumer: ShardConsumer,
+        lease: Lease,
+        key: str,
+        seq: int,
+        delay_s: float,
+        counts: Counts,
+    ) -> bool:
+        """A parked message's record waits again: its new due time in the store."""
+        due_at = time.time() + delay_s
+        fence = Fence(lease.shard, lease.token)
+        try:
+            if counts != "keep":
+                self._stored(lambda s: s.count_parked(lease.shard, key, seq, -1))
+            self._stored(lambda s: s.park(lease.shard, key, [], due_at, fence))
+        except StaleFence:
+            return False
+        finally:
+            with self._lock:
+                consumer.busy.pop(key, None)
+        with self._lock:
+            consumer.parked[key] = due_at
+        return True
