@@ -26,6 +26,7 @@ from kombu import Connection
 
 from keylane.routing.contract.amqp_names import dead_queue, shard_queue
 from keylane.routing.contract.settings import Settings, load_settings
+from keylane.workers.app import CONTROL_QUEUE
 from keylane.workers.store import DeadLetterFilter
 from tests.support.rabbitmq import RabbitCluster
 from tests.support.stack import Stack, event, wait_until
@@ -305,7 +306,7 @@ def test_64_shards_spread_evenly_over_two_workers_also_after_a_restart(
     print(f"active shards per worker after a restart: {shards_by_pid(rabbitmq, s)}")
 
 
-def test_killing_the_leader_of_a_shard_queue_loses_no_accepted_event(
+def test_killing_the_leader_of_a_shard_queue_or_the_control_queue_loses_no_accepted_event(
     deploy: Any, rabbitmq: RabbitCluster
 ) -> None:
     # Given a receiver, two workers and a steady stream of events
@@ -321,6 +322,11 @@ def test_killing_the_leader_of_a_shard_queue_loses_no_accepted_event(
         leader = rabbitmq.leader_of(shard_queue(s.namespace, s.shards, 0))
         rabbitmq.kill(leader)
         stream.wait_total(stream.total + 200, timeout_s=180)
+        # And, once it is back, the node that leads the queue Celery's consumers listen on
+        rabbitmq.restart(leader)
+        rabbitmq.kill(rabbitmq.leader_of(CONTROL_QUEUE))
+        stream.wait_total(stream.total + 200, timeout_s=180)
+        assert all(w.alive() for w in workers), stack.logs()
     finally:
         stream.stop()
     # Then every event that got a 2xx is applied once, in order per record (refusals,

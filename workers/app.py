@@ -28,6 +28,15 @@ log = logging.getLogger("keylane.app")
 CONTROL_QUEUE = "keylane.control"
 
 
+def control_queue(settings: Settings) -> Queue:
+    """The queue Celery's consumer listens on. On RabbitMQ a quorum queue: a classic one
+    lives on one node, and that node's loss would stop every worker's Celery consumer
+    (Celery then leaves out the global QoS quorum queues do not take)."""
+    if settings.broker_is_rabbitmq:
+        return Queue(CONTROL_QUEUE, queue_arguments={"x-queue-type": "quorum"})
+    return Queue(CONTROL_QUEUE)
+
+
 def broker_options(settings: Settings) -> dict[str, Any]:
     """kombu transport options: keylane's namespace as the key prefix, and timeouts."""
     return {
@@ -52,7 +61,7 @@ def create_app(settings: Settings) -> Celery:
         broker_transport_options=options,
         broker_connection_retry_on_startup=True,
         task_default_queue=CONTROL_QUEUE,
-        task_queues=[Queue(CONTROL_QUEUE), *(Queue(q) for q in settings.shards.all_queues())],
+        task_queues=[control_queue(settings), *(Queue(q) for q in settings.shards.all_queues())],
         task_create_missing_queues=False,
         task_routes=(ShardRouter(settings.shards),),
         task_ignore_result=True,
