@@ -25,10 +25,6 @@ STUCK_AFTER_S = 60.0
 #: archived ids still recognised, and the lease log (in Redis).
 RETAINED = ("journal", "dead_letters", "archived_ids", "lease_log")
 
-#: The tables ``keylane status`` shows the size of: the journal, closed review rows, the
-#: archived ids still recognised, and the lease log (in Redis).
-RETAINED = ("journal", "dead_letters", "archived_ids", "lease_log")
-
 
 def collect_status(
     settings: Settings, view: DeploymentView, stuck_after_s: float = STUCK_AFTER_S
