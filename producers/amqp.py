@@ -40,7 +40,7 @@ from typing import Any
 from amqp import Message  # type: ignore[import-untyped]
 from kombu.connection import Connection as _KombuConnection
 
-from ..routing.contract.amqp_names import Topology, shard_queue, topology
+from ..routing.contract.amqp_names import shard_queue, topology
 from ..routing.contract.errors import BrokerUnavailable
 from ..routing.contract.message import RECORD_HEADER
 from ..routing.contract.schedules import RunLease
@@ -112,7 +112,7 @@ class ConfirmingPublisher:
             try:
                 conn.connect()
                 channel = conn.channel()
-                declare_topology(channel, self.topology)
+                self.topology.declare(channel)
                 channel.confirm_select()
             except Exception as exc:
                 errors.append(str(exc))
@@ -133,17 +133,6 @@ class ConfirmingPublisher:
         """Close the connection."""
         with self._lock:
             self._close()
-
-
-def declare_topology(channel: Any, wanted: Topology) -> None:
-    """Declare the deployment's exchanges and queues (idempotent): never publish to a
-    queue that does not exist yet."""
-    for exchange, kind in wanted.exchanges:
-        channel.exchange_declare(exchange, kind, durable=True, auto_delete=False)
-    for name, arguments in wanted.queues:
-        channel.queue_declare(name, durable=True, auto_delete=False, arguments=arguments)
-    for name, exchange in wanted.bindings:
-        channel.queue_bind(name, exchange, name)
 
 
 #: Confirming connections per receiver process: a publish waits for its confirm (a

@@ -165,16 +165,19 @@ class Stream:
             thread.join(60)
 
 
-def assert_applied_once_in_order(stack: Stack, stream: Stream, timeout_s: float = 180) -> None:
-    """Every accepted event is applied, exactly once, in accepted order per record."""
-    stack.wait_journal(stream.total, timeout_s)
+def assert_applied_once_in_order(
+    stack: Stack, stream: Stream, timeout_s: float = 180, before: int = 0
+) -> None:
+    """Every accepted event is applied, exactly once, in accepted order per record
+    (``before``: the journal entries of earlier streams)."""
+    stack.wait_journal(before + stream.total, timeout_s)
     store = stack.open_store()
     for key in stream.keys:
         fields = store.read(key).fields
         want = list(range(stream.sent[key]))
         assert fields.get("seq", []) == want, (key, fields, stack.logs())
         assert fields.get("n", 0) == len(want), (key, fields)
-    assert store.journal_size() == stream.total
+    assert store.journal_size() == before + stream.total
 
 
 def active_consumers(cluster: RabbitCluster, s: Settings) -> dict[int, list[str]]:
@@ -322,17 +325,26 @@ def test_killing_the_leader_of_a_shard_queue_or_the_control_queue_loses_no_accep
         leader = rabbitmq.leader_of(shard_queue(s.namespace, s.shards, 0))
         rabbitmq.kill(leader)
         stream.wait_total(stream.total + 200, timeout_s=180)
-        # And, once it is back, the node that leads the queue Celery's consumers listen on
-        rabbitmq.restart(leader)
-        rabbitmq.kill(rabbitmq.leader_of(CONTROL_QUEUE))
-        stream.wait_total(stream.total + 200, timeout_s=180)
-        assert all(w.alive() for w in workers), stack.logs()
     finally:
         stream.stop()
     # Then every event that got a 2xx is applied once, in order per record (refusals,
     # if any, were 503 with Retry-After, and their retries went through)
     assert_applied_once_in_order(stack, stream)
     assert stream.statuses <= {202, 503}
+    # When, once that node is back, the node leading the queue Celery's consumers listen
+    # on is killed -9 during another stream
+    rabbitmq.restart(leader)
+    second = Stream(stack, "control", records=24).start()
+    try:
+        second.wait_total(100)
+        rabbitmq.kill(rabbitmq.leader_of(CONTROL_QUEUE))
+        second.wait_total(second.total + 200, timeout_s=180)
+    finally:
+        second.stop()
+    # Then the workers go on, and the same holds
+    assert all(w.alive() for w in workers), stack.logs()
+    assert_applied_once_in_order(stack, second, before=stream.total)
+    assert second.statuses <= {202, 503}
 
 
 def test_a_message_that_kills_its_worker_becomes_a_poison_dead_letter(

@@ -54,6 +54,17 @@ class Topology:
     queues: list[tuple[str, dict[str, Any]]]
     bindings: list[tuple[str, str]]
 
+    def declare(self, channel: Any) -> None:
+        """Declare all of it on ``channel`` (an AMQP channel of either side; idempotent,
+        and the same on both, since a queue declared twice with other settings is
+        refused): never publish to a queue that does not exist yet."""
+        for exchange, kind in self.exchanges:
+            channel.exchange_declare(exchange, kind, durable=True, auto_delete=False)
+        for name, arguments in self.queues:
+            channel.queue_declare(name, durable=True, auto_delete=False, arguments=arguments)
+        for name, exchange in self.bindings:
+            channel.queue_bind(name, exchange, name)
+
 
 def topology(settings: Settings) -> Topology:
     """The dead-letter exchange and queue, and every shard queue. Receivers declare it

@@ -13,14 +13,13 @@ keylane adds: the failure model). One concept per module:
 """
 
 from .broker import RabbitLaneBroker
-from .link import declare_topology, delete_topology
+from .link import delete_topology
 from .survey import QueueDepth, Survey, survey
 
 __all__ = [
     "QueueDepth",
     "RabbitLaneBroker",
     "Survey",
-    "declare_topology",
     "delete_topology",
     "survey",
 ]

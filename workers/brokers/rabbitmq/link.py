@@ -43,17 +43,6 @@ CALL_TIMEOUT_S = 15.0
 RECONNECT_S = 0.5
 
 
-def declare_topology(channel: Any, settings: Settings) -> None:
-    """Declare the deployment's exchanges and queues (idempotent)."""
-    wanted = topology(settings)
-    for exchange, kind in wanted.exchanges:
-        channel.exchange_declare(exchange, kind, durable=True, auto_delete=False)
-    for name, arguments in wanted.queues:
-        channel.queue_declare(name, durable=True, auto_delete=False, arguments=arguments)
-    for name, exchange in wanted.bindings:
-        channel.queue_bind(name, exchange, name)
-
-
 def delete_topology(settings: Settings) -> None:
     """Delete the deployment's queues and exchanges (benchmarks and tools clean up)."""
     conn, _ = connect(settings.amqp_urls(), settings.amqp_heartbeat_s)
@@ -137,6 +126,14 @@ def round_trip(consumer: ShardConsumer, prefetch: int) -> None:
     consumer.channel.basic_qos(0, prefetch, False)  # answered by qos-ok: a round trip
 
 
+def only_consumer(consumer: ShardConsumer, queue: str) -> bool:
+    """Whether the shard's consumer is its queue's only one (a passive declare answers
+    the count): then it is the single active consumer, delivery or not."""
+    if not consumer.alive or not consumer.channel.is_open:
+        return False
+    return int(consumer.channel.queue_declare(queue, passive=True).consumer_count) == 1
+
+
 def is_connection_error(exc: BaseException) -> bool:
     """Whether ``exc`` means the connection is lost (the AMQP thread reconnects)."""
     return isinstance(
@@ -193,7 +190,7 @@ class AmqpLink(ABC):
             self._connection = conn
             self._generation += 1
         self._control = conn.channel()
-        declare_topology(self._control, self.settings)
+        topology(self.settings).declare(self._control)
         self._join_members()
         if self._on_dead is not None:
             self._consume_dead(conn)

@@ -16,7 +16,7 @@ from ....routing.contract.amqp_names import shard_queue
 from ....routing.contract.message import BATCH_HEADER, RECORD_HEADER
 from ...broker import Acquired, Lease
 from .consumers import Delivery, ShardConsumer, message_headers
-from .link import close_channel, message_body, round_trip
+from .link import close_channel, message_body, only_consumer, round_trip
 from .parking import Parking
 
 log = logging.getLogger("keylane.rabbitmq")
@@ -56,6 +56,14 @@ class Ownership(Parking):
             if connected:
                 self._submit(lambda: self._consume(shard), wait=True)
             return Acquired(None, "", 0)
+        if not consumer.active and consumer.alive and connected:
+            # No delivery yet: an empty queue never says who is active. Alone on the
+            # queue, this consumer is the active one: it must own the shard all the same,
+            # for the records parked in the store behind an empty queue.
+            name = shard_queue(self.settings.namespace, self.settings.shards, shard)
+            if self._submit(lambda: only_consumer(consumer, name), wait=True):
+                with self._lock:
+                    consumer.active = consumer.alive
         if not consumer.active or not consumer.alive:
             return Acquired(None, "", 0)
         if consumer.epoch == 0:
