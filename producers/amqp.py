@@ -45,7 +45,7 @@ from ..routing.contract.errors import BrokerUnavailable
 from ..routing.contract.message import RECORD_HEADER
 from ..routing.contract.schedules import RunLease
 from ..routing.contract.settings import Settings
-from .gateway import EnqueueResult, ReceiverGateway
+from .gateway import EnqueueResult, ReceiverGateway, broker_errors
 
 log = logging.getLogger("keylane.receiver")
 
@@ -222,6 +222,27 @@ class AmqpReceiverGateway(ReceiverGateway):
         except BrokerUnavailable as exc:
             log.warning("event %s/%s accepted, not marked seen: %s", source, event_id, exc)
         return EnqueueResult("accepted", answer.decode())
+
+    async def push_once(self, marker: str, shard: int, message: bytes, marker_ttl_ms: int) -> bool:
+        """Publish an operator's message (a dead letter's retry) unless ``marker`` says it
+        was published before. As with the dedupe mark, the marker is written after the
+        confirm: a crash (or a Redis outage) in between leaves none, the next retry
+        publishes again, and the journal makes the second copy a duplicate."""
+        key = self.keys.once(marker)
+        try:
+            with broker_errors():
+                if await self.client.exists(key):
+                    return False
+        except BrokerUnavailable as exc:
+            log.warning("marker %s unreadable, publishing: %s", marker, exc)
+        name = shard_queue(self.settings.namespace, self.shards, shard)
+        await asyncio.to_thread(self.publisher.publish, name, message, _record_key_of(message))
+        try:
+            with broker_errors():
+                await self.client.set(key, "1", px=marker_ttl_ms)
+        except BrokerUnavailable as exc:
+            log.warning("message %s published, marker not written: %s", marker, exc)
+        return True
 
     async def record_reuse(
         self,

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+import redis
 from kombu import Connection
 
 from keylane.routing.contract.amqp_names import dead_queue, shard_queue
@@ -485,3 +486,47 @@ def test_without_a_quorum_the_receiver_answers_503_and_the_retry_goes_through(
     stack.wait_journal(2)
     wait_until(lambda: store.read("quorum:1").fields.get("n") == 2, 60, "both applied")
     assert store.journal_size() == 2
+
+
+def test_dlq_retry_publishes_the_dead_letter_back_through_its_lane_once(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given a dead letter: an increment of a field that holds text
+    stack: Stack = deploy(shard_count=1)
+    stack.receiver()
+    stack.worker(lanes=2)
+    assert stack.post(event("r1", "retry:1", visits={"set": "many"})).status_code == 202
+    assert stack.post(event("r2", "retry:1", visits={"increment": 1})).status_code == 202
+    store = stack.open_store()
+    store.migrate()
+    wait_until(lambda: store.dead_letters(DeadLetterFilter()) != [], 60, "a dead letter",
+               on_timeout=stack.logs)  # fmt: skip
+    (row,) = store.dead_letters(DeadLetterFilter())
+    assert (row.reason, row.event_id) == ("type", "r2")
+    # When the record is fixed by hand and the row retried
+    fixed = stack.keylane("records", "set", "retry:1", "visits=0")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    retried = stack.keylane("dlq", "retry", str(row.id), "--yes")
+    # Then the event was published to the shard's queue and applied, from a fresh read
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    assert "retry: 1 queued" in retried.stdout
+    wait_until(lambda: store.read("retry:1").fields.get("visits") == 1, 60, "the retry applied",
+               on_timeout=stack.logs)  # fmt: skip
+    assert store.dead_letter(row.id).status == "retried"  # type: ignore[union-attr]
+    # And a second retry queues nothing
+    again = stack.keylane("dlq", "retry", str(row.id), "--yes", "--status", "retried")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "retry: 1 already queued" in again.stdout
+    # When its marker is lost (the marker is a Redis helper's, written after the confirm),
+    # a third retry publishes a second copy
+    s = stack.settings
+    redis.Redis.from_url(s.redis_dsn()).delete(s.keys.once(f"retry:{row.id}"))
+    third = stack.keylane("dlq", "retry", str(row.id), "--yes", "--status", "retried")
+    assert "retry: 1 queued" in third.stdout, third.stdout + third.stderr
+    # Then the journal makes that copy a duplicate: the next event of the record, applied
+    # behind it, finds the retry applied once
+    assert stack.post(event("r3", "retry:1", visits={"increment": 10})).status_code == 202
+    wait_until(lambda: store.read("retry:1").fields.get("visits") != 1, 60, "r3 applied",
+               on_timeout=stack.logs)  # fmt: skip
+    assert store.read("retry:1").fields["visits"] == 11
+    assert len(store.dead_letters(DeadLetterFilter())) == 1
