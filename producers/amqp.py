@@ -43,6 +43,7 @@ from kombu.connection import Connection as _KombuConnection
 from ..routing.contract.amqp_names import Topology, shard_queue, topology
 from ..routing.contract.errors import BrokerUnavailable
 from ..routing.contract.message import RECORD_HEADER
+from ..routing.contract.replies import reply_text
 from ..routing.contract.schedules import RunLease
 from ..routing.contract.settings import Settings
 from .gateway import EnqueueResult, ReceiverGateway, broker_errors
@@ -208,9 +209,11 @@ class AmqpReceiverGateway(ReceiverGateway):
     ) -> EnqueueResult:
         """Answer a duplicate from its mark; else publish, wait for the confirm, then
         mark (see the module docstring). ``high_water`` is the shard queue's own
-        ``x-max-length`` here."""
-        if lease is not None:
-            raise BrokerUnavailable("scheduled runs do not publish to RabbitMQ yet")
+        ``x-max-length`` here. ``lease``: a scheduled run's, checked in Redis (where the
+        scheduler keeps it) before the publish: ``fenced``, nothing published, once the
+        run lost it (see :meth:`holds`)."""
+        if lease is not None and not await self.holds(lease):
+            return EnqueueResult("fenced", "")
         earlier = await self._seen(source, event_id, body_sha256)
         if earlier is not None:
             return earlier
@@ -222,6 +225,19 @@ class AmqpReceiverGateway(ReceiverGateway):
         except BrokerUnavailable as exc:
             log.warning("event %s/%s accepted, not marked seen: %s", source, event_id, exc)
         return EnqueueResult("accepted", answer.decode())
+
+    async def holds(self, lease: RunLease) -> bool:
+        """Whether the run still holds its job's lease (a Redis outage raises
+        :class:`BrokerUnavailable`: the run cannot tell, so it sends nothing).
+
+        The check and the publish are two steps here (on Redis, one script): a run that
+        pauses between them, past its lease, publishes one event after another scheduler
+        took the job over. Its id is ``job@tick/key``: if the tick is run again, the same
+        id comes twice and the journal applies it once (whichever lands first); what the
+        ids do not cover is in README, "Scheduled runs and repairs on RabbitMQ"."""
+        with broker_errors():
+            value = await self.client.get(lease.key)
+        return value is not None and reply_text(value) == lease.value
 
     async def push_once(self, marker: str, shard: int, message: bytes, marker_ttl_ms: int) -> bool:
         """Publish an operator's message (a dead letter's retry) unless ``marker`` says it
