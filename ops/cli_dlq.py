@@ -24,7 +24,16 @@ from ..workers.store import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter, 
 from .cli_common import age, cli_store, emit_json, settings_of
 from .dlq_show import show_json, show_text
 from .tables import render_table
-from .triage import Handled, Triage, field_diffs, kind_of, parse_age, record_now, stats_summary
+from .triage import (
+    AmqpTriageBroker,
+    Handled,
+    Triage,
+    field_diffs,
+    kind_of,
+    parse_age,
+    record_now,
+    stats_summary,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -229,11 +238,15 @@ def _bulk(
             click.confirm(
                 f"{verb.capitalize()} {len(rows)} dead letter(s) ({summary})?", abort=True, err=True
             )
-        if verb == "retry" and settings.broker_is_rabbitmq:
-            # The retry would go to a Redis queue no lane reads: refuse, never drop it.
-            raise KeylaneError("keylane dlq retry does not publish to RabbitMQ yet")
-        broker = RedisLaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
-        done = _run(Triage(store, broker), rows, act, verb)
+        if settings.broker_is_rabbitmq:
+            amqp = AmqpTriageBroker(settings)
+            try:
+                done = _run(Triage(store, amqp), rows, act, verb)
+            finally:
+                amqp.close()
+        else:
+            broker = RedisLaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+            done = _run(Triage(store, broker), rows, act, verb)
     finally:
         store.close()
     _report(verb, done, as_json)

@@ -7,6 +7,12 @@
   a retried event apply at most once, so retrying twice, or concurrently, is harmless.
 * **discard** / **resolve** close the row (with who, when and a note); if it held its key,
   a release message lets the parked events go, in order.
+
+On RabbitMQ the retry is published to the shard's quorum queue with a publisher confirm,
+through the receiver's accept path (:class:`AmqpTriageBroker`); its marker is written in
+Redis after the confirm, so a crash in between leaves the row open and unmarked, the next
+retry publishes a second copy, and the journal applies it at most once. No record is held
+there (the ``hold`` policy is refused on RabbitMQ).
 """
 
 from __future__ import annotations
@@ -15,13 +21,16 @@ import copy
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
+from ..producers.sender import Sender
+from ..routing import ShardMap
 from ..routing.contract.errors import KeylaneError
 from ..routing.contract.events import Event, parse_changes
 from ..routing.contract.message import build_event_message, build_unhold_message
+from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources
-from ..workers.brokers.redis import RedisLaneBroker
+from ..routing.redis_keys import ONCE_MARKER_TTL_MS
 from ..workers.changes import apply_changes
 from ..workers.resources import open_resource
 from ..workers.store import DeadLetter, DeadLetterStatus, Store
@@ -44,10 +53,47 @@ class Handled:
     detail: str = ""
 
 
+class TriageBroker(Protocol):
+    """Where triage queues a row's messages: the Redis lane broker
+    (:class:`~keylane.workers.brokers.redis.RedisLaneBroker`) or, on RabbitMQ,
+    :class:`AmqpTriageBroker`."""
+
+    shards: ShardMap
+
+    def held_by(self, record_key: str) -> int | None: ...
+
+    def queued(self, record_key: str) -> int: ...
+
+    def push_once(self, marker: str, shard: int, raw: bytes) -> bool: ...
+
+
+class AmqpTriageBroker:
+    """Triage on RabbitMQ: a message goes to its shard's quorum queue with a publisher
+    confirm, through the receiver's accept path and its confirming publisher; no record
+    is held there."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.shards = settings.shards
+        self._sender = Sender(settings)
+
+    def held_by(self, record_key: str) -> int | None:
+        return None  # the hold policy is refused on RabbitMQ
+
+    def queued(self, record_key: str) -> int:
+        return 0
+
+    def push_once(self, marker: str, shard: int, raw: bytes) -> bool:
+        return self._sender.push_once(marker, shard, raw, ONCE_MARKER_TTL_MS)
+
+    def close(self) -> None:
+        """Close the publisher's connections."""
+        self._sender.close()
+
+
 class Triage:
     """Operations on review rows, for the CLI."""
 
-    def __init__(self, store: Store, broker: RedisLaneBroker) -> None:
+    def __init__(self, store: Store, broker: TriageBroker) -> None:
         self.store = store
         self.broker = broker
 

@@ -148,6 +148,12 @@ class Acceptor:
             lease=lease,
         )
 
+    async def push_once(self, marker: str, shard: int, message: bytes, marker_ttl_ms: int) -> bool:
+        """Queue an operator's message for ``shard`` (a dead letter's retry, built by
+        :func:`~keylane.routing.contract.message.build_event_message`) once per
+        ``marker``: False, and nothing queued, if the marker was used before."""
+        return await self.gateway.push_once(marker, shard, message, marker_ttl_ms)
+
     async def record_reuse(self, event: NewEvent, retention_s: int) -> bool:
         """Queue ``event``, marked for review only, as the record of its id reused with
         another body (once per distinct body: senders retry a 409)."""

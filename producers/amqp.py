@@ -43,9 +43,10 @@ from kombu.connection import Connection as _KombuConnection
 from ..routing.contract.amqp_names import shard_queue, topology
 from ..routing.contract.errors import BrokerUnavailable
 from ..routing.contract.message import RECORD_HEADER
+from ..routing.contract.replies import reply_text
 from ..routing.contract.schedules import RunLease
 from ..routing.contract.settings import Settings
-from .gateway import EnqueueResult, ReceiverGateway
+from .gateway import EnqueueResult, ReceiverGateway, broker_errors
 
 log = logging.getLogger("keylane.receiver")
 
@@ -197,9 +198,11 @@ class AmqpReceiverGateway(ReceiverGateway):
     ) -> EnqueueResult:
         """Answer a duplicate from its mark; else publish, wait for the confirm, then
         mark (see the module docstring). ``high_water`` is the shard queue's own
-        ``x-max-length`` here."""
-        if lease is not None:
-            raise BrokerUnavailable("scheduled runs do not publish to RabbitMQ yet")
+        ``x-max-length`` here. ``lease``: a scheduled run's, checked in Redis (where the
+        scheduler keeps it) before the publish: ``fenced``, nothing published, once the
+        run lost it (see :meth:`holds`)."""
+        if lease is not None and not await self.holds(lease):
+            return EnqueueResult("fenced", "")
         earlier = await self._seen(source, event_id, body_sha256)
         if earlier is not None:
             return earlier
@@ -211,6 +214,40 @@ class AmqpReceiverGateway(ReceiverGateway):
         except BrokerUnavailable as exc:
             log.warning("event %s/%s accepted, not marked seen: %s", source, event_id, exc)
         return EnqueueResult("accepted", answer.decode())
+
+    async def holds(self, lease: RunLease) -> bool:
+        """Whether the run still holds its job's lease (a Redis outage raises
+        :class:`BrokerUnavailable`: the run cannot tell, so it sends nothing).
+
+        The check and the publish are two steps here (on Redis, one script): a run that
+        pauses between them, past its lease, publishes one event after another scheduler
+        took the job over. Its id is ``job@tick/key``: if the tick is run again, the same
+        id comes twice and the journal applies it once (whichever lands first); what the
+        ids do not cover is in README, "Scheduled runs and repairs on RabbitMQ"."""
+        with broker_errors():
+            value = await self.client.get(lease.key)
+        return value is not None and reply_text(value) == lease.value
+
+    async def push_once(self, marker: str, shard: int, message: bytes, marker_ttl_ms: int) -> bool:
+        """Publish an operator's message (a dead letter's retry) unless ``marker`` says it
+        was published before. As with the dedupe mark, the marker is written after the
+        confirm: a crash (or a Redis outage) in between leaves none, the next retry
+        publishes again, and the journal makes the second copy a duplicate."""
+        key = self.keys.once(marker)
+        try:
+            with broker_errors():
+                if await self.client.exists(key):
+                    return False
+        except BrokerUnavailable as exc:
+            log.warning("marker %s unreadable, publishing: %s", marker, exc)
+        name = shard_queue(self.settings.namespace, self.shards, shard)
+        await asyncio.to_thread(self.publisher.publish, name, message, _record_key_of(message))
+        try:
+            with broker_errors():
+                await self.client.set(key, "1", px=marker_ttl_ms)
+        except BrokerUnavailable as exc:
+            log.warning("message %s published, marker not written: %s", marker, exc)
+        return True
 
     async def record_reuse(
         self,

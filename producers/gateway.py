@@ -197,6 +197,13 @@ class ReceiverGateway:
         with broker_errors():
             await pipe.execute()
 
+    async def push_once(self, marker: str, shard: int, message: bytes, marker_ttl_ms: int) -> bool:
+        """Queue an operator's message once per ``marker`` (True if queued). Only where the
+        receiver publishes to another broker (:mod:`keylane.producers.amqp`): on Redis, the
+        lanes' own ``push_once`` script queues it (``keylane.workers.brokers.redis``), which
+        also puts a held record's retry first."""
+        raise BrokerUnavailable("on Redis, an operator's message goes through the lane broker")
+
     async def ping(self) -> bool:
         """Whether Redis answers."""
         try:

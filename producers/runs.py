@@ -2,7 +2,8 @@
 
 A job's events go through keylane's accept path (:class:`~keylane.producers.sender.Sender`,
 the receiver's own script: dedupe on the event id, the shard's high-water mark, the
-record's lane), fenced by the run's lease: once the lease is gone (the scheduler paused
+record's lane; on RabbitMQ a lease check, then the confirmed publish), fenced by the
+run's lease: once the lease is gone (the scheduler paused
 past it, or lost Redis long enough for another to take over), nothing the run sends is
 accepted and the next send raises :class:`LeaseLost`. Every event id is derived from the
 job, the run's scheduled time and the record (:func:`event_id`), so a run repeated after

@@ -72,6 +72,14 @@ class Sender:
         future = asyncio.run_coroutine_threadsafe(self._accept(event, batch, lease), self._loop)
         return await asyncio.wrap_future(future)
 
+    def push_once(self, marker: str, shard: int, message: bytes, marker_ttl_ms: int) -> bool:
+        """:meth:`Acceptor.push_once` from any thread (``keylane dlq retry`` on RabbitMQ)."""
+        push = self._push_once(marker, shard, message, marker_ttl_ms)
+        return asyncio.run_coroutine_threadsafe(push, self._loop).result(SEND_TIMEOUT_S)
+
+    async def _push_once(self, marker: str, shard: int, message: bytes, ttl_ms: int) -> bool:
+        return await self.acceptor.push_once(marker, shard, message, ttl_ms)
+
     @property
     def acceptor(self) -> Acceptor:
         """The accept path, connected to Redis on first use."""

@@ -20,6 +20,10 @@ def latency_bucket(seconds: float) -> str:
     return "+Inf"
 
 
+#: How long an operator's message marker (:meth:`RedisKeys.once`) is kept: a second retry
+#: of one dead letter within it queues nothing.
+ONCE_MARKER_TTL_MS = 7 * 24 * 3600 * 1000
+
 #: What is kept with an in-flight message in its shard's deliveries hash, each as the field
 #: ``<digest>:<note>`` (the lane scripts forget them all when the message is done).
 MESSAGE_NOTES = ("error", "retries", "since", "write")

@@ -9,6 +9,7 @@ applied in (a second application would show twice), ``n`` their count.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import signal
@@ -22,9 +23,15 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+import redis
 from kombu import Connection
 
+from keylane.producers.gateway import ScheduleGateway
+from keylane.producers.runs import Run, RunInfo
+from keylane.producers.sender import Sender
 from keylane.routing.contract.amqp_names import dead_queue, shard_queue
+from keylane.routing.contract.errors import LeaseLost
+from keylane.routing.contract.schedules import RunLease
 from keylane.routing.contract.settings import Settings, load_settings
 from keylane.workers.app import CONTROL_QUEUE
 from keylane.workers.store import DeadLetterFilter
@@ -497,3 +504,124 @@ def test_without_a_quorum_the_receiver_answers_503_and_the_retry_goes_through(
     stack.wait_journal(2)
     wait_until(lambda: store.read("quorum:1").fields.get("n") == 2, 60, "both applied")
     assert store.journal_size() == 2
+
+
+def test_dlq_retry_publishes_the_dead_letter_back_through_its_lane_once(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given a dead letter: an increment of a field that holds text
+    stack: Stack = deploy(shard_count=1)
+    stack.receiver()
+    stack.worker(lanes=2)
+    assert stack.post(event("r1", "retry:1", visits={"set": "many"})).status_code == 202
+    assert stack.post(event("r2", "retry:1", visits={"increment": 1})).status_code == 202
+    store = stack.open_store()
+    store.migrate()
+    wait_until(lambda: store.dead_letters(DeadLetterFilter()) != [], 60, "a dead letter",
+               on_timeout=stack.logs)  # fmt: skip
+    (row,) = store.dead_letters(DeadLetterFilter())
+    assert (row.reason, row.event_id) == ("type", "r2")
+    # When the record is fixed by hand and the row retried
+    fixed = stack.keylane("records", "set", "retry:1", "visits=0")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    retried = stack.keylane("dlq", "retry", str(row.id), "--yes")
+    # Then the event was published to the shard's queue and applied, from a fresh read
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    assert "retry: 1 queued" in retried.stdout
+    wait_until(lambda: store.read("retry:1").fields.get("visits") == 1, 60, "the retry applied",
+               on_timeout=stack.logs)  # fmt: skip
+    assert store.dead_letter(row.id).status == "retried"  # type: ignore[union-attr]
+    # And a second retry queues nothing
+    again = stack.keylane("dlq", "retry", str(row.id), "--yes", "--status", "retried")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "retry: 1 already queued" in again.stdout
+    # When its marker is lost (the marker is a Redis helper's, written after the confirm),
+    # a third retry publishes a second copy
+    s = stack.settings
+    redis.Redis.from_url(s.redis_dsn()).delete(s.keys.once(f"retry:{row.id}"))
+    third = stack.keylane("dlq", "retry", str(row.id), "--yes", "--status", "retried")
+    assert "retry: 1 queued" in third.stdout, third.stdout + third.stderr
+    # Then the journal makes that copy a duplicate: the next event of the record, applied
+    # behind it, finds the retry applied once
+    assert stack.post(event("r3", "retry:1", visits={"increment": 10})).status_code == 202
+    wait_until(lambda: store.read("retry:1").fields.get("visits") != 1, 60, "r3 applied",
+               on_timeout=stack.logs)  # fmt: skip
+    assert store.read("retry:1").fields["visits"] == 11
+    assert len(store.dead_letters(DeadLetterFilter())) == 1
+
+
+def test_a_scheduled_run_publishes_under_its_lease_and_one_that_lost_it_sends_nothing(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    stack: Stack = deploy(shard_count=2)
+    s = stack.settings
+    sender = Sender(s)
+
+    async def scenario() -> None:
+        gw = ScheduleGateway.from_url(s.redis_dsn(), s.keys)
+        try:
+            last = await gw.register("sync", {}, 1000)
+            # Given a run started by scheduler A, which publishes one event
+            first = await gw.step("sync", "A", 60_000, 2000, 0, last, "skip", "rerun")
+            lease_a = RunLease("sync", s.keys.schedule_lease("sync"), f"A/{first.token}")
+            run_a = Run(RunInfo("sync", 2000, None, 1, first.token), lease_a, sender, "demo")
+            sent = await asyncio.to_thread(run_a.change, "sched:1", {"n": {"increment": 1}})
+            assert sent.status == "accepted"
+            # When its lease expires (A paused) and scheduler B runs the tick again
+            await gw.client.delete(s.keys.schedule_lease("sync"))
+            second = await gw.step("sync", "B", 60_000, None, 0, "2000", "skip", "rerun")
+            assert (second.kind, second.attempt) == ("start", 2)
+            # Then A, waking up, publishes nothing more
+            with pytest.raises(LeaseLost):
+                await asyncio.to_thread(run_a.change, "sched:2", {"n": {"increment": 1}})
+            # And B's events go out; what A sent is a duplicate
+            lease_b = RunLease("sync", s.keys.schedule_lease("sync"), f"B/{second.token}")
+            run_b = Run(RunInfo("sync", 2000, None, 2, second.token), lease_b, sender, "demo")
+            for key, status in (("sched:1", "duplicate"), ("sched:2", "accepted")):
+                sent = await asyncio.to_thread(run_b.change, key, {"n": {"increment": 1}})
+                assert sent.status == status
+        finally:
+            await gw.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        sender.close()
+    # And a worker applies each event once, from the shard queues on RabbitMQ
+    store = stack.open_store()
+    store.migrate()
+    stack.worker(lanes=2)
+    stack.wait_journal(2)
+    for key in ("sched:1", "sched:2"):
+        wait_until(lambda key=key: store.read(key).fields.get("n") == 1, 60, f"{key} applied")  # type: ignore[misc]
+    assert store.journal_size() == 2
+
+
+def test_a_repair_sweep_on_rabbitmq_repairs_through_the_records_lane(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given a repair that makes `full` agree with `first` and `last`, swept every second,
+    # under a real scheduler, and a worker that imports its check
+    app = "tests.support.scheduled_jobs"
+    stack: Stack = deploy(shard_count=2)
+    stack.extra_env.update(TEST_JOBS="full_name", TEST_JOB_EVERY="1s")
+    stack.receiver()
+    stack.worker(lanes=2, app=app)
+    # When records arrive with `full` left wrong
+    for i in range(3):
+        body = event(f"a{i}", f"acct:{i}", first={"set": f"F{i}"}, last={"set": "L"})
+        assert stack.post(body).status_code == 202
+    stack.scheduler(app=app)
+    # Then the sweep's repair events, published under the run's lease, are applied in
+    # each record's lane, once
+    store = stack.open_store()
+    store.migrate()
+
+    def repaired() -> bool:
+        records = [store.read(f"acct:{i}").fields for i in range(3)]
+        return all(r.get("full") == f"F{i} L" for i, r in enumerate(records))
+
+    wait_until(repaired, 60, "every record repaired", on_timeout=stack.logs)
+    time.sleep(2.5)  # a few more sweeps: each finds nothing to repair
+    for i in range(3):
+        assert store.read(f"acct:{i}").fields["repairs"] == 1

@@ -40,7 +40,13 @@ from ...routing import ShardMap
 from ...routing.contract.destinations import EXCERPT_CHARS
 from ...routing.contract.errors import BrokerUnavailable
 from ...routing.contract.replies import reply_int, reply_text
-from ...routing.redis_keys import MESSAGE_NOTES, RedisKeys, latency_bucket, message_digest
+from ...routing.redis_keys import (
+    MESSAGE_NOTES,
+    ONCE_MARKER_TTL_MS,
+    RedisKeys,
+    latency_bucket,
+    message_digest,
+)
 from ..broker import Ack, Acquired, Counts, Idle, LaneBroker, Lease, Taken
 from ..flow import DestinationFlow
 
@@ -330,7 +336,7 @@ class RedisLaneBroker(LaneBroker):
         return int(_do(lambda: self.client.llen(key)))
 
     def push_once(
-        self, marker: str, shard: int, raw: bytes, marker_ttl_ms: int = 7 * 24 * 3600 * 1000
+        self, marker: str, shard: int, raw: bytes, marker_ttl_ms: int = ONCE_MARKER_TTL_MS
     ) -> bool:
         """Queue an operator's message unless ``marker`` was used before (a second retry
         of one dead letter queues nothing)."""
