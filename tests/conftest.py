@@ -17,7 +17,6 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -171,19 +170,3 @@ def stack(settings: Settings, tmp_path: Path) -> Iterator[Stack]:
     deployment = Stack(settings, tmp_path)
     yield deployment
     deployment.stop_all()
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile`` (pyproject's addopts), except that the files that use the
-    RabbitMQ cluster are one unit of work, so that one xdist process starts one cluster
-    for all of them instead of one each."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class RabbitTogether(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "rabbitmq" if "rabbitmq" in Path(path).name else path
-
-    return RabbitTogether(config, log)
