@@ -1,6 +1,6 @@
 """keylane as users install it: the wheel, a clean virtual environment, no extras.
 
-The dev environment installs exactly the versions ops/dev.lock names. Users do not: `pip
+The dev environment installs exactly the versions ops/requirements-dev.txt names. Users do not: `pip
 install keylane` resolves pyproject.toml's ranges afresh, today and on every later day, so
 this test does too, twice:
 
@@ -55,7 +55,7 @@ def _install(venv: Path, wheel: Path, resolution: str) -> None:
     if resolution == "newest":
         argv = [venv / "bin" / "pip", "install", "--quiet", "--disable-pip-version-check", wheel]
     else:
-        # uv comes with the dev environment (ops/dev.lock), beside this interpreter.
+        # uv comes with the dev environment (ops/requirements-dev.txt), beside this interpreter.
         uv = Path(sys.executable).parent / "uv"
         argv = [uv, "pip", "install", "--quiet", "--resolution", "lowest-direct"]
         # keylane's own requirements named on the command line: "direct" means that, to uv;
