@@ -141,6 +141,7 @@ class Acceptor:
             queue=event.queue,
             shard=event.shard,
             message=event_message(event.wire, event.queue, batch),
+            record_key=event.record_key,
             answer=event.answer,
             retention_ms=retention_s * 1000,
             high_water=self.settings.shard_high_water,
@@ -165,6 +166,7 @@ class Acceptor:
             queue=event.queue,
             shard=event.shard,
             message=event_message(review, event.queue),
+            record_key=event.record_key,
             retention_ms=retention_s * 1000,
         )
 

@@ -190,6 +190,7 @@ class AmqpReceiverGateway(ReceiverGateway):
         queue: str,
         shard: int,
         message: bytes,
+        record_key: str,
         answer: bytes,
         retention_ms: int,
         high_water: int,
@@ -206,7 +207,6 @@ class AmqpReceiverGateway(ReceiverGateway):
         earlier = await self._seen(source, event_id, body_sha256)
         if earlier is not None:
             return earlier
-        record_key = _record_key_of(message)
         name = shard_queue(self.settings.namespace, self.shards, shard)
         await asyncio.to_thread(self.publisher.publish, name, message, record_key)
         try:
@@ -258,12 +258,13 @@ class AmqpReceiverGateway(ReceiverGateway):
         queue: str,
         shard: int,
         message: bytes,
+        record_key: str,
         retention_ms: int,
     ) -> bool:
         """Publish the review message of a reused id (a repeat of it adds a second review
         row only when the mark of the first could not be read)."""
         name = shard_queue(self.settings.namespace, self.shards, shard)
-        await asyncio.to_thread(self.publisher.publish, name, message, _record_key_of(message))
+        await asyncio.to_thread(self.publisher.publish, name, message, record_key)
         return True
 
     async def _seen(self, source: str, event_id: str, body_sha256: str) -> EnqueueResult | None:

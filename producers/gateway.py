@@ -107,6 +107,7 @@ class ReceiverGateway:
         queue: str,
         shard: int,
         message: bytes,
+        record_key: str,
         answer: bytes,
         retention_ms: int,
         high_water: int,
@@ -115,7 +116,9 @@ class ReceiverGateway:
     ) -> EnqueueResult:
         """Push ``message`` and mark ``event_id`` seen, unless already seen or the shard
         is at its high-water mark (its queue and what its owner took in), or (``lease``)
-        the scheduled run that sends it no longer holds its lease (``fenced``)."""
+        the scheduled run that sends it no longer holds its lease (``fenced``).
+        ``record_key`` is the event's, for a broker that routes by a header (RabbitMQ);
+        the script here reads it from the message."""
         keys = [
             self.keys.dedupe(source, event_id),
             self.keys.queue(queue),
@@ -149,6 +152,7 @@ class ReceiverGateway:
         queue: str,
         shard: int,
         message: bytes,
+        record_key: str,
         retention_ms: int,
     ) -> bool:
         """Queue ``message`` (the event, marked for review only) once per distinct body
