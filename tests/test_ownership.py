@@ -192,11 +192,18 @@ def test_extra_workers_started_at_once_never_share_a_shard(stack: Stack) -> None
     # Then order holds everywhere and the lease log and journal show one owner at a time
     load.verify(stack.open_store())
     _audit(stack)
-    counts = [
-        sum(1 for h in stack.view().lease_values().values() if h.startswith(w))
-        for w in _owners(stack)
-    ]
-    assert max(counts) - min(counts) <= 1, counts
+    # And the shards settle evenly over the four (a worker that lost a lease while the
+    # machine was busy takes its share back within a few rebalancing rounds)
+
+    def counts() -> list[int]:
+        holders = stack.view().lease_values().values()
+        return [sum(1 for h in holders if h.startswith(w)) for w in _owners(stack)]
+
+    def even() -> bool:
+        c = counts()
+        return len(c) == 4 and max(c) - min(c) <= 1
+
+    wait_until(even, 60, "shards spread evenly", on_timeout=lambda: str(counts()))
 
 
 def test_a_hung_handler_gives_its_shard_up_and_the_event_applies_once(stack: Stack) -> None:

@@ -33,7 +33,7 @@ from keylane.routing.contract.amqp_names import dead_queue, shard_queue
 from keylane.routing.contract.errors import LeaseLost
 from keylane.routing.contract.schedules import RunLease
 from keylane.routing.contract.settings import Settings, load_settings
-from keylane.workers.app import CONTROL_QUEUE
+from keylane.workers.app import CONTROL_QUEUE, create_app
 from keylane.workers.store import DeadLetterFilter
 from tests.support.rabbitmq import RabbitCluster
 from tests.support.stack import Stack, event, wait_until
@@ -223,6 +223,17 @@ def wait_consuming(cluster: RabbitCluster, stack: Stack, pids: set[int]) -> None
                on_timeout=stack.logs)  # fmt: skip
 
 
+def pinged(s: Settings) -> bool:
+    """Whether some worker answers ``celery inspect ping`` (a new connection each time)."""
+    app = create_app(s)
+    try:
+        return bool(app.control.ping(timeout=1.0))
+    except Exception:
+        return False
+    finally:
+        app.close()
+
+
 # -- tests ------------------------------------------------------------------------------
 
 
@@ -271,7 +282,8 @@ def test_a_paused_workers_late_write_is_refused(deploy: Any, rabbitmq: RabbitClu
     owner_pid = int(active_consumers(rabbitmq, s)[shard][0].split("/")[0].split(":")[1])
     owner = next(w for w in workers if w.pid == owner_pid)
     other = next(w for w in workers if w.pid != owner_pid)
-    time.sleep(1.0)  # the owner took it and sleeps before its write
+    wait_until(lambda: "fault injected: sleep at worker.before_write" in owner.log(), 60,
+               "the owner sleeps before its write", on_timeout=stack.logs)  # fmt: skip
     owner.signal(signal.SIGSTOP)
     try:
         # Then the other worker becomes the shard's consumer and applies the event
@@ -351,12 +363,38 @@ def test_killing_the_leader_of_a_shard_queue_or_the_control_queue_loses_no_accep
     # Then the same holds
     assert_applied_once_in_order(stack, second, before=stream.total)
     assert second.statuses <= {202, 503}
-    # And the workers go on: not yet always, a known gap (README, "Not on RabbitMQ yet")
-    if not all(w.alive() for w in workers):
-        pytest.xfail(
-            "a worker's Celery consumer can stop re-declaring its remote-control queue "
-            "after a node's loss"
-        )
+    # And both workers go on
+    assert all(w.alive() for w in workers), stack.logs()
+
+
+def test_a_worker_whose_remote_control_queue_is_refused_for_a_while_goes_on(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given a worker that answers Celery's remote control (celery inspect, Flower)
+    stack: Stack = deploy(shard_count=2)
+    stack.receiver()
+    worker = stack.worker(lanes=2)
+    wait_consuming(rabbitmq, stack, {worker.pid})
+    wait_until(lambda: pinged(stack.settings), 60, "a ping answered", on_timeout=stack.logs)
+    # When its connections are closed while RabbitMQ refuses to declare its exclusive
+    # remote-control queue (as it does for a moment after a node's loss, while the queue
+    # of the dead connection is still on record)
+    rabbitmq.ctl("set_permissions", "-p", "/", "guest", "^(?!.*pidbox).*$", ".*", ".*")
+    try:
+        rabbitmq.ctl("close_all_connections", "keylane test: a connection lost")
+        # (Celery's consumer retries it as it would a lost connection, instead of ending)
+        retried = "re-establish the connection... (AccessRefused"
+        wait_until(lambda: worker.log().count(retried) >= 3, 90,
+                   "the worker to retry after the refusal", on_timeout=stack.logs)  # fmt: skip
+        assert worker.alive(), stack.logs()
+    finally:
+        rabbitmq.ctl("set_permissions", "-p", "/", "guest", ".*", ".*", ".*")
+    # Then, once it may, the worker answers again, and its lanes still apply events
+    wait_until(lambda: pinged(stack.settings), 90, "a ping answered again",
+               on_timeout=stack.logs)  # fmt: skip
+    assert stack.post(event("rc-1", "rc:1", n={"increment": 1})).status_code == 202
+    stack.wait_journal(1, 60)
+    assert worker.alive()
 
 
 def test_a_message_that_kills_its_worker_becomes_a_poison_dead_letter(

@@ -60,6 +60,11 @@ def create_app(settings: Settings) -> Celery:
     app.conf.update(
         broker_transport_options=options,
         broker_connection_retry_on_startup=True,
+        # A channel error while Celery's consumer (re)starts is retried like a lost
+        # connection, not the end of the worker: after a RabbitMQ node's loss, declaring the
+        # worker's exclusive remote-control queue again can be refused for a moment
+        # (the old one is still on record, locked by the dead connection).
+        broker_channel_error_retry=True,
         task_default_queue=CONTROL_QUEUE,
         task_queues=[control_queue(settings), *(Queue(q) for q in settings.shards.all_queues())],
         task_create_missing_queues=False,

@@ -11,6 +11,7 @@ record's revision, the way a person editing the CRM at that instant would).
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -20,6 +21,8 @@ from typing import Any
 
 from .errors import InjectedFault
 from .settings import FaultSpec
+
+log = logging.getLogger("keylane.faults")
 
 
 class Faults:
@@ -45,6 +48,8 @@ class Faults:
         for index, spec in enumerate(self._specs):
             if spec.point != point or not self._take(index, spec, record_key):
                 continue
+            # Logged before it acts, so a test can wait for a fault to be under way
+            log.warning("fault injected: %s at %s (%s)", spec.action, point, record_key)
             if spec.action == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             elif spec.action == "sleep":
