@@ -12,9 +12,9 @@ import base64
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests.support.flower import AUTH, answers, tasks
 from tests.support.notion import HookServer
 from tests.support.services import free_port
 from tests.support.stack import Stack, event, wait_until
@@ -22,7 +22,6 @@ from tests.support.stack import Stack, event, wait_until
 pytestmark = pytest.mark.slow
 SQLITE = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 
-AUTH = ("ops", "flower-test")
 HOOK_SECRET = "whsec_" + base64.b64encode(b"keylane-flower-test").decode()
 
 
@@ -54,7 +53,7 @@ def test_flower_shows_events_in_flight_retrying_and_dead_lettered(
         port = free_port()
         stack._spawn("flower", ["flower", "--port", str(port)])
         flower = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _answers(flower), 60, "Flower to answer", on_timeout=stack.logs)
+        wait_until(lambda: answers(flower), 60, "Flower to answer", on_timeout=stack.logs)
         # When an order is stuck behind its destination, another goes through, and an
         # event of the demo source cannot apply (an increment of a text field)
         for body in (
@@ -69,7 +68,7 @@ def test_flower_shows_events_in_flight_retrying_and_dead_lettered(
         rows: dict[str, dict[str, Any]] = {}
 
         def shown() -> bool:
-            rows.update(_tasks(flower))
+            rows.update(tasks(flower))
             states = {row["args"]: row["state"] for row in rows.values()}
             return (
                 any("order:stuck" in a and s == "RETRY" for a, s in states.items())
@@ -88,20 +87,3 @@ def test_flower_shows_events_in_flight_retrying_and_dead_lettered(
         assert fine["result"] == "'applied'", fine
     finally:
         hook.stop()
-
-
-def _answers(flower: str) -> bool:
-    try:
-        return httpx.get(f"{flower}/healthcheck", timeout=5).text == "OK"
-    except httpx.HTTPError:
-        return False
-
-
-def _tasks(flower: str) -> dict[str, dict[str, Any]]:
-    try:
-        answer = httpx.get(f"{flower}/api/tasks", auth=AUTH, timeout=10)
-    except httpx.HTTPError:
-        return {}
-    if answer.status_code != 200:
-        return {}
-    return {uuid: {**row, "args": row.get("args") or ""} for uuid, row in answer.json().items()}

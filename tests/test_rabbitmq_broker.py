@@ -35,7 +35,12 @@ from keylane.routing.contract.schedules import RunLease
 from keylane.routing.contract.settings import Settings, load_settings
 from keylane.workers.app import CONTROL_QUEUE, create_app
 from keylane.workers.store import DeadLetterFilter
+from tests.support.flower import AUTH as FLOWER_AUTH
+from tests.support.flower import answers as flower_answers
+from tests.support.flower import api as flower_api
+from tests.support.flower import tasks as flower_tasks
 from tests.support.rabbitmq import RabbitCluster
+from tests.support.services import free_port
 from tests.support.stack import Stack, event, wait_until
 
 pytestmark = pytest.mark.slow
@@ -223,15 +228,21 @@ def wait_consuming(cluster: RabbitCluster, stack: Stack, pids: set[int]) -> None
                on_timeout=stack.logs)  # fmt: skip
 
 
-def pinged(s: Settings) -> bool:
-    """Whether some worker answers ``celery inspect ping`` (a new connection each time)."""
+def inspected(s: Settings, command: str) -> dict[str, Any]:
+    """The workers' answers to ``celery inspect <command>`` (a new connection each time;
+    empty if none answered)."""
     app = create_app(s)
     try:
-        return bool(app.control.ping(timeout=1.0))
+        return dict(getattr(app.control.inspect(timeout=2.0), command)() or {})
     except Exception:
-        return False
+        return {}
     finally:
         app.close()
+
+
+def pinged(s: Settings) -> bool:
+    """Whether some worker answers ``celery inspect ping``."""
+    return bool(inspected(s, "ping"))
 
 
 # -- tests ------------------------------------------------------------------------------
@@ -668,3 +679,43 @@ def test_a_repair_sweep_on_rabbitmq_repairs_through_the_records_lane(
     time.sleep(2.5)  # a few more sweeps: each finds nothing to repair
     for i in range(3):
         assert store.read(f"acct:{i}").fields["repairs"] == 1
+
+
+def test_flower_and_celery_inspect_see_the_workers_on_rabbitmq(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given a worker, a receiver and Flower on the cluster (Flower behind basic auth)
+    stack: Stack = deploy(shard_count=4)
+    stack.extra_env["KEYLANE_FLOWER_BASIC_AUTH"] = ":".join(FLOWER_AUTH)
+    stack.receiver()
+    worker = stack.worker(lanes=2)
+    wait_consuming(rabbitmq, stack, {worker.pid})
+    port = free_port()
+    stack._spawn("flower", ["flower", "--port", str(port)])
+    flower = f"http://127.0.0.1:{port}"
+    wait_until(lambda: flower_answers(flower), 60, "Flower to answer", on_timeout=stack.logs)
+    # When an event is applied
+    assert stack.post(event("fl-1", "flower:1", n={"increment": 1})).status_code == 202
+    stack.wait_journal(1, 60)
+    # Then `celery inspect active_queues` lists the control queue and the four shards'
+    # quorum queues
+    answers: dict[str, Any] = {}
+
+    def answered() -> bool:
+        answers.update(inspected(stack.settings, "active_queues"))
+        return bool(answers)
+
+    wait_until(answered, 60, "an answer to inspect", on_timeout=stack.logs)
+    assert len(answers) == 1, answers
+    queues = {q["name"] for q in next(iter(answers.values()))}
+    s = stack.settings
+    assert queues == {CONTROL_QUEUE, *(shard_queue(s.namespace, s.shards, n) for n in range(4))}
+    # And Flower shows the worker (remote control) and the applied event (task events)
+    wait_until(lambda: len(flower_api(flower, "workers?refresh=1")) == 1, 60,
+               "Flower to list the worker", on_timeout=stack.logs)  # fmt: skip
+
+    def applied() -> bool:
+        rows = flower_tasks(flower).values()
+        return any("flower:1" in r["args"] and r["state"] == "SUCCESS" for r in rows)
+
+    wait_until(applied, 60, "Flower to show the event applied", on_timeout=stack.logs)

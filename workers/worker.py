@@ -19,6 +19,7 @@ from celery.exceptions import SecurityWarning
 from celery.worker.control import control_command, inspect_command
 from kombu.entity import Queue
 
+from ..routing.contract.amqp_names import shard_queue
 from ..routing.contract.events import Event
 from ..routing.contract.settings import Settings
 from ..routing.router import EVENT_TASK
@@ -209,8 +210,12 @@ def active_queues(state: Any) -> list[dict[str, Any]]:
     names = [CONTROL_QUEUE]
     service: LaneService | None = getattr(state.consumer.controller, "keylane_service", None)
     if service is not None:
-        shards = service.settings.shards
-        names += [shards.queue_name(s) for s in sorted(service.ownership.owned())]
+        s = service.settings
+        owned = sorted(service.ownership.owned())
+        if s.broker_is_rabbitmq:  # the quorum queues' own names, under the namespace
+            names += [shard_queue(s.namespace, s.shards, shard) for shard in owned]
+        else:  # kombu adds the namespace as its key prefix
+            names += [s.shards.queue_name(shard) for shard in owned]
     return [dict(Queue(name).as_dict(recurse=True)) for name in names]
 
 
