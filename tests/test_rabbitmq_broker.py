@@ -26,6 +26,7 @@ import pytest
 import redis
 from kombu import Connection
 
+from keylane.ops.embedded_redis import EmbeddedRedis
 from keylane.producers.gateway import ScheduleGateway
 from keylane.producers.runs import Run, RunInfo
 from keylane.producers.sender import Sender
@@ -92,7 +93,8 @@ def deploy(
     stacks: list[Stack] = []
 
     def build(**more: Any) -> Stack:
-        s = rabbit_settings(rabbitmq, redis_url, namespace, pg_store_url, tmp_path / "d", **more)
+        helper = more.pop("redis_url", redis_url)
+        s = rabbit_settings(rabbitmq, helper, namespace, pg_store_url, tmp_path / "d", **more)
         stack = Stack(s, tmp_path)
         stacks.append(stack)
         return stack
@@ -719,3 +721,41 @@ def test_flower_and_celery_inspect_see_the_workers_on_rabbitmq(
         return any("flower:1" in r["args"] and r["state"] == "SUCCESS" for r in rows)
 
     wait_until(applied, 60, "Flower to show the event applied", on_timeout=stack.logs)
+
+
+def test_losing_the_redis_helper_loses_and_doubles_no_event(
+    deploy: Any, rabbitmq: RabbitCluster, tmp_path: Path
+) -> None:
+    # Given a deployment whose Redis helper (dedupe marks, counters) is its own process,
+    # two workers, and a steady stream of events
+    helper = EmbeddedRedis(tmp_path / "helper")
+    url = helper.start()
+    try:
+        stack: Stack = deploy(redis_url=url)
+        receiver = stack.receiver()
+        workers = [stack.worker(lanes=8), stack.worker(lanes=8)]
+        wait_consuming(rabbitmq, stack, {w.pid for w in workers})
+        first = event("dup-1", "dup:1", n={"increment": 1})
+        assert stack.post(first).status_code == 202
+        stream = Stream(stack, "helper", records=24).start()
+        try:
+            stream.wait_total(100)
+            # When the helper is killed -9 mid-stream, an accepted event is delivered
+            # again while it is gone, and the helper comes back later
+            helper.kill()
+            stream.wait_total(stream.total + 150, timeout_s=180)
+            again = stack.post(first)
+            helper.start()
+            stream.wait_total(stream.total + 100, timeout_s=180)
+        finally:
+            stream.stop()
+        # Then every event was accepted (202: the duplicate too, as no mark could be read),
+        # and each is applied once, in order per record: the journal absorbed the copy
+        assert stream.statuses == {202}
+        assert again.status_code == 202, again.text
+        assert "dedupe marks unreadable, publishing demo/dup-1" in receiver.log()
+        assert_applied_once_in_order(stack, stream, before=1)
+        assert stack.open_store().read("dup:1").fields == {"n": 1}
+        assert all(w.alive() for w in workers), stack.logs()
+    finally:
+        helper.stop()
