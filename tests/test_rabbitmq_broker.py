@@ -250,7 +250,7 @@ def pinged(s: Settings) -> bool:
 # -- tests ------------------------------------------------------------------------------
 
 
-def test_events_flow_and_a_killed_worker_loses_nothing_and_doubles_nothing(
+def test_events_flow_and_a_killed_or_stopped_worker_loses_nothing_and_doubles_nothing(
     deploy: Any, rabbitmq: RabbitCluster
 ) -> None:
     # Given a receiver and two workers on the cluster, and a steady stream of events
@@ -266,6 +266,11 @@ def test_events_flow_and_a_killed_worker_loses_nothing_and_doubles_nothing(
         stream.wait_total(stream.total + 150)
         third = stack.worker(lanes=8)
         wait_consuming(rabbitmq, stack, {second.pid, third.pid})
+        stream.wait_total(stream.total + 150)
+        # And another is stopped gracefully (SIGTERM) mid-stream: it finishes what its
+        # lanes hold, acknowledges, cancels its consumers, and the third takes over
+        assert second.stop(timeout_s=60) == 0, stack.logs()
+        wait_consuming(rabbitmq, stack, {third.pid})
         stream.wait_total(stream.total + 150)
     finally:
         stream.stop()
