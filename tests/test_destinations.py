@@ -142,12 +142,12 @@ def _post_ok(stack: Stack, client: httpx.Client, payload: dict[str, Any]) -> Non
 HOOK_SECRET = "whsec_" + base64.b64encode(b"keylane-test-hook-secret").decode()
 
 
-def _forward_sources(url: str, **limits: Any) -> str:
+def _forward_sources(url: str, timeout_s: float = 10, **limits: Any) -> str:
     extra = "".join(f"{name} = {value!r}\n" for name, value in limits.items())
     return (
         '[sources.shop]\ndestination = "hook"\nrecord_key = "order:{body:order}"\n\n'
         f'[destinations.hook]\nkind = "http"\nurl = "{url}/hook"\n'
-        f'secret_env = "TEST_HOOK_SECRET"\ntimeout_s = 10\n{extra}'
+        f'secret_env = "TEST_HOOK_SECRET"\ntimeout_s = {timeout_s}\n{extra}'
     )
 
 
@@ -273,10 +273,14 @@ def test_one_process_keeps_many_records_in_flight_on_two_threads(
     stack: Stack, tmp_path: Path
 ) -> None:
     # Given an HTTP destination that holds every call until 48 calls are open at once
+    # (up to 60 s: the calls' timeout is longer, so no call is given up and sent again
+    # while the server still holds it, however slowly a busy machine gathers them; the
+    # in-flight deadline grows with it, as the settings check demands)
     hook = HookServer(secret=HOOK_SECRET, gather=48)
     hook.start()
     try:
-        _configure(stack, tmp_path, _forward_sources(hook.url), lane_threads=2)
+        sources = _forward_sources(hook.url, timeout_s=90)
+        _configure(stack, tmp_path, sources, lane_threads=2, inflight_deadline_ms=600_000)
         stack.extra_env["TEST_HOOK_SECRET"] = HOOK_SECRET
         # And one worker process with 64 lanes and two threads for blocking calls
         worker = stack.worker(lanes=64)
