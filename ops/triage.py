@@ -11,8 +11,10 @@
 On RabbitMQ the retry is published to the shard's quorum queue with a publisher confirm,
 through the receiver's accept path (:class:`AmqpTriageBroker`); its marker is written in
 Redis after the confirm, so a crash in between leaves the row open and unmarked, the next
-retry publishes a second copy, and the journal applies it at most once. No record is held
-there (the ``hold`` policy is refused on RabbitMQ).
+retry publishes a second copy, and the journal applies it at most once. A held record is
+a row of the store's ``held`` table there (the shard's consumer writes it, fenced); the
+release and the retry travel through the shard queue as on Redis, and the consumer acts
+on them in the record's order.
 """
 
 from __future__ import annotations
@@ -69,18 +71,23 @@ class TriageBroker(Protocol):
 
 class AmqpTriageBroker:
     """Triage on RabbitMQ: a message goes to its shard's quorum queue with a publisher
-    confirm, through the receiver's accept path and its confirming publisher; no record
-    is held there."""
+    confirm, through the receiver's accept path and its confirming publisher; which row
+    holds a record, and what waits behind it, the store says (the shard's consumer parks
+    a held record's messages there)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, store: Store) -> None:
         self.shards = settings.shards
+        self._store = store
         self._sender = Sender(settings)
 
     def held_by(self, record_key: str) -> int | None:
-        return None  # the hold policy is refused on RabbitMQ
+        shard = self.shards.shard_for_key(record_key)
+        return self._store.held(shard, record_key).get(record_key)
 
     def queued(self, record_key: str) -> int:
-        return 0
+        """The record's parked messages (those its consumer still holds in memory, not
+        parked yet, are not counted)."""
+        return len(self._store.parked(self.shards.shard_for_key(record_key), record_key))
 
     def push_once(self, marker: str, shard: int, raw: bytes) -> bool:
         return self._sender.push_once(marker, shard, raw, ONCE_MARKER_TTL_MS)
