@@ -664,6 +664,14 @@ def test_hold_policy_on_rabbitmq_parks_later_events_until_the_row_is_resolved(
     wait_until(lambda: len(store.parked(0, "lead:1")) == 4, 60, "four parked events",
                on_timeout=stack.logs)  # fmt: skip
     assert "seq" not in store.read("lead:1").fields
+    # (keylane status lists the record as held, by its row, the events behind its head)
+    (waiting,) = status(stack)["waiting_records"]
+    assert (waiting["record_key"], waiting["state"], waiting["dead_letter"]) == (
+        "lead:1",
+        "held",
+        row_id,
+    )
+    assert (waiting["event"], waiting["behind"]) == ("careful/c-2", 3)
     # And other keys go on
     assert _careful(stack, "lead:2")("c-x", a={"set": 1}) == 202
     wait_until(lambda: store.read("lead:2").exists, 60, "lead:2 applied", on_timeout=stack.logs)
@@ -756,6 +764,39 @@ def test_a_hold_outlives_its_killed_worker_and_the_release_still_works(
     wait_until(lambda: store.parked(0) == [], 60, "nothing parked", on_timeout=stack.logs)
     assert store.held(0) == {}
     assert store.journal_size() == 5
+
+
+def test_a_worker_killed_after_the_dead_letter_before_the_hold_leaves_it_to_the_next(
+    deploy: Any, tmp_path: Path
+) -> None:
+    # Given a record whose next event fails, and a worker killed -9 once that event's dead
+    # letter is written, before it is acknowledged (and before the record is held)
+    stack = _holding_stack(deploy, tmp_path)
+    kill = {"point": "worker.before_ack", "action": "kill", "match": "lead:7", "times": 1}
+    first = stack.worker(lanes=2, faults=[kill])
+    store = stack.open_store()
+    store.migrate()
+    assert stack.keylane("records", "set", "lead:7", "name=Ada").returncode == 0
+    post = _careful(stack, "lead:7")
+    assert post("d-1", name={"increment": 1}) == 202
+    wait_until(lambda: not first.alive(), 60, "the worker killed", on_timeout=stack.logs)
+    (row,) = store.dead_letters(DeadLetterFilter(record_key="lead:7"))
+    assert store.held(0) == {}
+    # When a later event comes, and another worker takes over
+    assert post("d-2", seq={"append": 2}) == 202
+    stack.worker(lanes=2)
+    # Then it runs the dead-lettered event again, finds it dead-lettered in the journal,
+    # and holds the record behind the same row: the later event waits
+    wait_until(lambda: _parked_ids(store, "lead:7") == ["d-2"], 90, "d-2 parked behind",
+               on_timeout=stack.logs)  # fmt: skip
+    assert store.held(0) == {"lead:7": row.id}
+    assert len(store.dead_letters(DeadLetterFilter())) == 1
+    # When the row is resolved, Then the event behind it applies, once
+    done = stack.keylane("dlq", "resolve", str(row.id), "--yes")
+    assert "released lead:7: 1 parked event(s) go next" in done.stdout, done.stdout + done.stderr
+    wait_until(lambda: store.read("lead:7").fields.get("seq") == [2], 60, "d-2 applied",
+               on_timeout=stack.logs)  # fmt: skip
+    assert store.journal_size() == 2
 
 
 def test_a_scheduled_run_publishes_under_its_lease_and_one_that_lost_it_sends_nothing(

@@ -26,6 +26,10 @@ What RabbitMQ gives, and what keylane adds (facts checked in ``ops/docs/rabbitmq
   are parked behind them; lanes take parked messages from the store when due and delete
   each once done (``Store.unpark``). A new consumer reads its shards' parked records
   before it hands anything out.
+* **Hold policy**: a held record is a parked record that is never due until its dead
+  letter's release (or the retry of that row) comes through the shard queue; the hold is
+  a fenced row of the store's ``held`` table, written before the dead-lettered message is
+  acknowledged (see :mod:`.holding`).
 * **Graceful handoff** closes the shard's channel (never ``basic.cancel``, after which the
   next consumer would run later messages while this one still holds earlier ones): what
   it held returns to the head of the queue, in order.
