@@ -792,7 +792,7 @@ def test_a_worker_killed_after_the_dead_letter_before_the_hold_leaves_it_to_the_
     assert store.held(0) == {"lead:7": row.id}
     assert len(store.dead_letters(DeadLetterFilter())) == 1
     # When the row is resolved, Then the event behind it applies, once
-    done = stack.keylane("dlq", "resolve", str(row.id), "--yes")
+    done = stack.keylane("dlq", "resolve", str(row.id), "--note", "fixed", "--yes")
     assert "released lead:7: 1 parked event(s) go next" in done.stdout, done.stdout + done.stderr
     wait_until(lambda: store.read("lead:7").fields.get("seq") == [2], 60, "d-2 applied",
                on_timeout=stack.logs)  # fmt: skip
