@@ -239,7 +239,7 @@ def _bulk(
                 f"{verb.capitalize()} {len(rows)} dead letter(s) ({summary})?", abort=True, err=True
             )
         if settings.broker_is_rabbitmq:
-            amqp = AmqpTriageBroker(settings)
+            amqp = AmqpTriageBroker(settings, store)
             try:
                 done = _run(Triage(store, amqp), rows, act, verb)
             finally:

@@ -94,31 +94,34 @@ class RabbitDeploymentView(DeploymentView):
         return out
 
     def records(self, shards: list[int]) -> list[dict[str, Any]]:
-        """The parked records of ``shards`` (records in a lane live in their worker's
+        """The parked and held records of ``shards`` (records in a lane live in their worker's
         memory: counted per shard, not listed)."""
         now = time.time()
-        rows: dict[int, list[Parked]] = self._from_store(
-            lambda s: {shard: s.parked(shard) for shard in shards}, {}
+        rows: dict[int, tuple[list[Parked], dict[str, int]]] = self._from_store(
+            lambda s: {shard: (s.parked(shard), s.held(shard)) for shard in shards}, {}
         )
         found: list[dict[str, Any]] = []
-        for shard, parked in rows.items():
-            by_record: dict[str, list[Any]] = {}
+        for shard, (parked, held) in rows.items():
+            by_record: dict[str, list[Any]] = {key: [] for key in held}
             for row in parked:
                 by_record.setdefault(row.record_key, []).append(row)
             for key, messages in by_record.items():
-                first = messages[0]
-                found.append(
-                    {
-                        "shard": shard,
-                        "record_key": key,
-                        "state": "parked",
-                        "reason": "parked",
-                        "attempts": first.deliveries,
-                        "due_in_s": round(max(0.0, first.due_at - now), 3),
-                        "behind": len(messages) - 1,
+                record: dict[str, Any] = {"shard": shard, "record_key": key}
+                if key in held:  # behind its dead letter: its messages wait, not due
+                    head = messages[0].raw if messages else None
+                    record.update(state="held", dead_letter=held[key], **head_event(head))
+                    record["behind"] = max(0, len(messages) - 1)
+                else:
+                    first = messages[0]
+                    record.update(
+                        state="parked",
+                        reason="parked",
+                        attempts=first.deliveries,
+                        due_in_s=round(max(0.0, first.due_at - now), 3),
+                        behind=len(messages) - 1,
                         **head_event(first.raw),
-                    }
-                )
+                    )
+                found.append(record)
         return found
 
     def members(self) -> list[dict[str, Any]]:

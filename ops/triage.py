@@ -6,13 +6,16 @@
   like a new event. A row is queued once (a marker in Redis), and the store's journal lets
   a retried event apply at most once, so retrying twice, or concurrently, is harmless.
 * **discard** / **resolve** close the row (with who, when and a note); if it held its key,
-  a release message lets the parked events go, in order.
+  a release message lets the parked events go, in order. Run again on a closed row that
+  still holds its key (a crash between closing and releasing), they send the release.
 
 On RabbitMQ the retry is published to the shard's quorum queue with a publisher confirm,
 through the receiver's accept path (:class:`AmqpTriageBroker`); its marker is written in
 Redis after the confirm, so a crash in between leaves the row open and unmarked, the next
-retry publishes a second copy, and the journal applies it at most once. No record is held
-there (the ``hold`` policy is refused on RabbitMQ).
+retry publishes a second copy, and the journal applies it at most once. A held record is
+a row of the store's ``held`` table there (the shard's consumer writes it, fenced); the
+release and the retry travel through the shard queue as on Redis, and the consumer acts
+on them in the record's order.
 """
 
 from __future__ import annotations
@@ -69,18 +72,23 @@ class TriageBroker(Protocol):
 
 class AmqpTriageBroker:
     """Triage on RabbitMQ: a message goes to its shard's quorum queue with a publisher
-    confirm, through the receiver's accept path and its confirming publisher; no record
-    is held there."""
+    confirm, through the receiver's accept path and its confirming publisher; which row
+    holds a record, and what waits behind it, the store says (the shard's consumer parks
+    a held record's messages there)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, store: Store) -> None:
         self.shards = settings.shards
+        self._store = store
         self._sender = Sender(settings)
 
     def held_by(self, record_key: str) -> int | None:
-        return None  # the hold policy is refused on RabbitMQ
+        shard = self.shards.shard_for_key(record_key)
+        return self._store.held(shard, record_key).get(record_key)
 
     def queued(self, record_key: str) -> int:
-        return 0
+        """The record's parked messages (those its consumer still holds in memory, not
+        parked yet, are not counted)."""
+        return len(self._store.parked(self.shards.shard_for_key(record_key), record_key))
 
     def push_once(self, marker: str, shard: int, raw: bytes) -> bool:
         return self._sender.push_once(marker, shard, raw, ONCE_MARKER_TTL_MS)
@@ -123,17 +131,27 @@ class Triage:
     def close(
         self, row: DeadLetter, status: DeadLetterStatus, by: str, note: str | None = None
     ) -> Handled:
-        """Discard or resolve the row; release its key if it held one."""
-        if not self.store.set_dead_letter_status(row.id, status, ("open",), by, note):
+        """Discard or resolve the row; release its key if it held one. A row closed
+        already that still holds its key (this command crashed between closing it and
+        sending the release, or the hold came while it was being closed) gets its
+        release sent now."""
+        closed = self.store.set_dead_letter_status(row.id, status, ("open",), by, note)
+        if not closed and row.status not in ("discarded", "resolved"):
             return Handled(row.id, "skipped", f"status is {row.status}, not open")
-        detail = ""
-        if self.broker.held_by(row.record_key) == row.id:
-            queue = self.broker.shards.queue_name(row.shard)
-            message = build_unhold_message(row.record_key, row.id, queue)
-            parked = self.broker.queued(row.record_key)  # before the lanes release them
-            self.broker.push_once(f"release:{row.id}", row.shard, message)
-            detail = f"released {row.record_key}: {parked} parked event(s) go next"
-        return Handled(row.id, "closed", detail)
+        if self.broker.held_by(row.record_key) != row.id:
+            if not closed:
+                return Handled(row.id, "skipped", f"status is {row.status}, not open")
+            return Handled(row.id, "closed")
+        queue = self.broker.shards.queue_name(row.shard)
+        message = build_unhold_message(row.record_key, row.id, queue)
+        parked = self.broker.queued(row.record_key)  # before the lanes release them
+        sent = self.broker.push_once(f"release:{row.id}", row.shard, message)
+        detail = f"released {row.record_key}: {parked} parked event(s) go next"
+        if closed:
+            return Handled(row.id, "closed", detail)
+        if not sent:
+            return Handled(row.id, "already queued", f"the release of {row.record_key}")
+        return Handled(row.id, "queued", f"status is {row.status}; {detail}")
 
 
 @dataclass(frozen=True)

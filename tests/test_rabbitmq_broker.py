@@ -32,10 +32,11 @@ from keylane.producers.runs import Run, RunInfo
 from keylane.producers.sender import Sender
 from keylane.routing.contract.amqp_names import dead_queue, shard_queue
 from keylane.routing.contract.errors import LeaseLost
+from keylane.routing.contract.message import parse_message
 from keylane.routing.contract.schedules import RunLease
 from keylane.routing.contract.settings import Settings, load_settings
 from keylane.workers.app import CONTROL_QUEUE, create_app
-from keylane.workers.store import DeadLetterFilter
+from keylane.workers.store import DeadLetterFilter, Store
 from tests.support.flower import AUTH as FLOWER_AUTH
 from tests.support.flower import answers as flower_answers
 from tests.support.flower import api as flower_api
@@ -609,6 +610,215 @@ def test_dlq_retry_publishes_the_dead_letter_back_through_its_lane_once(
                on_timeout=stack.logs)  # fmt: skip
     assert store.read("retry:1").fields["visits"] == 11
     assert len(store.dead_letters(DeadLetterFilter())) == 1
+
+
+HOLD_SOURCES = """
+[sources.demo]
+
+[sources.careful]
+on_dead_letter = "hold"
+"""
+
+
+def _holding_stack(deploy: Any, tmp_path: Path) -> Stack:
+    """One shard (shard 0), a receiver, and the source ``careful`` whose dead letters
+    hold their record."""
+    sources = tmp_path / "sources.toml"
+    sources.write_text(HOLD_SOURCES)
+    stack: Stack = deploy(shard_count=1, sources_file=sources, max_deliveries=3)
+    stack.receiver()
+    return stack
+
+
+def _careful(stack: Stack, key: str) -> Any:
+    """Post events of ``key`` from the source ``careful``, as a sender does: a 503 (no
+    confirm in time, on a loaded machine) is sent again until it is accepted. (A copy of
+    an unconfirmed publish may land too: the journal makes it a duplicate.)"""
+
+    def post(event_id: str, **changes: Any) -> int:
+        body = event(event_id, key, **changes)
+        answer = stack.post(body, source="careful")
+        deadline = time.monotonic() + 90
+        while answer.status_code == 503 and time.monotonic() < deadline:
+            time.sleep(1)
+            answer = stack.post(body, source="careful")
+        return answer.status_code
+
+    return post
+
+
+def _parked_ids(store: Store, key: str) -> list[str]:
+    """The event ids of the record's parked messages, in order."""
+    return [parse_message(row.raw).kwargs["event"]["event_id"] for row in store.parked(0, key)]
+
+
+def _hold_row(stack: Stack, key: str) -> int:
+    """Wait for the record's dead letter and for the hold it put on the record."""
+    store = stack.open_store()
+    store.migrate()
+    wait_until(lambda: store.held(0, key) != {}, 60, f"{key} held", on_timeout=stack.logs)
+    (row,) = store.dead_letters(DeadLetterFilter(record_key=key))
+    assert store.held(0, key) == {key: row.id}
+    return row.id
+
+
+def test_hold_policy_on_rabbitmq_parks_later_events_until_the_row_is_resolved(
+    deploy: Any, tmp_path: Path
+) -> None:
+    # Given a source whose dead letters hold their key, and one that fails
+    stack = _holding_stack(deploy, tmp_path)
+    stack.worker(lanes=2)
+    post = _careful(stack, "lead:1")
+    assert post("c-0", name={"set": "Ada"}) == 202
+    assert post("c-1", name={"increment": 1}) == 202  # a type error: held
+    row_id = _hold_row(stack, "lead:1")
+    # When later events for the key arrive, Then they wait in the store, in order
+    for n in range(2, 6):
+        assert post(f"c-{n}", seq={"append": n}) == 202
+    store = stack.open_store()
+    want = ["c-2", "c-3", "c-4", "c-5"]
+    in_order = lambda: list(dict.fromkeys(_parked_ids(store, "lead:1")))  # noqa: E731
+    wait_until(lambda: in_order() == want, 60, "four parked events in order",
+               on_timeout=stack.logs)  # fmt: skip
+    assert "seq" not in store.read("lead:1").fields
+    # (keylane status lists the record as held, by its row, the events behind its head)
+    (waiting,) = status(stack)["waiting_records"]
+    assert (waiting["record_key"], waiting["state"], waiting["dead_letter"]) == (
+        "lead:1",
+        "held",
+        row_id,
+    )
+    assert waiting["event"] == "careful/c-2"
+    assert waiting["behind"] == len(_parked_ids(store, "lead:1")) - 1
+    # And other keys go on
+    assert _careful(stack, "lead:2")("c-x", a={"set": 1}) == 202
+    wait_until(lambda: store.read("lead:2").exists, 60, "lead:2 applied", on_timeout=stack.logs)
+    assert "seq" not in store.read("lead:1").fields
+    # When the row is resolved with the CLI
+    done = stack.keylane("dlq", "resolve", str(row_id), "--note", "fixed in the CRM", "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "released lead:1: " in done.stdout
+    # Then the parked events apply, in order, each once, and the key is free again
+    wait_until(lambda: store.read("lead:1").fields.get("seq") == [2, 3, 4, 5], 60,
+               "the parked events to apply in order", on_timeout=stack.logs)  # fmt: skip
+    wait_until(lambda: store.parked(0) == [], 60, "nothing parked", on_timeout=stack.logs)
+    assert store.held(0) == {}
+    assert store.journal_size() == 7
+    resolved = store.dead_letter(row_id)
+    assert resolved is not None
+    assert (resolved.status, resolved.note) == ("resolved", "fixed in the CRM")
+    # And the key's next event applies at once
+    assert post("c-6", seq={"append": 6}) == 202
+    wait_until(lambda: store.read("lead:1").fields.get("seq") == [2, 3, 4, 5, 6], 60,
+               "the next event", on_timeout=stack.logs)  # fmt: skip
+
+
+def test_retrying_the_holding_row_on_rabbitmq_applies_it_first_then_the_parked_events(
+    deploy: Any, tmp_path: Path
+) -> None:
+    # Given a record held behind its dead letter, three events parked behind it
+    stack = _holding_stack(deploy, tmp_path)
+    stack.worker(lanes=2)
+    post = _careful(stack, "lead:9")
+    assert post("k-0", total={"set": "oops"}) == 202
+    assert post("k-1", total={"increment": 10}, seq={"append": 1}) == 202
+    row_id = _hold_row(stack, "lead:9")
+    for n in range(2, 5):
+        assert post(f"k-{n}", seq={"append": n}) == 202
+    store = stack.open_store()
+    want = {"k-2", "k-3", "k-4"}
+    wait_until(lambda: set(_parked_ids(store, "lead:9")) == want, 60, "parked events",
+               on_timeout=stack.logs)  # fmt: skip
+    # When someone fixes the record and retries the row (twice)
+    assert stack.keylane("records", "set", "lead:9", "total=0").returncode == 0
+    retried = stack.keylane("dlq", "retry", str(row_id), "--yes")
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    assert "at the head, ahead of its parked events" in retried.stdout
+    again = stack.keylane("dlq", "retry", str(row_id), "--yes", "--status", "retried")
+    assert "already queued" in again.stdout, again.stdout + again.stderr
+    # Then the retried event applies first, the parked ones after it, each once
+    wait_until(lambda: store.read("lead:9").fields.get("seq") == [1, 2, 3, 4], 60,
+               "retry then parked events", on_timeout=stack.logs)  # fmt: skip
+    assert store.read("lead:9").fields["total"] == 10
+    entry = store.journal("careful", "k-1")
+    assert entry is not None
+    assert entry.outcome == "applied"
+    wait_until(lambda: store.parked(0) == [], 60, "nothing parked", on_timeout=stack.logs)
+    assert store.held(0) == {}
+
+
+def test_a_hold_outlives_its_killed_worker_and_the_release_still_works(
+    deploy: Any, tmp_path: Path
+) -> None:
+    # Given a record held behind its dead letter, two events parked behind it
+    stack = _holding_stack(deploy, tmp_path)
+    first = stack.worker(lanes=2)
+    post = _careful(stack, "lead:5")
+    assert post("h-0", name={"set": "Ada"}) == 202
+    assert post("h-1", name={"increment": 1}) == 202
+    row_id = _hold_row(stack, "lead:5")
+    for n in (2, 3):
+        assert post(f"h-{n}", seq={"append": n}) == 202
+    store = stack.open_store()
+    wait_until(lambda: set(_parked_ids(store, "lead:5")) == {"h-2", "h-3"}, 60, "parked events",
+               on_timeout=stack.logs)  # fmt: skip
+    # When its worker is killed -9, an event comes while no worker runs, and another
+    # worker takes over
+    first.kill()
+    assert post("h-4", seq={"append": 4}) == 202
+    stack.worker(lanes=2)
+    # Then the new consumer keeps the record held: the new event parks behind the others
+    # (with copies of any the killed worker had parked but not acknowledged yet)
+    wait_until(lambda: "h-4" in _parked_ids(store, "lead:5"), 90, "the new event parked",
+               on_timeout=stack.logs)  # fmt: skip
+    assert set(_parked_ids(store, "lead:5")) == {"h-2", "h-3", "h-4"}
+    assert store.held(0) == {"lead:5": row_id}
+    assert "seq" not in store.read("lead:5").fields
+    # When the row is discarded by a triage that dies before it sends the release (the
+    # row closed, the record still held), and the discard is run again
+    assert store.set_dead_letter_status(row_id, "discarded", ("open",), "someone", None)
+    done = stack.keylane("dlq", "discard", str(row_id), "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "status is discarded; released lead:5: " in done.stdout
+    # Then the three apply in order, each once
+    wait_until(lambda: store.read("lead:5").fields.get("seq") == [2, 3, 4], 60,
+               "the parked events to apply in order", on_timeout=stack.logs)  # fmt: skip
+    wait_until(lambda: store.parked(0) == [], 60, "nothing parked", on_timeout=stack.logs)
+    assert store.held(0) == {}
+    assert store.journal_size() == 5
+
+
+def test_a_worker_killed_after_the_dead_letter_before_the_hold_leaves_it_to_the_next(
+    deploy: Any, tmp_path: Path
+) -> None:
+    # Given a record whose next event fails, and a worker killed -9 once that event's dead
+    # letter is written, before it is acknowledged (and before the record is held)
+    stack = _holding_stack(deploy, tmp_path)
+    kill = {"point": "worker.before_ack", "action": "kill", "match": "lead:7", "times": 1}
+    first = stack.worker(lanes=2, faults=[kill])
+    store = stack.open_store()
+    store.migrate()
+    assert stack.keylane("records", "set", "lead:7", "name=Ada").returncode == 0
+    post = _careful(stack, "lead:7")
+    assert post("d-1", name={"increment": 1}) == 202
+    wait_until(lambda: not first.alive(), 60, "the worker killed", on_timeout=stack.logs)
+    (row,) = store.dead_letters(DeadLetterFilter(record_key="lead:7"))
+    assert store.held(0) == {}
+    # When a later event comes, and another worker takes over
+    assert post("d-2", seq={"append": 2}) == 202
+    stack.worker(lanes=2)
+    # Then it runs the dead-lettered event again, finds it dead-lettered in the journal,
+    # and holds the record behind the same row: the later event waits
+    wait_until(lambda: _parked_ids(store, "lead:7") == ["d-2"], 90, "d-2 parked behind",
+               on_timeout=stack.logs)  # fmt: skip
+    assert store.held(0) == {"lead:7": row.id}
+    assert len(store.dead_letters(DeadLetterFilter())) == 1
+    # When the row is resolved, Then the event behind it applies, once
+    done = stack.keylane("dlq", "resolve", str(row.id), "--note", "fixed", "--yes")
+    assert "released lead:7: " in done.stdout, done.stdout + done.stderr
+    wait_until(lambda: store.read("lead:7").fields.get("seq") == [2], 60, "d-2 applied",
+               on_timeout=stack.logs)  # fmt: skip
+    assert store.journal_size() == 2
 
 
 def test_a_scheduled_run_publishes_under_its_lease_and_one_that_lost_it_sends_nothing(

@@ -447,6 +447,47 @@ def test_parked_messages_keep_their_order_and_their_owners_fence(store: Store) -
     assert [r.raw for r in store.parked(SHARD, "contact:1")] == [b"m3"]
 
 
+def test_a_held_record_is_released_by_its_row_only_and_a_retry_goes_ahead(
+    store: Store,
+) -> None:
+    # Given a shard's current consumer (token 3), a record's open dead letter and two
+    # messages parked behind it
+    store.advance_fence(SHARD, 3)
+    row_id = store.commit_dead_letter(draft("h-1"), Fence(SHARD, 3))
+    other = store.commit_dead_letter(draft("h-2"), Fence(SHARD, 3))
+    store.park(SHARD, "contact:1", [(b"m1", 0), (b"m2", 1)], 100.0, Fence(SHARD, 3))
+    # When the record is held behind the row, Then it is held by it, and by it only
+    assert store.hold(SHARD, "contact:1", row_id, Fence(SHARD, 3)) == row_id
+    assert store.hold(SHARD, "contact:1", other, Fence(SHARD, 3)) == row_id
+    assert store.held(SHARD) == {"contact:1": row_id}
+    assert store.held(SHARD, "contact:2") == {}
+    # And another row's release does nothing
+    assert not store.release(SHARD, "contact:1", other, 5.0, Fence(SHARD, 3))
+    # When an older owner tries, Then it is refused and changes nothing
+    store.advance_fence(SHARD, 4)
+    with pytest.raises(StaleFence):
+        store.release(SHARD, "contact:1", row_id, 5.0, Fence(SHARD, 3))
+    with pytest.raises(StaleFence):
+        store.hold(SHARD, "contact:2", other, Fence(SHARD, 3))
+    assert store.held(SHARD) == {"contact:1": row_id}
+    # When the row's retry releases it, Then the retry goes first, the parked ones
+    # after it in their order, all due at the time given
+    retry = (b"retry", 0)
+    assert store.release(SHARD, "contact:1", row_id, 7.0, Fence(SHARD, 4), first=retry)
+    rows = store.parked(SHARD, "contact:1")
+    assert [(r.seq, r.raw, r.deliveries, r.due_at) for r in rows] == [
+        (1, b"retry", 0, 7.0),
+        (2, b"m1", 0, 7.0),
+        (3, b"m2", 1, 7.0),
+    ]
+    assert store.held(SHARD) == {}
+    assert not store.release(SHARD, "contact:1", row_id, 8.0, Fence(SHARD, 4))
+    # And a row closed before its hold came holds nothing
+    assert store.set_dead_letter_status(other, "discarded", ("open",), "op", None)
+    assert store.hold(SHARD, "contact:2", other, Fence(SHARD, 4)) is None
+    assert store.held(SHARD) == {}
+
+
 def test_a_write_with_an_older_token_is_refused_and_writes_nothing(store: Store) -> None:
     # Given a shard whose fence was advanced to 7 by a new owner
     store.advance_fence(SHARD, 7)
@@ -688,6 +729,7 @@ def test_migrating_an_existing_store_again_keeps_what_it_holds(
     # Given a store with a record, a journal entry, a fence and a review row
     store.commit_event(write("e-1", "contact:1", {"n": 1}, 0), Fence(SHARD, 2))
     row_id = store.commit_dead_letter(draft("e-2"), Fence(SHARD, 2))
+    assert store.hold(SHARD, "contact:1", row_id, Fence(SHARD, 2)) == row_id
     # When another process opens the same store and migrates it again
     again = open_store(store_url)
     try:
@@ -697,6 +739,7 @@ def test_migrating_an_existing_store_again_keeps_what_it_holds(
         assert again.journal("crm", "e-1") is not None
         assert again.fence_of(SHARD) == 2
         assert again.dead_letter(row_id) is not None
+        assert again.held(SHARD) == {"contact:1": row_id}
         assert again.commit_dead_letter(draft("e-3"), None) > row_id
     finally:
         again.close()

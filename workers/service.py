@@ -162,16 +162,10 @@ def check_rabbitmq_config(
     settings: Settings, sources: Sources, destinations: dict[str, Destination]
 ) -> None:
     """What the RabbitMQ broker does not do (yet): a SQLite store (its one-writer claim
-    lives in Redis; RabbitMQ is for deployments of several machines: PostgreSQL), the
-    ``hold`` policy (a held record would keep its deliveries unacknowledged past the
-    broker's consumer timeout), destinations without a Redis for their flow control."""
+    lives in Redis; RabbitMQ is for deployments of several machines: PostgreSQL),
+    destinations without a Redis for their flow control."""
     if settings.store_is_sqlite:
         raise ConfigError("KEYLANE_BROKER_URL=amqp://... needs a PostgreSQL store")
-    held = [s.name for s in sources.all() if s.on_dead_letter == "hold"]
-    if held:
-        raise ConfigError(
-            f"source(s) {', '.join(held)}: on_dead_letter = hold is not supported on RabbitMQ"
-        )
     if destinations and settings.redis_url is None:
         raise ConfigError(
             "destinations on RabbitMQ keep their flow control in Redis: set KEYLANE_REDIS_URL"

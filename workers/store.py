@@ -273,6 +273,33 @@ class Store(ABC):
         current; how many of its messages are still parked."""
 
     @abstractmethod
+    def hold(self, shard: int, record_key: str, dead_letter_id: int, fence: Fence) -> int | None:
+        """Hold the record behind ``dead_letter_id`` (its parked messages are not due until
+        :meth:`release`), if ``fence`` is current (else :class:`StaleFence`), nothing
+        holds it yet and the row is open (or retried); the dead letter that holds it now
+        (None: the row was closed first, nothing holds it)."""
+
+    @abstractmethod
+    def held(self, shard: int, record_key: str | None = None) -> dict[str, int]:
+        """The shard's held records (only ``record_key``, if given) -> the dead letter
+        that holds each."""
+
+    @abstractmethod
+    def release(
+        self,
+        shard: int,
+        record_key: str,
+        dead_letter_id: int,
+        due_at: float,
+        fence: Fence,
+        first: tuple[bytes, int] | None = None,
+    ) -> bool:
+        """If ``dead_letter_id`` holds the record: release it, its parked messages due at
+        ``due_at``, ``first`` (a message, deliveries so far) parked ahead of them; fenced
+        like :meth:`park`. Whether it was released (False: nothing, or another row,
+        holds it; nothing written)."""
+
+    @abstractmethod
     def claim_fence(self, shard: int) -> int:
         """Advance the shard's token by one and return it: a token no other claim got
         (brokers without a counter of their own, RabbitMQ, claim one per change of

@@ -5,7 +5,9 @@ so it creates a new database and leaves an existing one as it finds it (adding w
 newer version needs: the indexes the prune reads by age, the archived ids).
 
 ``parked`` holds the waiting messages of records that must wait longer than the broker
-may hold a delivery (RabbitMQ), base64-encoded, in order per record.
+may hold a delivery (RabbitMQ), base64-encoded, in order per record. ``held`` holds the
+records of those brokers that wait behind a dead letter (a source's ``hold`` policy): their
+parked messages are not due until the row is closed or retried.
 
 ``archived_ids`` is what remains in the store of a journal row once it is archived: a
 64-bit hash of its ``(source, event id)`` and the second it was recorded, so that a
@@ -93,6 +95,13 @@ CREATE TABLE IF NOT EXISTS parked (
     due_at {real} NOT NULL,
     parked_at {real} NOT NULL,
     PRIMARY KEY (shard, record_key, seq)
+);
+CREATE TABLE IF NOT EXISTS held (
+    shard INTEGER NOT NULL,
+    record_key TEXT NOT NULL,
+    dead_letter_id {bigint} NOT NULL,
+    held_at {real} NOT NULL,
+    PRIMARY KEY (shard, record_key)
 );
 """
 

@@ -43,7 +43,15 @@ from .sql_dead_letters import (
 )
 from .sql_fences import check_fence, claim_next_token, lock_fence, stored_token, upsert_fence
 from .sql_journal import count_entries, find_entry, list_entries, record_outcome
-from .sql_parked import count_delivery, park_messages, parked_rows, unpark_messages
+from .sql_parked import (
+    count_delivery,
+    held_records,
+    hold_record,
+    park_messages,
+    parked_rows,
+    release_record,
+    unpark_messages,
+)
 from .sql_records import keys_with_prefix, read_record, records_after, write_record
 
 
@@ -161,6 +169,28 @@ class SqlStore(Store):
         with self.dialect.transaction() as cur:
             check_fence(self.dialect, cur, fence)
             return unpark_messages(cur, shard, record_key, seqs)
+
+    def hold(self, shard: int, record_key: str, dead_letter_id: int, fence: Fence) -> int | None:
+        with self.dialect.transaction() as cur:
+            check_fence(self.dialect, cur, fence)
+            return hold_record(cur, shard, record_key, dead_letter_id, time.time())
+
+    def held(self, shard: int, record_key: str | None = None) -> dict[str, int]:
+        with self.dialect.cursor() as cur:
+            return held_records(cur, shard, record_key)
+
+    def release(
+        self,
+        shard: int,
+        record_key: str,
+        dead_letter_id: int,
+        due_at: float,
+        fence: Fence,
+        first: tuple[bytes, int] | None = None,
+    ) -> bool:
+        with self.dialect.transaction() as cur:
+            check_fence(self.dialect, cur, fence)
+            return release_record(cur, shard, record_key, dead_letter_id, due_at, first)
 
     # -- reads -----------------------------------------------------------------------------
 

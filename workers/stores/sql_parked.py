@@ -81,3 +81,69 @@ def unpark_messages(cur: Cursor, shard: int, record_key: str, seqs: Sequence[int
     )
     row = cur.fetchone()
     return int(row[0]) if row else 0
+
+
+def hold_record(
+    cur: Cursor, shard: int, record_key: str, dead_letter_id: int, now: float
+) -> int | None:
+    """Hold the record behind ``dead_letter_id`` unless something holds it already or the
+    row is no longer open (closed by an operator before the hold came: holding then would
+    hold the record for good); the dead letter that holds it now."""
+    cur.execute(
+        "INSERT INTO held (shard, record_key, dead_letter_id, held_at) "
+        "SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM dead_letters "
+        "WHERE id = ? AND status IN ('open', 'retried')) "
+        "ON CONFLICT (shard, record_key) DO NOTHING",
+        (shard, record_key, dead_letter_id, now, dead_letter_id),
+    )
+    return held_records(cur, shard, record_key).get(record_key)
+
+
+def held_records(cur: Cursor, shard: int, record_key: str | None = None) -> dict[str, int]:
+    """The shard's held records (``record_key`` only, if given) -> the dead letter that
+    holds each."""
+    sql = "SELECT record_key, dead_letter_id FROM held WHERE shard = ?"
+    params: tuple[object, ...] = (shard,)
+    if record_key is not None:
+        sql += " AND record_key = ?"
+        params = (shard, record_key)
+    cur.execute(sql, params)
+    return {str(key): int(row_id) for key, row_id in cur.fetchall()}
+
+
+def release_record(
+    cur: Cursor,
+    shard: int,
+    record_key: str,
+    dead_letter_id: int,
+    due_at: float,
+    first: tuple[bytes, int] | None,
+) -> bool:
+    """Release the record if ``dead_letter_id`` holds it: its parked messages are due at
+    ``due_at``, behind ``first`` (the operator's retry of that row) if given. Whether it
+    was released."""
+    cur.execute(
+        "DELETE FROM held WHERE shard = ? AND record_key = ? AND dead_letter_id = ?",
+        (shard, record_key, dead_letter_id),
+    )
+    if cur.rowcount != 1:
+        return False
+    if first is not None:
+        # Ahead of the parked messages: every seq moves up by one (in two steps, so no
+        # row meets another's key on the way), and the retry takes seq 1.
+        cur.execute(
+            "UPDATE parked SET seq = -seq - 1 WHERE shard = ? AND record_key = ?",
+            (shard, record_key),
+        )
+        cur.execute(
+            "UPDATE parked SET seq = -seq WHERE shard = ? AND record_key = ?",
+            (shard, record_key),
+        )
+        raw, deliveries = first
+        cur.execute(
+            "INSERT INTO parked (shard, record_key, seq, message, deliveries, due_at, parked_at) "
+            "VALUES (?, ?, 1, ?, ?, ?, ?)",
+            (shard, record_key, base64.b64encode(raw).decode(), deliveries, due_at, time.time()),
+        )
+    set_due(cur, shard, record_key, due_at)
+    return True

@@ -8,6 +8,7 @@ keylane adds: the failure model). One concept per module:
 * :mod:`.ownership` — shard consumers, the single active consumer, fencing tokens;
 * :mod:`.membership` — live workers and the spread of shards over them;
 * :mod:`.parking` — records that wait longer than the broker may hold a delivery;
+* :mod:`.holding` — records held behind a dead letter (policy ``hold``) and their release;
 * :mod:`.consumers` — what a shard consumer holds; :mod:`.notes` — per-delivery notes;
 * :mod:`.survey` — what an operator sees: queue depths and the members' beats.
 """

@@ -26,6 +26,10 @@ What RabbitMQ gives, and what keylane adds (facts checked in ``ops/docs/rabbitmq
   are parked behind them; lanes take parked messages from the store when due and delete
   each once done (``Store.unpark``). A new consumer reads its shards' parked records
   before it hands anything out.
+* **Hold policy**: a held record is a parked record that is never due until its dead
+  letter's release (or the retry of that row) comes through the shard queue; the hold is
+  a fenced row of the store's ``held`` table, written before the dead-lettered message is
+  acknowledged (see :mod:`.holding`).
 * **Graceful handoff** closes the shard's channel (never ``basic.cancel``, after which the
   next consumer would run later messages while this one still holds earlier ones): what
   it held returns to the head of the queue, in order.
@@ -58,10 +62,11 @@ from concurrent.futures import Future
 from typing import Any
 
 from ....routing.contract.amqp_names import dead_queue
+from ....routing.contract.errors import StaleFence
 from ....routing.contract.settings import Settings
 from ...broker import Ack, Counts, Idle, LaneBroker, Lease, Taken
 from ...store import Store
-from .consumers import ShardConsumer, batch_limit
+from .consumers import HELD, ShardConsumer, batch_limit
 from .link import ack, message_body
 from .membership import Membership
 from .notes import DeliveryNotes
@@ -134,11 +139,13 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
                     waits += [
                         at - time.time()
                         for k, at in consumer.parked.items()
-                        if k not in consumer.busy
+                        if k not in consumer.busy and at != HELD
                     ]
                     if waits:
                         due_in[lease.shard] = max(0.0, min(waits))
-                    continue
+            self._ack_strays(consumer)
+            if taken is None:
+                continue
             if isinstance(taken, Taken):
                 return taken
             unparked = self._take_parked(consumer, lease, taken)
@@ -158,9 +165,26 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
                 if key not in consumer.busy and due_at <= wall:
                     consumer.busy[key] = ([], now)
                     return key
+        emptied: list[str] = []
+        try:
+            return self._take_in_memory(consumer, now, emptied)
+        finally:
+            for key in emptied:
+                consumer.records.pop(key, None)
+
+    def _take_in_memory(
+        self, consumer: ShardConsumer, now: float, emptied: list[str]
+    ) -> Taken | None:
+        """(Under the lock.) The next due record held in memory, handed out; the records
+        whose list only held releases that met no hold in ``emptied``."""
         for key, tags in consumer.records.items():
             if key in consumer.busy or key in consumer.parked or not tags:
                 continue
+            if consumer.deliveries[tags[0]].unhold is not None:
+                self._drop_strays(consumer, tags)
+                if not tags:
+                    emptied.append(key)
+                    continue
             if consumer.due.get(key, 0.0) > now:
                 continue
             consumer.due.pop(key, None)
@@ -195,15 +219,18 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
         hold: int | None = None,
         then_take: bool = False,
     ) -> Taken | bool:
-        if hold is not None:
-            # Sources whose policy is hold are refused on RabbitMQ at start-up (their
-            # record would wait with deliveries unacknowledged, past the consumer timeout).
-            log.error("shard %s: hold %s ignored on RabbitMQ", lease.shard, hold)
         with self._lock:
             consumer = self._current(lease)
             if consumer is None:
                 return False
             handed, _ = consumer.busy.get(taken.record_key, ([], 0.0))
+        if hold is not None:
+            # The hold is in the store before the message is acknowledged: a crash in
+            # between redelivers it, and it parks behind the hold it caused.
+            try:
+                self._hold(consumer, lease, taken.record_key, hold)
+            except StaleFence:
+                return False
         if handed and handed[0] < 0:
             return self._finish_parked(consumer, lease, taken, [-t for t in handed], acks)
         with self._lock:
@@ -224,6 +251,8 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
                 consumer.records.pop(taken.record_key, None)
             channel = consumer.channel
             nxt = self._take_from(consumer, time.monotonic()) if then_take else None
+            done += consumer.strays
+            consumer.strays = []
         if done:
             self._submit(functools.partial(ack, channel, done))
         return nxt if isinstance(nxt, Taken) else True

@@ -13,11 +13,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from ....routing.contract.amqp_names import shard_queue
-from ....routing.contract.message import BATCH_HEADER, RECORD_HEADER
+from ....routing.contract.message import (
+    BATCH_HEADER,
+    RECORD_HEADER,
+    RETRY_OF_HEADER,
+    UNHOLD_HEADER,
+)
 from ...broker import Acquired, Lease
-from .consumers import Delivery, ShardConsumer, message_headers
+from .consumers import HELD, Delivery, ShardConsumer, dead_letter_id, message_headers
+from .holding import Holding
 from .link import close_channel, message_body, only_consumer, round_trip
-from .parking import Parking
 
 log = logging.getLogger("keylane.rabbitmq")
 
@@ -39,7 +44,7 @@ class DoorbellSubscription:
         self._owner._subscriptions.discard(self)
 
 
-class Ownership(Parking):
+class Ownership(Holding):
     """The shard consumers of :class:`RabbitLaneBroker` and their leases."""
 
     _subscriptions: set[DoorbellSubscription]
@@ -73,13 +78,17 @@ class Ownership(Parking):
             # under the token just claimed.
             prefetch = self.settings.amqp_prefetch
             self._submit(lambda: round_trip(consumer, prefetch), wait=True)
-            # Records parked by earlier consumers: their deliveries wait behind them.
+            # Records parked by earlier consumers: their deliveries wait behind them; held
+            # records are never due until released (also with nothing parked yet).
             parked = {row.record_key: row.due_at for row in self._stored(lambda s: s.parked(shard))}
+            holds: dict[str, int] = self._stored(lambda s: s.held(shard))
+            parked.update(dict.fromkeys(holds, HELD))
             with self._lock:
                 if self._shards.get(shard) is not consumer or not consumer.alive:
                     return Acquired(None, "", 0)
                 consumer.epoch = epoch
                 consumer.parked = parked
+                consumer.held = holds
         value = consumer.lease_value(worker_id)
         held = sum(1 for d in consumer.deliveries.values() if d.returned)
         return Acquired(Lease(shard, value, consumer.epoch), value, held)
@@ -111,11 +120,14 @@ class Ownership(Parking):
         batch = str(embedded.get(BATCH_HEADER) or "")
         tag = int(message.delivery_tag)
         returned = int(headers.get("x-delivery-count") or 0)
+        delivery = Delivery(tag, raw, record_key, batch, returned)
+        delivery.unhold = dead_letter_id(embedded.get(UNHOLD_HEADER))
+        delivery.retry_of = dead_letter_id(embedded.get(RETRY_OF_HEADER))
         with self._lock:
             if not consumer.alive:
                 return
             consumer.active = True
-            consumer.deliveries[tag] = Delivery(tag, raw, record_key, batch, returned)
+            consumer.deliveries[tag] = delivery
             consumer.records.setdefault(record_key, []).append(tag)
             subscriptions = list(self._subscriptions)
         for subscription in subscriptions:

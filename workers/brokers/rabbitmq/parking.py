@@ -17,7 +17,7 @@ from typing import Any
 from ....routing.contract.errors import StaleFence, StoreUnavailable
 from ...broker import Ack, Counts, Lease, Taken
 from ...store import Fence, Store
-from .consumers import Delivery, ShardConsumer
+from .consumers import HELD, Delivery, ShardConsumer
 from .link import AmqpLink, ack
 
 log = logging.getLogger("keylane.rabbitmq")
@@ -73,33 +73,67 @@ class Parking(AmqpLink):
         due_at: float,
     ) -> bool:
         """Write ``deliveries`` (the record's, in order, marked busy by the caller) to the
-        store behind what is parked, under the shard's fence, then acknowledge them. On
-        failure they stay here, and the record waits in memory."""
-        messages = [(d.raw, d.returned + d.taken) for d in deliveries]
-        fence = Fence(lease.shard, lease.token)
+        store behind what is parked, under the shard's fence, then acknowledge them (see
+        :meth:`_park_in_turn`); the record is no longer busy after. On failure they stay
+        here, and the record waits in memory."""
         try:
-            self._stored(lambda store: store.park(lease.shard, key, messages, due_at, fence))
-        except Exception as exc:
-            log.warning("shard %s: could not park %s: %s", lease.shard, key, exc)
+            return self._park_in_turn(consumer, lease, key, deliveries, due_at)
+        finally:
             with self._lock:
                 consumer.busy.pop(key, None)
+
+    def _park_in_turn(
+        self,
+        consumer: ShardConsumer,
+        lease: Lease,
+        key: str,
+        deliveries: list[Delivery],
+        due_at: float,
+    ) -> bool:
+        """(The record busy.) Park ``deliveries``, in order (:class:`.holding.Holding`
+        also acts on the releases among them)."""
+        return self._park_messages(consumer, lease, key, deliveries, due_at)
+
+    def _park_messages(
+        self,
+        consumer: ShardConsumer,
+        lease: Lease,
+        key: str,
+        deliveries: list[Delivery],
+        due_at: float,
+    ) -> bool:
+        """(The record busy.) Write ``deliveries`` to the store behind what is parked,
+        fenced, due at ``due_at`` (a held record's: the store's hold decides), then
+        acknowledge them. False (and nothing changed) when the store refused."""
+        messages = [(d.raw, d.returned + d.taken) for d in deliveries]
+        fence = Fence(lease.shard, lease.token)
+        stored_due = due_at if due_at != HELD else time.time()
+        try:
+            self._stored(lambda store: store.park(lease.shard, key, messages, stored_due, fence))
+        except Exception as exc:
+            log.warning("shard %s: could not park %s: %s", lease.shard, key, exc)
             return False
         with self._lock:
-            tags = consumer.records.get(key, [])
-            for delivery in deliveries:
-                consumer.deliveries.pop(delivery.tag, None)
-                if delivery.tag in tags:
-                    tags.remove(delivery.tag)
-            if not tags:
-                consumer.records.pop(key, None)
+            self._forget(consumer, key, deliveries)
             consumer.due.pop(key, None)
-            consumer.parked[key] = due_at
-            consumer.busy.pop(key, None)
+            if key not in consumer.held:
+                consumer.parked[key] = due_at
             alive, channel = consumer.alive, consumer.channel
         if alive:  # else the broker gives them back: parked again behind, the journal dedupes
             self._submit(functools.partial(ack, channel, [d.tag for d in deliveries]))
         log.info("shard %s: parked %s message(s) of %s", lease.shard, len(messages), key)
         return True
+
+    @staticmethod
+    def _forget(consumer: ShardConsumer, key: str, deliveries: list[Delivery]) -> None:
+        """(Under the lock.) ``deliveries`` of ``key`` are no longer held here."""
+        tags = consumer.records.get(key, [])
+        for delivery in deliveries:
+            consumer.deliveries.pop(delivery.tag, None)
+            if delivery.tag in tags:
+                tags.remove(delivery.tag)
+        if not tags:
+            consumer.records.pop(key, None)
 
     def _take_parked(self, consumer: ShardConsumer, lease: Lease, key: str) -> Taken | None:
         """Hand out the first parked message of ``key`` (marked busy by the caller),
@@ -155,7 +189,7 @@ class Parking(AmqpLink):
                     consumer.busy.pop(key, None)
         with self._lock:
             consumer.busy.pop(key, None)
-            if remaining == 0:
+            if remaining == 0 and key not in consumer.held:
                 consumer.parked.pop(key, None)
         return True
 
