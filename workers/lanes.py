@@ -255,17 +255,18 @@ class Lanes:
         leases = self.ownership.reserve(lane, hints, window)
         if not leases:
             return False
-        got: Taken | Idle | None = None
+        first: Step | Idle | None = None
         try:
-            got = await self.io.call(self.broker.take, leases)
+            first = await self.io.store(self._take, leases)
         finally:
             for lease in leases:
-                if not isinstance(got, Taken) or lease.shard != got.shard:
+                if not isinstance(first, Step) or lease.shard != first.taken.shard:
                     self.ownership.end(lane, lease.shard)
-        if not isinstance(got, Taken):
-            for shard, due_in_s in got.due_in_s.items() if got is not None else ():
+        if not isinstance(first, Step):
+            for shard, due_in_s in first.due_in_s.items() if first is not None else ():
                 self.doorbell.ring_in(shard, due_in_s)
             return False
+        got = first.taken
         # The take serves the first shard of the window that has a record due: the rung
         # shards after it were not looked at, and are rung again for another lane rather
         # than forgotten.
@@ -275,7 +276,7 @@ class Lanes:
                 self.doorbell.ring(lease.shard)
         lease = next(lease for lease in leases if lease.shard == got.shard)
         try:
-            step: Step | None = Step(got)
+            step: Step | None = first
             while step is not None:  # the shard's records, while they come at once
                 self._arm(step.taken)
                 self._holding[lane] = (lease.shard, step.taken.record_key)
@@ -426,15 +427,13 @@ class Lanes:
         nxt = self.broker.finish(lease, taken, acks, hold, then_take)
         if not isinstance(nxt, Taken):
             return nxt
-        try:
-            message = parse_message(nxt.raw)
-            event = message.kwargs["event"]
-            if event.get("destination"):  # its record is not in keylane's store
-                return Step(nxt, message)
-            record = store.read(str(event["record_key"]))
-        except (MalformedMessage, StoreUnavailable, KeyError, TypeError, AttributeError):
-            return Step(nxt)  # the lane parses it again and meets the error there
-        return Step(nxt, message, record)
+        return _read_taken(store, nxt)
+
+    def _take(self, store: Store, leases: list[Lease]) -> Step | Idle:
+        """(In a pool thread.) Take the first due record of ``leases``' shards and read it
+        from the store: one blocking call for both."""
+        got = self.broker.take(leases)
+        return got if isinstance(got, Idle) else _read_taken(store, got)
 
     async def _wait(
         self,
@@ -529,3 +528,17 @@ class Lanes:
             self.broker.finish, lease, taken, [Ack(taken.raw, "dead_lettered")]
         ):
             self.ownership.lost(lease, "lease changed before the acknowledgement")
+
+
+def _read_taken(store: Store, taken: Taken) -> Step:
+    """(In a pool thread.) ``taken`` with its message parsed and its record read right
+    after the take: the first attempt's fresh read, without a blocking call of its own."""
+    try:
+        message = parse_message(taken.raw)
+        event = message.kwargs["event"]
+        if event.get("destination"):  # its record is not in keylane's store
+            return Step(taken, message)
+        record = store.read(str(event["record_key"]))
+    except (MalformedMessage, StoreUnavailable, KeyError, TypeError, AttributeError):
+        return Step(taken)  # the lane parses it again and meets the error there
+    return Step(taken, message, record)

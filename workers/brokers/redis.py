@@ -96,6 +96,8 @@ class RedisLaneBroker(LaneBroker):
         self.keys = keys
         self.shards = shards
         self._scripts: dict[str, Script] = {}
+        #: Each shard's keys, built once: every take and finish sends them.
+        self._shard_keys_of: dict[int, list[str]] = {}
         #: Destinations' flow control, shared by every worker (its own module).
         self.flow = DestinationFlow(keys, self._run)
 
@@ -118,6 +120,12 @@ class RedisLaneBroker(LaneBroker):
         return self.keys.queue(self.shards.queue_name(shard))
 
     def _shard_keys(self, shard: int) -> list[str]:
+        keys = self._shard_keys_of.get(shard)
+        if keys is None:
+            keys = self._shard_keys_of[shard] = self._build_shard_keys(shard)
+        return keys
+
+    def _build_shard_keys(self, shard: int) -> list[str]:
         k = self.keys
         return [
             k.lease(shard),
