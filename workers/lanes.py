@@ -276,15 +276,19 @@ class Lanes:
                 self.doorbell.ring(lease.shard)
         lease = next(lease for lease in leases if lease.shard == got.shard)
         try:
-            step: Step | None = first
-            while step is not None:  # the shard's records, while they come at once
+            step: Step | Idle | None = first
+            while isinstance(step, Step):  # the shard's records, while they come at once
                 self._arm(step.taken)
                 self._holding[lane] = (lease.shard, step.taken.record_key)
                 step = await self._handle(lane, lease, step)
         finally:
             self._holding.pop(lane, None)
             self.ownership.end(lane, got.shard)
-        self.doorbell.ring(got.shard)  # where there was one record there may be more
+        if isinstance(step, Idle):  # the acknowledgement looked: nothing due there now
+            for shard, due_in_s in step.due_in_s.items():
+                self.doorbell.ring_in(shard, due_in_s)
+        else:
+            self.doorbell.ring(got.shard)  # where there was one record there may be more
         return True
 
     def _arm(self, taken: Taken) -> None:
@@ -299,9 +303,9 @@ class Lanes:
         else:
             self.doorbell.ring_in(taken.shard, due_in_s)
 
-    async def _handle(self, lane: int, lease: Lease, step: Step) -> Step | None:
+    async def _handle(self, lane: int, lease: Lease, step: Step) -> Step | Idle | None:
         """Handle one record's message (or batch); the next record when it was taken with
-        the acknowledgement."""
+        the acknowledgement (:class:`Idle` when the acknowledgement found none due)."""
         taken = step.taken
         try:
             message = step.message or parse_message(taken.raw)
@@ -358,9 +362,10 @@ class Lanes:
 
     async def _apply(
         self, lane: int, lease: Lease, taken: Taken, batch: list[Queued], record: Record | None
-    ) -> Step | None:
+    ) -> Step | Idle | None:
         """Apply the batch and acknowledge what was done; the shard's next record when the
-        lane may go on with it at once (taken and read with the acknowledgement)."""
+        lane may go on with it at once (taken and read with the acknowledgement), or
+        :class:`Idle` when the acknowledgement looked at the shard and found none due."""
         first = batch[0]
         ref = f"{first.event.source}/{first.event.event_id}"
         started = time.monotonic()
@@ -411,7 +416,7 @@ class Lanes:
             runtime = time.monotonic() - started
             for queued, result in done:
                 self._events.finished(queued.task_id, queued.event, result, runtime)
-        return finished if isinstance(finished, Step) else None
+        return finished if isinstance(finished, Step | Idle) else None
 
     def _finish(
         self,
@@ -421,7 +426,7 @@ class Lanes:
         acks: list[Ack],
         hold: int | None,
         then_take: bool,
-    ) -> Step | bool:
+    ) -> Step | Idle | bool:
         """(In a pool thread.) Acknowledge; with ``then_take``, also take the shard's next
         record and read it from the store: one broker call and one read."""
         nxt = self.broker.finish(lease, taken, acks, hold, then_take)

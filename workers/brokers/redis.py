@@ -237,7 +237,7 @@ class RedisLaneBroker(LaneBroker):
         acks: Sequence[Ack],
         hold: int | None = None,
         then_take: bool = False,
-    ) -> Taken | bool:
+    ) -> Taken | Idle | bool:
         k = self.keys
         keys = [*self._shard_keys(lease.shard), k.latency, k.drained, *self._common_keys()]
         args: list[Any] = [
@@ -259,6 +259,9 @@ class RedisLaneBroker(LaneBroker):
                 f"{latency_s or 0.0:.6f}",
             ]
         reply = self._run("finish", keys, args)
+        if isinstance(reply, list) and len(reply) == 1:  # then_take: nothing due
+            due_ms = int(reply[0])
+            return Idle({lease.shard: due_ms / 1000} if due_ms >= 0 else {})
         if isinstance(reply, list):
             return _taken(lease.shard, reply)
         return bool(reply)
