@@ -149,11 +149,14 @@ class LaneBroker(ABC):
         acks: Sequence[Ack],
         hold: int | None = None,
         then_take: bool = False,
-    ) -> Taken | bool:
+    ) -> Taken | Idle | bool:
         """Acknowledge ``acks`` (messages of ``taken``'s record), hold the record behind
         dead letter ``hold`` if given, and with ``then_take`` hand out the shard's next due
         record (the same record's next message first). False when the lease is not ours
-        (nothing was done), True when done and nothing was handed out."""
+        (nothing was done), True when done and nothing was handed out; with ``then_take``,
+        a broker that looked at the shard's queue after the acknowledgement and found
+        nothing due may answer :class:`Idle` for the shard instead of True (then no lane
+        needs to look there again until a new message or a waiting record's time)."""
 
     @abstractmethod
     def wait(

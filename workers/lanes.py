@@ -255,17 +255,18 @@ class Lanes:
         leases = self.ownership.reserve(lane, hints, window)
         if not leases:
             return False
-        got: Taken | Idle | None = None
+        first: Step | Idle | None = None
         try:
-            got = await self.io.call(self.broker.take, leases)
+            first = await self.io.store(self._take, leases)
         finally:
             for lease in leases:
-                if not isinstance(got, Taken) or lease.shard != got.shard:
+                if not isinstance(first, Step) or lease.shard != first.taken.shard:
                     self.ownership.end(lane, lease.shard)
-        if not isinstance(got, Taken):
-            for shard, due_in_s in got.due_in_s.items() if got is not None else ():
+        if not isinstance(first, Step):
+            for shard, due_in_s in first.due_in_s.items() if first is not None else ():
                 self.doorbell.ring_in(shard, due_in_s)
             return False
+        got = first.taken
         # The take serves the first shard of the window that has a record due: the rung
         # shards after it were not looked at, and are rung again for another lane rather
         # than forgotten.
@@ -275,15 +276,19 @@ class Lanes:
                 self.doorbell.ring(lease.shard)
         lease = next(lease for lease in leases if lease.shard == got.shard)
         try:
-            step: Step | None = Step(got)
-            while step is not None:  # the shard's records, while they come at once
+            step: Step | Idle | None = first
+            while isinstance(step, Step):  # the shard's records, while they come at once
                 self._arm(step.taken)
                 self._holding[lane] = (lease.shard, step.taken.record_key)
                 step = await self._handle(lane, lease, step)
         finally:
             self._holding.pop(lane, None)
             self.ownership.end(lane, got.shard)
-        self.doorbell.ring(got.shard)  # where there was one record there may be more
+        if isinstance(step, Idle):  # the acknowledgement looked: nothing due there now
+            for shard, due_in_s in step.due_in_s.items():
+                self.doorbell.ring_in(shard, due_in_s)
+        else:
+            self.doorbell.ring(got.shard)  # where there was one record there may be more
         return True
 
     def _arm(self, taken: Taken) -> None:
@@ -298,9 +303,9 @@ class Lanes:
         else:
             self.doorbell.ring_in(taken.shard, due_in_s)
 
-    async def _handle(self, lane: int, lease: Lease, step: Step) -> Step | None:
+    async def _handle(self, lane: int, lease: Lease, step: Step) -> Step | Idle | None:
         """Handle one record's message (or batch); the next record when it was taken with
-        the acknowledgement."""
+        the acknowledgement (:class:`Idle` when the acknowledgement found none due)."""
         taken = step.taken
         try:
             message = step.message or parse_message(taken.raw)
@@ -357,9 +362,10 @@ class Lanes:
 
     async def _apply(
         self, lane: int, lease: Lease, taken: Taken, batch: list[Queued], record: Record | None
-    ) -> Step | None:
+    ) -> Step | Idle | None:
         """Apply the batch and acknowledge what was done; the shard's next record when the
-        lane may go on with it at once (taken and read with the acknowledgement)."""
+        lane may go on with it at once (taken and read with the acknowledgement), or
+        :class:`Idle` when the acknowledgement looked at the shard and found none due."""
         first = batch[0]
         ref = f"{first.event.source}/{first.event.event_id}"
         started = time.monotonic()
@@ -410,7 +416,7 @@ class Lanes:
             runtime = time.monotonic() - started
             for queued, result in done:
                 self._events.finished(queued.task_id, queued.event, result, runtime)
-        return finished if isinstance(finished, Step) else None
+        return finished if isinstance(finished, Step | Idle) else None
 
     def _finish(
         self,
@@ -420,21 +426,19 @@ class Lanes:
         acks: list[Ack],
         hold: int | None,
         then_take: bool,
-    ) -> Step | bool:
+    ) -> Step | Idle | bool:
         """(In a pool thread.) Acknowledge; with ``then_take``, also take the shard's next
         record and read it from the store: one broker call and one read."""
         nxt = self.broker.finish(lease, taken, acks, hold, then_take)
         if not isinstance(nxt, Taken):
             return nxt
-        try:
-            message = parse_message(nxt.raw)
-            event = message.kwargs["event"]
-            if event.get("destination"):  # its record is not in keylane's store
-                return Step(nxt, message)
-            record = store.read(str(event["record_key"]))
-        except (MalformedMessage, StoreUnavailable, KeyError, TypeError, AttributeError):
-            return Step(nxt)  # the lane parses it again and meets the error there
-        return Step(nxt, message, record)
+        return _read_taken(store, nxt)
+
+    def _take(self, store: Store, leases: list[Lease]) -> Step | Idle:
+        """(In a pool thread.) Take the first due record of ``leases``' shards and read it
+        from the store: one blocking call for both."""
+        got = self.broker.take(leases)
+        return got if isinstance(got, Idle) else _read_taken(store, got)
 
     async def _wait(
         self,
@@ -529,3 +533,17 @@ class Lanes:
             self.broker.finish, lease, taken, [Ack(taken.raw, "dead_lettered")]
         ):
             self.ownership.lost(lease, "lease changed before the acknowledgement")
+
+
+def _read_taken(store: Store, taken: Taken) -> Step:
+    """(In a pool thread.) ``taken`` with its message parsed and its record read right
+    after the take: the first attempt's fresh read, without a blocking call of its own."""
+    try:
+        message = parse_message(taken.raw)
+        event = message.kwargs["event"]
+        if event.get("destination"):  # its record is not in keylane's store
+            return Step(taken, message)
+        record = store.read(str(event["record_key"]))
+    except (MalformedMessage, StoreUnavailable, KeyError, TypeError, AttributeError):
+        return Step(taken)  # the lane parses it again and meets the error there
+    return Step(taken, message, record)

@@ -120,19 +120,18 @@ class Ownership:
         with self._lock:
             if self._stopping:
                 return []
-            ready = {shard: h for shard, h in self._held.items() if _takeable(h, now)}
-            if not ready:
-                return []
-            order = [s for s in dict.fromkeys(preferred) if s in ready]
+            held = self._held
+            order = [s for s in dict.fromkeys(preferred) if s in held and _takeable(held[s], now)]
             self._rotation += 1
-            rest = sorted(set(ready) - set(order))
-            if rest:
-                start = self._rotation % len(rest)
-                order += rest[start:] + rest[:start]
+            if len(order) < limit:  # the others in rotation (a busy worker's takes are rung)
+                rest = sorted(s for s, h in held.items() if s not in order and _takeable(h, now))
+                if rest:
+                    start = self._rotation % len(rest)
+                    order += rest[start:] + rest[:start]
             chosen = order[:limit]
             for shard in chosen:
-                ready[shard].lanes[lane] = now
-            return [ready[shard].lease for shard in chosen]
+                held[shard].lanes[lane] = now
+            return [held[shard].lease for shard in chosen]
 
     def keep(self, lane: int, lease: Lease) -> bool:
         """Whether ``lane``, working on ``lease``'s shard, may take the shard's next record

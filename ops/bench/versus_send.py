@@ -5,18 +5,24 @@ was accepted. So every record's events are accepted in the order they were sent.
 "Accepted" is the 2xx answer of keylane's receiver, or the return of ``send_task`` for
 the Celery baselines. A delivery refused with 429/5xx, or lost in transport, is sent
 again, as webhook senders do.
+
+Each system is sent to through the thinnest client of its protocol, so the load generator
+(32 threads sharing the machine's cores with the systems under test) takes as little of
+the CPU as it can: Celery's own ``send_task``, and for keylane the standard library's
+``http.client`` on one keep-alive connection per thread, about 0.1 ms of CPU per POST
+against 0.35-0.4 ms through httpx's client (measured on the project's VM).
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-
-import httpx
+from urllib.parse import urlsplit
 
 from .versus_work import Delivery, Workload, sender_of
 
@@ -82,17 +88,30 @@ def send_all(
 
 @contextlib.contextmanager
 def http_sender(url: str, body_of: Callable[[Delivery], bytes]) -> Iterator[SendOne]:
-    """POST each delivery's body to ``url`` on one keep-alive connection."""
+    """POST each delivery's body to ``url`` (``http://host:port/path``) on one keep-alive
+    connection; a connection that fails is opened again for the next attempt."""
+    parts = urlsplit(url)
+    host, port, path = parts.hostname or "127.0.0.1", parts.port or 80, parts.path
     headers = {"content-type": "application/json"}
-    with httpx.Client(timeout=30.0) as client:
+    connection = http.client.HTTPConnection(host, port, timeout=30.0)
+    try:
+
+        def post(body: bytes) -> int:
+            try:
+                connection.request("POST", path, body=body, headers=headers)
+                answer = connection.getresponse()
+                answer.read()
+            except (OSError, http.client.HTTPException):
+                connection.close()  # the next request connects again
+                return 0
+            if answer.will_close:
+                connection.close()
+            return answer.status
 
         def send(delivery: Delivery) -> int:
             body = body_of(delivery)
             for attempt in range(MAX_ATTEMPTS):
-                try:
-                    status = client.post(url, content=body, headers=headers).status_code
-                except httpx.TransportError:
-                    status = 0
+                status = post(body)
                 if status in (200, 202):
                     return attempt
                 if status and status not in RETRY_STATUSES:
@@ -101,6 +120,8 @@ def http_sender(url: str, body_of: Callable[[Delivery], bytes]) -> Iterator[Send
             raise SendFailed(f"delivery {delivery.index}: not accepted after {MAX_ATTEMPTS} tries")
 
         yield send
+    finally:
+        connection.close()
 
 
 @contextlib.contextmanager

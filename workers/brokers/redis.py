@@ -96,6 +96,8 @@ class RedisLaneBroker(LaneBroker):
         self.keys = keys
         self.shards = shards
         self._scripts: dict[str, Script] = {}
+        #: Each shard's keys, built once: every take and finish sends them.
+        self._shard_keys_of: dict[int, list[str]] = {}
         #: Destinations' flow control, shared by every worker (its own module).
         self.flow = DestinationFlow(keys, self._run)
 
@@ -118,6 +120,12 @@ class RedisLaneBroker(LaneBroker):
         return self.keys.queue(self.shards.queue_name(shard))
 
     def _shard_keys(self, shard: int) -> list[str]:
+        keys = self._shard_keys_of.get(shard)
+        if keys is None:
+            keys = self._shard_keys_of[shard] = self._build_shard_keys(shard)
+        return keys
+
+    def _build_shard_keys(self, shard: int) -> list[str]:
         k = self.keys
         return [
             k.lease(shard),
@@ -229,7 +237,7 @@ class RedisLaneBroker(LaneBroker):
         acks: Sequence[Ack],
         hold: int | None = None,
         then_take: bool = False,
-    ) -> Taken | bool:
+    ) -> Taken | Idle | bool:
         k = self.keys
         keys = [*self._shard_keys(lease.shard), k.latency, k.drained, *self._common_keys()]
         args: list[Any] = [
@@ -251,6 +259,9 @@ class RedisLaneBroker(LaneBroker):
                 f"{latency_s or 0.0:.6f}",
             ]
         reply = self._run("finish", keys, args)
+        if isinstance(reply, list) and len(reply) == 1:  # then_take: nothing due
+            due_ms = int(reply[0])
+            return Idle({lease.shard: due_ms / 1000} if due_ms >= 0 else {})
         if isinstance(reply, list):
             return _taken(lease.shard, reply)
         return bool(reply)

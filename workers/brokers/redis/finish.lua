@@ -6,8 +6,9 @@
 -- ARGV: shard, lease value, record key, hold (dead letter id, '' for none), then_take
 -- ('1'/'0'), admit, then per acknowledged message 6 values: message, outcome counter
 -- ('' counts nothing), conflicts, attempts, latency bucket ('' none), latency seconds.
--- Returns 0 when the lease is not ours (nothing done), else 1, or the record handed out
--- (see take.lua) with then_take.
+-- Returns 0 when the lease is not ours (nothing done), else 1, or with then_take the
+-- record handed out (see take.lua), or {wait}: nothing is due, wait = ms until the
+-- shard's first waiting record is due (-1: none waits).
 local K = shard_keys(0)
 local latency, drained = KEYS[SHARD_KEYS + 1], KEYS[SHARD_KEYS + 2]
 local shard, lease, key, hold = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -51,7 +52,8 @@ elseif left > 0 and not was_held then
 end
 if then_take then
   admit(K, shard, now, admit_max)
-  local got = take_due(K, now)
+  local got, wait = take_due(K, now)
   if got then return got end
+  return {wait}
 end
 return 1
