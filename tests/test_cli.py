@@ -150,6 +150,7 @@ def test_a_command_on_a_postgresql_schema_without_keylane_tables_creates_none(
             "dead_letters",
             "archived_ids",
             "parked",
+            "held",
         }
     finally:
         with psycopg.connect(pg_url, autocommit=True) as conn:
