@@ -544,6 +544,8 @@ def _read_taken(store: Store, taken: Taken) -> Step:
         if event.get("destination"):  # its record is not in keylane's store
             return Step(taken, message)
         record = store.read(str(event["record_key"]))
-    except (MalformedMessage, StoreUnavailable, KeyError, TypeError, AttributeError):
-        return Step(taken)  # the lane parses it again and meets the error there
+    except Exception:
+        # A head start only, never a reason to strand the record just handed out: the
+        # lane parses and reads it again, and meets the error on its own path
+        return Step(taken)
     return Step(taken, message, record)

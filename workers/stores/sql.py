@@ -105,7 +105,7 @@ class SqlStore(Store):
                 outcome="applied",
                 attempts=write.attempts,
                 fence=commit.fence,
-                reopen=write.retry_of is not None,
+                retry_of=write.retry_of,
                 revision=revision if write.fields is not None else None,
             )
         return revision
@@ -126,7 +126,7 @@ class SqlStore(Store):
                     outcome="dead_lettered",
                     attempts=draft.attempts,
                     fence=fence,
-                    reopen=draft.retry_of is not None,
+                    retry_of=draft.retry_of,
                 )
             return insert_dead_letter(d, cur, draft)
 
@@ -173,7 +173,7 @@ class SqlStore(Store):
     def hold(self, shard: int, record_key: str, dead_letter_id: int, fence: Fence) -> int | None:
         with self.dialect.transaction() as cur:
             check_fence(self.dialect, cur, fence)
-            return hold_record(cur, shard, record_key, dead_letter_id, time.time())
+            return hold_record(self.dialect, cur, shard, record_key, dead_letter_id, time.time())
 
     def held(self, shard: int, record_key: str | None = None) -> dict[str, int]:
         with self.dialect.cursor() as cur:

@@ -91,22 +91,27 @@ def record_outcome(
     outcome: JournalOutcome,
     attempts: int,
     fence: Fence | None,
-    reopen: bool,
+    retry_of: int | None,
     revision: int | None = None,
 ) -> None:
     """Journal the event's outcome, or raise :class:`AlreadyApplied`.
 
-    ``reopen`` is an operator's retry of a dead-lettered event: its journal entry
-    exists with outcome ``dead_lettered`` and may be closed once more, once.
+    ``retry_of``: the dead letter an operator's retry of the event is of. Its journal
+    entry exists with outcome ``dead_lettered`` and may be closed once more, once, while
+    that row is the event's newest and still open (or marked retried): a second copy of
+    the retry, after the first failed again (a newer row) and that row was discarded, is a
+    duplicate, never an effect the operator threw away.
     """
     now = time.time()
     token = fence.token if fence else None
-    if reopen:
+    if retry_of is not None:
         cur.execute(
             "UPDATE journal SET outcome = ?, revision = ?, attempts = ?, fence = ?, "
             "recorded_at = ? WHERE source = ? AND event_id = ? "
-            "AND outcome = 'dead_lettered'",
-            (outcome, revision, attempts, token, now, source, event_id),
+            "AND outcome = 'dead_lettered' AND EXISTS (SELECT 1 FROM dead_letters "
+            "WHERE id = ? AND status IN ('open', 'retried') AND id = (SELECT MAX(id) "
+            "FROM dead_letters WHERE source = ? AND event_id = ? AND reason <> 'id_reused'))",
+            (outcome, revision, attempts, token, now, source, event_id, retry_of, source, event_id),
         )
         if cur.rowcount == 1:
             return

@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 
 from ..store import Parked
-from .dialect import Cursor
+from .dialect import Cursor, Dialect
 
 
 def park_messages(
@@ -84,18 +84,25 @@ def unpark_messages(cur: Cursor, shard: int, record_key: str, seqs: Sequence[int
 
 
 def hold_record(
-    cur: Cursor, shard: int, record_key: str, dead_letter_id: int, now: float
+    d: Dialect, cur: Cursor, shard: int, record_key: str, dead_letter_id: int, now: float
 ) -> int | None:
     """Hold the record behind ``dead_letter_id`` unless something holds it already or the
     row is no longer open (closed by an operator before the hold came: holding then would
-    hold the record for good); the dead letter that holds it now."""
+    hold the record for good); the dead letter that holds it now.
+
+    The row is read with a share lock (PostgreSQL): an operator's close that comes while
+    this transaction is open waits for it, then finds the hold and sends the release;
+    one that came first is seen here, and nothing is held."""
     cur.execute(
-        "INSERT INTO held (shard, record_key, dead_letter_id, held_at) "
-        "SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM dead_letters "
-        "WHERE id = ? AND status IN ('open', 'retried')) "
-        "ON CONFLICT (shard, record_key) DO NOTHING",
-        (shard, record_key, dead_letter_id, now, dead_letter_id),
+        f"SELECT 1 FROM dead_letters WHERE id = ? AND status IN ('open', 'retried'){d.fence_lock}",
+        (dead_letter_id,),
     )
+    if cur.fetchone() is not None:
+        cur.execute(
+            "INSERT INTO held (shard, record_key, dead_letter_id, held_at) "
+            "VALUES (?, ?, ?, ?) ON CONFLICT (shard, record_key) DO NOTHING",
+            (shard, record_key, dead_letter_id, now),
+        )
     return held_records(cur, shard, record_key).get(record_key)
 
 

@@ -169,11 +169,14 @@ local function hand_out(K, key, now)
 end
 
 -- The shard's next record that is due, handed out; else nil and the ms until the
--- earliest waiting record is due (-1: none waits).
+-- earliest waiting record is due (-1: none waits; 0 also while the shard queue still holds
+-- messages admit has not moved yet: those behind held, busy or waiting records' ones may
+-- be due, so the caller looks again now instead of leaving them to the idle poll).
 local function take_due(K, now)
   while true do
     local due = redis.call('ZRANGEBYSCORE', K.ready, '-inf', now, 'LIMIT', 0, 1)
     if #due == 0 then
+      if redis.call('LLEN', K.queue) > 0 then return nil, 0 end
       local first = redis.call('ZRANGE', K.ready, 0, 0, 'WITHSCORES')
       if #first == 0 then return nil, -1 end
       return nil, tonumber(first[2]) - now
