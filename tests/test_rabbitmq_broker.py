@@ -275,9 +275,10 @@ def test_events_flow_and_a_killed_or_stopped_worker_loses_nothing_and_doubles_no
         stream.wait_total(stream.total + 150)
     finally:
         stream.stop()
-    # Then every accepted event is applied once, in order per record
+    # Then every accepted event is applied once, in order per record (a 503, if a
+    # confirm timed out on a busy machine, was sent again, as a sender does)
     assert_applied_once_in_order(stack, stream)
-    assert stream.statuses == {202}
+    assert stream.statuses <= {202, 503}
 
 
 def test_a_paused_workers_late_write_is_refused(deploy: Any, rabbitmq: RabbitCluster) -> None:
@@ -295,7 +296,7 @@ def test_a_paused_workers_late_write_is_refused(deploy: Any, rabbitmq: RabbitClu
     # When an event of a paused:* record is taken by its shard's worker, which is then
     # stopped (SIGSTOP) past its AMQP heartbeats while it waits to write
     key = "paused:1"
-    answer = stack.post(event("p1", key, n={"increment": 1}))
+    answer = post_as_a_sender(stack, event("p1", key, n={"increment": 1}))
     assert answer.status_code == 202
     shard = s.shards.shard_for_key(key)
     owner_pid = int(active_consumers(rabbitmq, s)[shard][0].split("/")[0].split(":")[1])
@@ -411,7 +412,7 @@ def test_a_worker_whose_remote_control_queue_is_refused_for_a_while_goes_on(
     # Then, once it may, the worker answers again, and its lanes still apply events
     wait_until(lambda: pinged(stack.settings), 90, "a ping answered again",
                on_timeout=stack.logs)  # fmt: skip
-    assert stack.post(event("rc-1", "rc:1", n={"increment": 1})).status_code == 202
+    assert sent(stack, event("rc-1", "rc:1", n={"increment": 1})) == 202
     stack.wait_journal(1, 60)
     assert worker.alive()
 
@@ -426,7 +427,7 @@ def test_a_message_that_kills_its_worker_becomes_a_poison_dead_letter(
     first = stack.worker(lanes=2)
     wait_consuming(rabbitmq, stack, {first.pid})
     # When its event arrives, the worker is killed taking it, and a new worker starts
-    assert stack.post(event("x1", "poison:1", n={"increment": 1})).status_code == 202
+    assert sent(stack, event("x1", "poison:1", n={"increment": 1})) == 202
     wait_until(lambda: not first.alive(), 60, "the first worker to die", on_timeout=stack.logs)
     stack.worker(lanes=2)
     # Then the broker's delivery count survived the crash: the event is a poison dead
@@ -445,7 +446,7 @@ def test_a_message_past_the_brokers_delivery_limit_is_a_dead_letter_never_droppe
     # Given one shard whose queue delivers a message at most 3 times (limit 2)
     stack: Stack = deploy(shard_count=1, max_deliveries=1, amqp_delivery_margin=1)
     stack.receiver()
-    assert stack.post(event("d1", "dropped:1", n={"increment": 1})).status_code == 202
+    assert sent(stack, event("d1", "dropped:1", n={"increment": 1})) == 202
     # When a consumer that is not keylane rejects it every time
     s = stack.settings
     rejected = 0
@@ -546,7 +547,7 @@ def test_without_a_quorum_the_receiver_answers_503_and_the_retry_goes_through(
     # Given a receiver whose events were confirmed
     stack: Stack = deploy(shard_count=1, amqp_confirm_timeout_ms=2000)
     stack.receiver()
-    assert stack.post(event("q1", "quorum:1", n={"increment": 1})).status_code == 202
+    assert sent(stack, event("q1", "quorum:1", n={"increment": 1})) == 202
     # When two of the three nodes are killed -9: no quorum can confirm
     for node in rabbitmq.nodes[1:]:
         rabbitmq.kill(node)
@@ -575,8 +576,8 @@ def test_dlq_retry_publishes_the_dead_letter_back_through_its_lane_once(
     stack: Stack = deploy(shard_count=1)
     stack.receiver()
     stack.worker(lanes=2)
-    assert stack.post(event("r1", "retry:1", visits={"set": "many"})).status_code == 202
-    assert stack.post(event("r2", "retry:1", visits={"increment": 1})).status_code == 202
+    assert sent(stack, event("r1", "retry:1", visits={"set": "many"})) == 202
+    assert sent(stack, event("r2", "retry:1", visits={"increment": 1})) == 202
     store = stack.open_store()
     store.migrate()
     wait_until(lambda: store.dead_letters(DeadLetterFilter()) != [], 60, "a dead letter",
@@ -605,7 +606,7 @@ def test_dlq_retry_publishes_the_dead_letter_back_through_its_lane_once(
     assert "retry: 1 queued" in third.stdout, third.stdout + third.stderr
     # Then the journal makes that copy a duplicate: the next event of the record, applied
     # behind it, finds the retry applied once
-    assert stack.post(event("r3", "retry:1", visits={"increment": 10})).status_code == 202
+    assert sent(stack, event("r3", "retry:1", visits={"increment": 10})) == 202
     wait_until(lambda: store.read("retry:1").fields.get("visits") != 1, 60, "r3 applied",
                on_timeout=stack.logs)  # fmt: skip
     assert store.read("retry:1").fields["visits"] == 11
@@ -630,19 +631,28 @@ def _holding_stack(deploy: Any, tmp_path: Path) -> Stack:
     return stack
 
 
+def post_as_a_sender(stack: Stack, body: Any, source: str = "demo") -> httpx.Response:
+    """Post a webhook as a sender does: a 503 (no confirm in time, on a loaded machine)
+    is sent again until it is accepted, for up to 90 s. (A copy of an unconfirmed
+    publish may land too: the journal makes it a duplicate.)"""
+    answer = stack.post(body, source=source)
+    deadline = time.monotonic() + 90
+    while answer.status_code == 503 and time.monotonic() < deadline:
+        time.sleep(1)
+        answer = stack.post(body, source=source)
+    return answer
+
+
+def sent(stack: Stack, body: Any, source: str = "demo") -> int:
+    """The status a sender ends with (:func:`post_as_a_sender`)."""
+    return post_as_a_sender(stack, body, source).status_code
+
+
 def _careful(stack: Stack, key: str) -> Any:
-    """Post events of ``key`` from the source ``careful``, as a sender does: a 503 (no
-    confirm in time, on a loaded machine) is sent again until it is accepted. (A copy of
-    an unconfirmed publish may land too: the journal makes it a duplicate.)"""
+    """Post events of ``key`` from the source ``careful``, as a sender does."""
 
     def post(event_id: str, **changes: Any) -> int:
-        body = event(event_id, key, **changes)
-        answer = stack.post(body, source="careful")
-        deadline = time.monotonic() + 90
-        while answer.status_code == 503 and time.monotonic() < deadline:
-            time.sleep(1)
-            answer = stack.post(body, source="careful")
-        return answer.status_code
+        return sent(stack, event(event_id, key, **changes), source="careful")
 
     return post
 
@@ -881,7 +891,7 @@ def test_a_repair_sweep_on_rabbitmq_repairs_through_the_records_lane(
     # When records arrive with `full` left wrong
     for i in range(3):
         body = event(f"a{i}", f"acct:{i}", first={"set": f"F{i}"}, last={"set": "L"})
-        assert stack.post(body).status_code == 202
+        assert sent(stack, body) == 202
     stack.scheduler(app=app)
     # Then the sweep's repair events, published under the run's lease, are applied in
     # each record's lane, once
@@ -912,7 +922,7 @@ def test_flower_and_celery_inspect_see_the_workers_on_rabbitmq(
     flower = f"http://127.0.0.1:{port}"
     wait_until(lambda: flower_answers(flower), 60, "Flower to answer", on_timeout=stack.logs)
     # When an event is applied
-    assert stack.post(event("fl-1", "flower:1", n={"increment": 1})).status_code == 202
+    assert sent(stack, event("fl-1", "flower:1", n={"increment": 1})) == 202
     stack.wait_journal(1, 60)
     # Then `celery inspect active_queues` lists the control queue and the four shards'
     # quorum queues
@@ -951,7 +961,7 @@ def test_losing_the_redis_helper_loses_and_doubles_no_event(
         workers = [stack.worker(lanes=8), stack.worker(lanes=8)]
         wait_consuming(rabbitmq, stack, {w.pid for w in workers})
         first = event("dup-1", "dup:1", n={"increment": 1})
-        assert stack.post(first).status_code == 202
+        assert sent(stack, first) == 202
         stream = Stream(stack, "helper", records=24).start()
         try:
             stream.wait_total(100)
@@ -959,14 +969,15 @@ def test_losing_the_redis_helper_loses_and_doubles_no_event(
             # again while it is gone, and the helper comes back later
             helper.kill()
             stream.wait_total(stream.total + 150, timeout_s=180)
-            again = stack.post(first)
+            again = post_as_a_sender(stack, first)
             helper.start()
             stream.wait_total(stream.total + 100, timeout_s=180)
         finally:
             stream.stop()
-        # Then every event was accepted (202: the duplicate too, as no mark could be read),
-        # and each is applied once, in order per record: the journal absorbed the copy
-        assert stream.statuses == {202}
+        # Then every event was accepted (202, or a 503 if a confirm timed out on a busy
+        # machine, sent again; the duplicate got 202 too, as no mark could be read), and
+        # each is applied once, in order per record: the journal absorbed the copy
+        assert stream.statuses <= {202, 503}
         assert again.status_code == 202, again.text
         assert "dedupe marks unreadable, publishing demo/dup-1" in receiver.log()
         assert_applied_once_in_order(stack, stream, before=1)

@@ -611,6 +611,55 @@ def test_a_retry_that_is_dead_lettered_again_can_be_retried_again(store: Store) 
     assert store.read("contact:1").revision == 1
 
 
+def test_a_second_copy_of_a_retry_whose_failure_was_discarded_is_a_duplicate(
+    store: Store,
+) -> None:
+    # Given a dead-lettered event (row X) whose retry failed again (row Y), and the
+    # operator discarded Y
+    x = store.commit_dead_letter(draft("evt-1"), None)
+    y = store.commit_dead_letter(draft("evt-1", retry_of=x), None)
+    assert store.set_dead_letter_status(y, "discarded", ("open",), "op", None)
+    # When a second copy of X's retry comes (a redelivery, or triage's retry published
+    # twice), Then it is a duplicate: the operator threw that effect away
+    with pytest.raises(AlreadyApplied) as caught:
+        store.commit_event(write("evt-1", "contact:1", {"n": 1}, 0, retry_of=x), None)
+    assert caught.value.outcome == "dead_lettered"
+    assert store.read("contact:1").revision == 0
+    # And a copy that fails again makes no new row either (the journal entry is closed)
+    with pytest.raises(AlreadyApplied):
+        store.commit_dead_letter(draft("evt-1", retry_of=x), None)
+    assert [r.id for r in store.dead_letters(DeadLetterFilter())] == [x, y]
+
+
+def test_a_hold_waits_for_a_close_in_progress_and_then_holds_nothing(
+    store: Store, store_url: str
+) -> None:
+    # Given a record's open dead letter, and an operator closing it in a transaction that
+    # has not committed yet (PostgreSQL; SQLite has one writer at a time)
+    if not is_postgres(store_url):
+        pytest.skip("SQLite serialises the two writers")
+    store.advance_fence(SHARD, 3)
+    row_id = store.commit_dead_letter(draft("race-1"), Fence(SHARD, 3))
+    with psycopg.connect(store_url) as closing:
+        closing.execute(
+            "UPDATE dead_letters SET status = 'discarded' WHERE id = %s AND status = 'open'",
+            (row_id,),
+        )
+        # When the lane holds the record behind that row meanwhile
+        held: list[int | None] = []
+        lane = threading.Thread(
+            target=lambda: held.append(store.hold(SHARD, "contact:1", row_id, Fence(SHARD, 3)))
+        )
+        lane.start()
+        lane.join(2.0)  # (it waits for the close; without the row's lock it would not)
+        closing.commit()
+    lane.join(30)
+    # Then the hold saw the row closed and held nothing (else the record would stay held
+    # behind a closed row, with no release ever sent)
+    assert held == [None]
+    assert store.held(SHARD) == {}
+
+
 def _backdate(store_url: str, row_id: int, age_s: float) -> None:
     query(
         store_url,
