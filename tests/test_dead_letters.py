@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from keylane.ops.outside_edit import edit_record
+from keylane.ops.triage import Triage
 from keylane.routing.contract.settings import FaultSpec
 from keylane.workers.store import DeadLetter, DeadLetterFilter
 from tests.support.stack import REPO, Stack, event, settings_env, wait_until
@@ -239,6 +240,44 @@ def test_hold_policy_parks_later_events_until_the_row_is_resolved(
     assert resolved is not None
     assert (resolved.status, resolved.note) == ("resolved", "fixed in the CRM")
     assert resolved.status_by
+
+
+def test_a_row_closed_while_its_hold_is_being_written_still_releases_the_record(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Given a source whose dead letters hold their key, and a worker that pauses after it
+    # wrote race:1's dead letter, before it holds the record (a slow moment, made long)
+    sources = tmp_path / "sources.toml"
+    sources.write_text(SOURCES)
+    stack.settings = stack.settings.model_copy(
+        update={"sources_file": sources, "max_deliveries": 3}
+    )
+    pause = FaultSpec(
+        point="worker.before_ack", action="sleep", sleep_ms=10_000, match="race:", times=1
+    )
+    worker = stack.worker(lanes=2, faults=[pause.model_dump()])
+    stack.receiver()
+    stack.wait_all_owned()
+    store = stack.open_store()
+    store.write_outside("race:1", {"name": "Ada"}, 0)
+    # When its event fails (an increment of a text field), and an operator discards the
+    # row in that moment: there is no hold yet, so triage has nothing to release
+    post = lambda eid, **ch: stack.post(event(eid, "race:1", **ch), source="careful")  # noqa: E731
+    assert post("r-1", name={"increment": 1}).status_code == 202
+    row = _one_row(stack, "type")
+    wait_until(lambda: "fault injected: sleep at worker.before_ack (race:1)" in worker.log(),
+               60, "the worker paused before the hold", on_timeout=stack.logs)  # fmt: skip
+    broker = stack.broker()
+    closed = Triage(store, broker).close(row, "discarded", "ops", "not needed")
+    assert (closed.outcome, closed.detail) == ("closed", "")
+    # And a later event of the record comes
+    assert post("r-2", name={"set": "Bob"}).status_code == 202
+    # Then the worker, finding the row closed once it held the record, releases it, and
+    # the later event applies
+    wait_until(lambda: store.read("race:1").fields.get("name") == "Bob", 60,
+               "the later event applied", on_timeout=stack.logs)  # fmt: skip
+    assert broker.held_by("race:1") is None
+    assert "closed while it held the record: released" in worker.log()
 
 
 def test_retrying_the_holding_row_applies_it_first_then_the_parked_events(

@@ -159,6 +159,13 @@ class LaneBroker(ABC):
         needs to look there again until a new message or a waiting record's time)."""
 
     @abstractmethod
+    def release_closed(self, lease: Lease, record_key: str, dead_letter_id: int) -> None:
+        """The record was held behind ``dead_letter_id`` while an operator closed that
+        row (``finish`` with ``hold`` raced ``dlq discard/resolve``, which found no hold to
+        release): let its parked messages go, in order. A broker whose hold already
+        refuses a closed row (in the same transaction) has nothing to do."""
+
+    @abstractmethod
     def wait(
         self,
         lease: Lease,

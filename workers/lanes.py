@@ -428,8 +428,16 @@ class Lanes:
         then_take: bool,
     ) -> Step | Idle | bool:
         """(In a pool thread.) Acknowledge; with ``then_take``, also take the shard's next
-        record and read it from the store: one broker call and one read."""
+        record and read it from the store: one broker call and one read. After a hold,
+        the holding row is read again: if an operator closed it meanwhile, the release
+        they could not send yet goes now."""
         nxt = self.broker.finish(lease, taken, acks, hold, then_take)
+        if hold is not None and nxt is not False:
+            row = store.dead_letter(hold)
+            if row is not None and row.status not in ("open", "retried"):
+                log.info("%s: dead letter %s closed while it held the record: released",
+                         taken.record_key, hold)  # fmt: skip
+                self.broker.release_closed(lease, taken.record_key, hold)
         if not isinstance(nxt, Taken):
             return nxt
         return _read_taken(store, nxt)

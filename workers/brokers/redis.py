@@ -39,6 +39,7 @@ from redis.typing import EncodableT, FieldT
 from ...routing import ShardMap
 from ...routing.contract.destinations import EXCERPT_CHARS
 from ...routing.contract.errors import BrokerUnavailable
+from ...routing.contract.message import build_unhold_message
 from ...routing.contract.replies import reply_int, reply_text
 from ...routing.redis_keys import (
     MESSAGE_NOTES,
@@ -389,6 +390,14 @@ class RedisLaneBroker(LaneBroker):
             pubsub = open_pubsub(ignore_subscribe_messages=True)
             pubsub.subscribe(self.keys.doorbell)
         return pubsub
+
+    def release_closed(self, lease: Lease, record_key: str, dead_letter_id: int) -> None:
+        """The hold is a field of ``held`` written beside the store's row, so a close can
+        come between the row and the hold: the release triage would have sent goes
+        through the shard queue now, at its head (admitted next; a second release meets
+        no hold and is dropped)."""
+        queue = self.shards.queue_name(lease.shard)
+        self.give_back(lease.shard, build_unhold_message(record_key, dead_letter_id, queue))
 
     def give_back(self, shard: int, raw: bytes) -> None:
         """Put a shard message back at the head of its queue and ring the shard (a plain

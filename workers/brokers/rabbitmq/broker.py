@@ -301,6 +301,11 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
                 consumer.due[key] = time.monotonic() + max(0.0, delay_s)
         return True
 
+    def release_closed(self, lease: Lease, record_key: str, dead_letter_id: int) -> None:
+        """Nothing to do: the hold reads its row with a share lock in the transaction that
+        writes it, so a row closed first holds nothing, and a close that came after the
+        hold found it and sent the release."""
+
     def in_flight(self, shard: int) -> list[str]:
         with self._lock:
             consumer = self._shards.get(shard)
