@@ -66,7 +66,7 @@ from ....routing.contract.errors import StaleFence
 from ....routing.contract.settings import Settings
 from ...broker import Ack, Counts, Idle, LaneBroker, Lease, Taken
 from ...store import Store
-from .consumers import HELD, ShardConsumer, batch_limit
+from .consumers import ShardConsumer, batch_limit
 from .link import ack, message_body
 from .membership import Membership
 from .notes import DeliveryNotes
@@ -129,7 +129,7 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
             if consumer is None:
                 continue
             for key, deliveries in behind:
-                self._park(consumer, lease, key, deliveries, consumer.parked.get(key, 0.0))
+                self._park(consumer, lease, key, deliveries, consumer.parked_due(key, 0.0))
             with self._lock:
                 if self._current(lease) is not consumer:
                     continue
@@ -138,8 +138,8 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
                     waits = [at - now for k, at in consumer.due.items() if k not in consumer.busy]
                     waits += [
                         at - time.time()
-                        for k, at in consumer.parked.items()
-                        if k not in consumer.busy and at != HELD
+                        for k, at in consumer.due_parked()
+                        if k not in consumer.busy
                     ]
                     if waits:
                         due_in[lease.shard] = max(0.0, min(waits))
@@ -161,7 +161,7 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
         from the store."""
         if parked_ok:
             wall = time.time()
-            for key, due_at in consumer.parked.items():
+            for key, due_at in consumer.due_parked():
                 if key not in consumer.busy and due_at <= wall:
                     consumer.busy[key] = ([], now)
                     return key
@@ -178,7 +178,7 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
         """(Under the lock.) The next due record held in memory, handed out; the records
         whose list only held releases that met no hold in ``emptied``."""
         for key, tags in consumer.records.items():
-            if key in consumer.busy or key in consumer.parked or not tags:
+            if key in consumer.busy or consumer.waits_in_store(key) or not tags:
                 continue
             if consumer.deliveries[tags[0]].unhold is not None:
                 self._drop_strays(consumer, tags)

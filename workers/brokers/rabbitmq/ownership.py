@@ -20,7 +20,7 @@ from ....routing.contract.message import (
     UNHOLD_HEADER,
 )
 from ...broker import Acquired, Lease
-from .consumers import HELD, Delivery, ShardConsumer, dead_letter_id, message_headers
+from .consumers import Delivery, ShardConsumer, dead_letter_id, message_headers
 from .holding import Holding
 from .link import close_channel, message_body, only_consumer, round_trip
 
@@ -82,7 +82,6 @@ class Ownership(Holding):
             # records are never due until released (also with nothing parked yet).
             parked = {row.record_key: row.due_at for row in self._stored(lambda s: s.parked(shard))}
             holds: dict[str, int] = self._stored(lambda s: s.held(shard))
-            parked.update(dict.fromkeys(holds, HELD))
             with self._lock:
                 if self._shards.get(shard) is not consumer or not consumer.alive:
                     return Acquired(None, "", 0)
