@@ -143,7 +143,6 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
                     ]
                     if waits:
                         due_in[lease.shard] = max(0.0, min(waits))
-            self._ack_strays(consumer)
             if taken is None:
                 continue
             if isinstance(taken, Taken):
@@ -251,8 +250,6 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
                 consumer.records.pop(taken.record_key, None)
             channel = consumer.channel
             nxt = self._take_from(consumer, time.monotonic()) if then_take else None
-            done += consumer.strays
-            consumer.strays = []
         if done:
             self._submit(functools.partial(ack, channel, done))
         return nxt if isinstance(nxt, Taken) else True

@@ -71,9 +71,6 @@ class ShardConsumer:
     #: never due until released, parked messages or not; their deliveries here wait
     #: behind the hold as behind parked messages.
     held: dict[str, int] = field(default_factory=dict)
-    #: Releases that met no hold (the record was released already, or never held):
-    #: taken out of their records' lists, to be acknowledged.
-    strays: list[int] = field(default_factory=list)
 
     def lease_value(self, worker_id: str) -> str:
         return f"{worker_id}/{self.tag}"

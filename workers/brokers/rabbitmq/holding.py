@@ -126,19 +126,14 @@ class Holding(Parking):
             log.info("shard %s: release of %s by %s met no hold", lease.shard, key, names)
         return True
 
-    @staticmethod
-    def _drop_strays(consumer: ShardConsumer, tags: list[int]) -> None:
-        """(Under the lock; the record neither busy nor waiting in the store.) Releases at the
-        head of a record's list meet no hold: out of the list, to be acknowledged."""
+    def _drop_strays(self, consumer: ShardConsumer, tags: list[int]) -> None:
+        """(Under the lock; the record neither busy nor waiting in the store.) Releases
+        at the head of a record's list meet no hold: out of the list, and acknowledged
+        (the acknowledgement is only queued for the AMQP thread, never waited for)."""
+        strays = []
         while tags and consumer.deliveries[tags[0]].unhold is not None:
             tag = tags.pop(0)
             del consumer.deliveries[tag]
-            consumer.strays.append(tag)
-
-    def _ack_strays(self, consumer: ShardConsumer) -> None:
-        """Acknowledge the dropped releases of ``consumer``."""
-        with self._lock:
-            strays, consumer.strays = consumer.strays, []
-            alive, channel = consumer.alive, consumer.channel
-        if strays and alive:
-            self._submit(functools.partial(ack, channel, strays))
+            strays.append(tag)
+        if strays and consumer.alive:
+            self._submit(functools.partial(ack, consumer.channel, strays))
