@@ -237,21 +237,12 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
                 return False
             consumer.busy.pop(taken.record_key, None)
             acked = {ack.raw for ack in acks}
-            tags = consumer.records.get(taken.record_key, [])
-            done = [
-                t
-                for t in handed
-                if t in consumer.deliveries and consumer.deliveries[t].raw in acked
-            ]
-            for tag in done:
-                del consumer.deliveries[tag]
-                tags.remove(tag)
-            if not tags:
-                consumer.records.pop(taken.record_key, None)
+            done = [d for t in handed if (d := consumer.deliveries.get(t)) and d.raw in acked]
+            self._forget(consumer, taken.record_key, done)
             channel = consumer.channel
             nxt = self._take_from(consumer, time.monotonic()) if then_take else None
         if done:
-            self._submit(functools.partial(ack, channel, done))
+            self._submit(functools.partial(ack, channel, [d.tag for d in done]))
         return nxt if isinstance(nxt, Taken) else True
 
     def wait(
