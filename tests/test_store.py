@@ -434,6 +434,7 @@ def test_parked_messages_keep_their_order_and_their_owners_fence(store: Store) -
         (3, b"m3", 0, 200.0),
     ]
     assert {r.record_key for r in store.parked(SHARD)} == {"contact:1", "contact:2"}
+    assert [store.parked_count(SHARD, k) for k in ("contact:1", "contact:2", "x")] == [3, 1, 0]
     # When a delivery is counted, and the first two are done with
     store.count_parked(SHARD, "contact:1", 1)
     assert store.parked(SHARD, "contact:1")[0].deliveries == 2

@@ -264,6 +264,10 @@ class Store(ABC):
         ``limit``), in order per record."""
 
     @abstractmethod
+    def parked_count(self, shard: int, record_key: str) -> int:
+        """How many of the record's messages are parked (counted, not read)."""
+
+    @abstractmethod
     def count_parked(self, shard: int, record_key: str, seq: int, by: int = 1) -> None:
         """Count one more delivery of a parked message (``by`` -1: one less)."""
 

@@ -45,6 +45,7 @@ from .sql_fences import check_fence, claim_next_token, lock_fence, stored_token,
 from .sql_journal import count_entries, find_entry, list_entries, record_outcome
 from .sql_parked import (
     count_delivery,
+    count_messages,
     held_records,
     hold_record,
     park_messages,
@@ -160,6 +161,10 @@ class SqlStore(Store):
     ) -> list[Parked]:
         with self.dialect.cursor() as cur:
             return parked_rows(cur, shard, record_key, limit)
+
+    def parked_count(self, shard: int, record_key: str) -> int:
+        with self.dialect.cursor() as cur:
+            return count_messages(cur, shard, record_key)
 
     def count_parked(self, shard: int, record_key: str, seq: int, by: int = 1) -> None:
         with self.dialect.transaction() as cur:
