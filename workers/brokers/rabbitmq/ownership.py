@@ -89,8 +89,8 @@ class Ownership(Holding):
                 consumer.parked = parked
                 consumer.held = holds
         value = consumer.lease_value(worker_id)
-        held = sum(1 for d in consumer.deliveries.values() if d.returned)
-        return Acquired(Lease(shard, value, consumer.epoch), value, held)
+        restored = sum(1 for d in consumer.deliveries.values() if d.returned)
+        return Acquired(Lease(shard, value, consumer.epoch), value, restored)
 
     def _consume(self, shard: int) -> None:
         """(AMQP thread.) Register a consumer of the shard on a channel of its own."""
