@@ -286,7 +286,8 @@ class Store(ABC):
     @abstractmethod
     def held(self, shard: int, record_key: str | None = None) -> dict[str, int]:
         """The shard's held records (only ``record_key``, if given) -> the dead letter
-        that holds each."""
+        that holds each. Empty on a store created before holds existed, not migrated since
+        (a command of this version run before any worker of it started)."""
 
     @abstractmethod
     def release(

@@ -181,6 +181,10 @@ class SqlStore(Store):
             return hold_record(self.dialect, cur, shard, record_key, dead_letter_id, time.time())
 
     def held(self, shard: int, record_key: str | None = None) -> dict[str, int]:
+        if not self.dialect.has_table("held"):
+            # A store no worker of this version has migrated yet (the CLI never migrates):
+            # nothing can be held, since only such a worker writes a hold, after migrating.
+            return {}
         with self.dialect.cursor() as cur:
             return held_records(cur, shard, record_key)
 
