@@ -4,11 +4,11 @@ lanes where they live on RabbitMQ:
 
 * owners, from the members' beats: the shards each live worker consumes, each with the
   fencing token it claimed (0 until a first delivery made it the active consumer: an idle
-  shard's owner shows token 0), the deliveries it holds and its records in a lane (a shard
-  two beats name, during a handoff, goes to the newer token);
+  shard's owner shows token 0), the deliveries it has not acknowledged and its records in
+  a lane (a shard two beats name, during a handoff, goes to the newer token);
 * the store's ``shard_fences`` for each shard's newest token, and its ``parked`` table for
   the records that wait (parked: they waited longer than a delivery may be held);
-* each shard queue's ready messages by a passive declare (depth = ready + held).
+* each shard queue's ready messages by a passive declare (depth = ready + unacknowledged).
 
 Counters, destinations and scheduled jobs stay in the Redis helper, read as on Redis.
 RabbitMQ keeps no lease log: ownership is the broker's single active consumer.
@@ -27,6 +27,12 @@ from ..workers.store import Parked, Store
 from .deployment_view import DeploymentView, head_event
 
 T = TypeVar("T")
+
+
+def unacked(lead: dict[str, int]) -> int:
+    """The deliveries a beat says its worker holds unacknowledged for a shard (workers
+    before the hold policy's cleanup named them ``held``: read too, for a rolling upgrade)."""
+    return lead.get("unacked", lead.get("held", 0))
 
 
 class RabbitDeploymentView(DeploymentView):
@@ -60,13 +66,13 @@ class RabbitDeploymentView(DeploymentView):
         return {s: f"{worker}/{lead['token']}" for s, (worker, lead) in self.leads().items()}
 
     def depth(self, shard: int) -> int:
-        """Ready messages of the shard's queue, and those its owner holds."""
+        """Ready messages of the shard's queue, and those its owner has not acknowledged."""
         queued = self.surveyed().queues[shard].messages or 0
-        return queued + self.leads().get(shard, ("", {}))[1].get("held", 0)
+        return queued + unacked(self.leads().get(shard, ("", {}))[1])
 
     def shard_states(self) -> list[dict[str, Any]]:
         """Per shard: owner and its token, the store's newest token, depth (ready and
-        held), records in a lane and parked, consumers of the queue."""
+        unacknowledged), records in a lane and parked, consumers of the queue."""
         leads = self.leads()
         count = self.shards.count
         fences = self._from_store(lambda s: [s.fence_of(n) for n in range(count)], [0] * count)
@@ -84,7 +90,7 @@ class RabbitDeploymentView(DeploymentView):
                     "holder": f"{worker}/{lead['token']}" if worker else None,
                     "lease_ttl_ms": None,
                     "fence": fences[shard],
-                    "depth": (queue.messages or 0) + lead.get("held", 0),
+                    "depth": (queue.messages or 0) + unacked(lead),
                     "in_flight": lead.get("busy", 0),
                     "waiting": len(parked[shard]),
                     "head": None,

@@ -88,7 +88,7 @@ class AmqpTriageBroker:
     def queued(self, record_key: str) -> int:
         """The record's parked messages (those its consumer still holds in memory, not
         parked yet, are not counted)."""
-        return len(self._store.parked(self.shards.shard_for_key(record_key), record_key))
+        return self._store.parked_count(self.shards.shard_for_key(record_key), record_key)
 
     def push_once(self, marker: str, shard: int, raw: bytes) -> bool:
         return self._sender.push_once(marker, shard, raw, ONCE_MARKER_TTL_MS)

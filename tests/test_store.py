@@ -29,6 +29,7 @@ from keylane.workers.store import (
     Store,
 )
 from keylane.workers.stores import open_store
+from keylane.workers.stores.sql import SqlStore
 
 SHARD = 3
 
@@ -434,6 +435,7 @@ def test_parked_messages_keep_their_order_and_their_owners_fence(store: Store) -
         (3, b"m3", 0, 200.0),
     ]
     assert {r.record_key for r in store.parked(SHARD)} == {"contact:1", "contact:2"}
+    assert [store.parked_count(SHARD, k) for k in ("contact:1", "contact:2", "x")] == [3, 1, 0]
     # When a delivery is counted, and the first two are done with
     store.count_parked(SHARD, "contact:1", 1)
     assert store.parked(SHARD, "contact:1")[0].deliveries == 2
@@ -770,6 +772,28 @@ def test_no_dead_letters_means_empty_stats(store: Store) -> None:
 
 
 # -- schema ------------------------------------------------------------------------------
+
+
+def test_a_store_from_before_holds_reads_as_holding_nothing_until_migrated(
+    store: Store, store_url: str
+) -> None:
+    # Given a store created before the held table existed (a rolling upgrade: the CLI is
+    # updated first, and it never migrates)
+    assert isinstance(store, SqlStore)
+    with store.dialect.transaction() as cur:
+        cur.execute("DROP TABLE held")
+    old = open_store(store_url)
+    try:
+        # Then it holds nothing, rather than failing on the missing table
+        assert old.held(SHARD) == {}
+        assert old.held(SHARD, "contact:1") == {}
+        # And once a worker of this version migrates it, holds are kept again
+        old.migrate()
+        row_id = old.commit_dead_letter(draft("e-1"), Fence(SHARD, 2))
+        assert old.hold(SHARD, "contact:1", row_id, Fence(SHARD, 2)) == row_id
+        assert old.held(SHARD, "contact:1") == {"contact:1": row_id}
+    finally:
+        old.close()
 
 
 def test_migrating_an_existing_store_again_keeps_what_it_holds(

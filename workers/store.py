@@ -264,6 +264,10 @@ class Store(ABC):
         ``limit``), in order per record."""
 
     @abstractmethod
+    def parked_count(self, shard: int, record_key: str) -> int:
+        """How many of the record's messages are parked (counted, not read)."""
+
+    @abstractmethod
     def count_parked(self, shard: int, record_key: str, seq: int, by: int = 1) -> None:
         """Count one more delivery of a parked message (``by`` -1: one less)."""
 
@@ -282,7 +286,8 @@ class Store(ABC):
     @abstractmethod
     def held(self, shard: int, record_key: str | None = None) -> dict[str, int]:
         """The shard's held records (only ``record_key``, if given) -> the dead letter
-        that holds each."""
+        that holds each. Empty on a store created before holds existed, not migrated since
+        (a command of this version run before any worker of it started)."""
 
     @abstractmethod
     def release(

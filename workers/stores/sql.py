@@ -45,6 +45,7 @@ from .sql_fences import check_fence, claim_next_token, lock_fence, stored_token,
 from .sql_journal import count_entries, find_entry, list_entries, record_outcome
 from .sql_parked import (
     count_delivery,
+    count_messages,
     held_records,
     hold_record,
     park_messages,
@@ -161,6 +162,10 @@ class SqlStore(Store):
         with self.dialect.cursor() as cur:
             return parked_rows(cur, shard, record_key, limit)
 
+    def parked_count(self, shard: int, record_key: str) -> int:
+        with self.dialect.cursor() as cur:
+            return count_messages(cur, shard, record_key)
+
     def count_parked(self, shard: int, record_key: str, seq: int, by: int = 1) -> None:
         with self.dialect.transaction() as cur:
             count_delivery(cur, shard, record_key, seq, by)
@@ -176,6 +181,10 @@ class SqlStore(Store):
             return hold_record(self.dialect, cur, shard, record_key, dead_letter_id, time.time())
 
     def held(self, shard: int, record_key: str | None = None) -> dict[str, int]:
+        if not self.dialect.has_table("held"):
+            # A store no worker of this version has migrated yet (the CLI never migrates):
+            # nothing can be held, since only such a worker writes a hold, after migrating.
+            return {}
         with self.dialect.cursor() as cur:
             return held_records(cur, shard, record_key)
 

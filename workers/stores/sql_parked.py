@@ -76,6 +76,11 @@ def unpark_messages(cur: Cursor, shard: int, record_key: str, seqs: Sequence[int
             "DELETE FROM parked WHERE shard = ? AND record_key = ? AND seq = ?",
             (shard, record_key, seq),
         )
+    return count_messages(cur, shard, record_key)
+
+
+def count_messages(cur: Cursor, shard: int, record_key: str) -> int:
+    """How many messages of the record are parked."""
     cur.execute(
         "SELECT COUNT(*) FROM parked WHERE shard = ? AND record_key = ?", (shard, record_key)
     )

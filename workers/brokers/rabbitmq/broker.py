@@ -66,7 +66,7 @@ from ....routing.contract.errors import StaleFence
 from ....routing.contract.settings import Settings
 from ...broker import Ack, Counts, Idle, LaneBroker, Lease, Taken
 from ...store import Store
-from .consumers import HELD, ShardConsumer, batch_limit
+from .consumers import ShardConsumer, batch_limit
 from .link import ack, message_body
 from .membership import Membership
 from .notes import DeliveryNotes
@@ -129,7 +129,7 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
             if consumer is None:
                 continue
             for key, deliveries in behind:
-                self._park(consumer, lease, key, deliveries, consumer.parked.get(key, 0.0))
+                self._park(consumer, lease, key, deliveries, consumer.parked_due(key, 0.0))
             with self._lock:
                 if self._current(lease) is not consumer:
                     continue
@@ -138,12 +138,11 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
                     waits = [at - now for k, at in consumer.due.items() if k not in consumer.busy]
                     waits += [
                         at - time.time()
-                        for k, at in consumer.parked.items()
-                        if k not in consumer.busy and at != HELD
+                        for k, at in consumer.due_parked()
+                        if k not in consumer.busy
                     ]
                     if waits:
                         due_in[lease.shard] = max(0.0, min(waits))
-            self._ack_strays(consumer)
             if taken is None:
                 continue
             if isinstance(taken, Taken):
@@ -161,7 +160,7 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
         from the store."""
         if parked_ok:
             wall = time.time()
-            for key, due_at in consumer.parked.items():
+            for key, due_at in consumer.due_parked():
                 if key not in consumer.busy and due_at <= wall:
                     consumer.busy[key] = ([], now)
                     return key
@@ -178,7 +177,7 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
         """(Under the lock.) The next due record held in memory, handed out; the records
         whose list only held releases that met no hold in ``emptied``."""
         for key, tags in consumer.records.items():
-            if key in consumer.busy or key in consumer.parked or not tags:
+            if key in consumer.busy or consumer.waits_in_store(key) or not tags:
                 continue
             if consumer.deliveries[tags[0]].unhold is not None:
                 self._drop_strays(consumer, tags)
@@ -238,23 +237,12 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
                 return False
             consumer.busy.pop(taken.record_key, None)
             acked = {ack.raw for ack in acks}
-            tags = consumer.records.get(taken.record_key, [])
-            done = [
-                t
-                for t in handed
-                if t in consumer.deliveries and consumer.deliveries[t].raw in acked
-            ]
-            for tag in done:
-                del consumer.deliveries[tag]
-                tags.remove(tag)
-            if not tags:
-                consumer.records.pop(taken.record_key, None)
+            done = [d for t in handed if (d := consumer.deliveries.get(t)) and d.raw in acked]
+            self._forget(consumer, taken.record_key, done)
             channel = consumer.channel
             nxt = self._take_from(consumer, time.monotonic()) if then_take else None
-            done += consumer.strays
-            consumer.strays = []
         if done:
-            self._submit(functools.partial(ack, channel, done))
+            self._submit(functools.partial(ack, channel, [d.tag for d in done]))
         return nxt if isinstance(nxt, Taken) else True
 
     def wait(

@@ -11,8 +11,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-#: The due time of a held record's parked messages (see :class:`ShardConsumer`): never,
-#: until the dead letter that holds it is closed or retried.
+#: The due time of a held record's parked messages (:meth:`ShardConsumer.parked_due`):
+#: never, until the dead letter that holds it is closed or retried.
 HELD = math.inf
 
 
@@ -63,18 +63,35 @@ class ShardConsumer:
     busy: dict[str, tuple[list[int], float]] = field(default_factory=dict)
     #: Records waiting until a time (monotonic).
     due: dict[str, float] = field(default_factory=dict)
-    #: Records with messages parked in the store, and when they are due (epoch seconds):
-    #: their deliveries here wait behind those (they are parked too, then acknowledged).
-    #: A held record is here too, due :data:`HELD` (never), even with nothing parked.
+    #: Records with messages parked in the store, and when the store has them due
+    #: (epoch seconds): their deliveries here wait behind those (they are parked too,
+    #: then acknowledged). Read the due time with :meth:`parked_due` (a hold overrides it).
     parked: dict[str, float] = field(default_factory=dict)
-    #: Records held behind a dead letter (policy ``hold``) -> its id, as in the store.
+    #: Records held behind a dead letter (policy ``hold``) -> its id, as in the store:
+    #: never due until released, parked messages or not; their deliveries here wait
+    #: behind the hold as behind parked messages.
     held: dict[str, int] = field(default_factory=dict)
-    #: Releases that met no hold (the record was released already, or never held):
-    #: taken out of their records' lists, to be acknowledged.
-    strays: list[int] = field(default_factory=list)
 
     def lease_value(self, worker_id: str) -> str:
         return f"{worker_id}/{self.tag}"
+
+    def in_store(self) -> list[str]:
+        """The records that wait in the store: parked, or held (parked messages or not)."""
+        return [*self.parked, *(key for key in self.held if key not in self.parked)]
+
+    def waits_in_store(self, key: str) -> bool:
+        """Whether ``key``'s deliveries here must wait behind the store (see
+        :meth:`in_store`)."""
+        return key in self.parked or key in self.held
+
+    def parked_due(self, key: str, default: float) -> float:
+        """When ``key``'s parked messages are due (epoch seconds): :data:`HELD` while it is
+        held, else as the store has them (``default`` when nothing is parked)."""
+        return HELD if key in self.held else self.parked.get(key, default)
+
+    def due_parked(self) -> list[tuple[str, float]]:
+        """The parked records that are not held, each with its due time."""
+        return [(key, at) for key, at in self.parked.items() if key not in self.held]
 
 
 def dead_letter_id(value: Any) -> int | None:

@@ -19,7 +19,7 @@ import time
 
 from ...broker import Lease
 from ...store import Fence
-from .consumers import HELD, Delivery, ShardConsumer
+from .consumers import Delivery, ShardConsumer
 from .link import ack
 from .parking import Parking
 
@@ -43,7 +43,6 @@ class Holding(Parking):
             return
         with self._lock:
             consumer.held[key] = holder
-            consumer.parked[key] = HELD
         log.info("shard %s: %s held behind dead letter %s", lease.shard, key, holder)
 
     def _park_in_turn(
@@ -83,7 +82,7 @@ class Holding(Parking):
         """Park ``run``, due when the record's parked messages are (never, while held),
         else at ``due_at``."""
         with self._lock:
-            due_at = consumer.parked.get(key, due_at)
+            due_at = consumer.parked_due(key, due_at)
         return self._park_messages(consumer, lease, key, run, due_at)
 
     def _release(
@@ -127,19 +126,14 @@ class Holding(Parking):
             log.info("shard %s: release of %s by %s met no hold", lease.shard, key, names)
         return True
 
-    @staticmethod
-    def _drop_strays(consumer: ShardConsumer, tags: list[int]) -> None:
-        """(Under the lock; the record neither busy nor parked nor held.) Releases at the
-        head of a record's list meet no hold: out of the list, to be acknowledged."""
+    def _drop_strays(self, consumer: ShardConsumer, tags: list[int]) -> None:
+        """(Under the lock; the record neither busy nor waiting in the store.) Releases
+        at the head of a record's list meet no hold: out of the list, and acknowledged
+        (the acknowledgement is only queued for the AMQP thread, never waited for)."""
+        strays = []
         while tags and consumer.deliveries[tags[0]].unhold is not None:
             tag = tags.pop(0)
             del consumer.deliveries[tag]
-            consumer.strays.append(tag)
-
-    def _ack_strays(self, consumer: ShardConsumer) -> None:
-        """Acknowledge the dropped releases of ``consumer``."""
-        with self._lock:
-            strays, consumer.strays = consumer.strays, []
-            alive, channel = consumer.alive, consumer.channel
-        if strays and alive:
-            self._submit(functools.partial(ack, channel, strays))
+            strays.append(tag)
+        if strays and consumer.alive:
+            self._submit(functools.partial(ack, consumer.channel, strays))

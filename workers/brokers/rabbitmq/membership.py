@@ -25,7 +25,7 @@ from .parking import Parking
 class Beat:
     """One member's beat: ``alive`` (each heartbeat) or ``left``; the shards it consumes,
     each with its fencing token (0 until its first delivery made it the active consumer),
-    the deliveries it holds and its records in a lane."""
+    its deliveries not acknowledged yet (``unacked``) and its records in a lane."""
 
     worker: str
     what: str
@@ -62,7 +62,7 @@ class Membership(Parking):
     def _beat(self, what: str) -> None:
         with self._lock:
             leading = {
-                str(c.shard): {"token": c.epoch, "held": len(c.deliveries), "busy": len(c.busy)}
+                str(c.shard): {"token": c.epoch, "unacked": len(c.deliveries), "busy": len(c.busy)}
                 for c in self._shards.values()
                 if c.alive
             }

@@ -20,7 +20,7 @@ from ....routing.contract.message import (
     UNHOLD_HEADER,
 )
 from ...broker import Acquired, Lease
-from .consumers import HELD, Delivery, ShardConsumer, dead_letter_id, message_headers
+from .consumers import Delivery, ShardConsumer, dead_letter_id, message_headers
 from .holding import Holding
 from .link import close_channel, message_body, only_consumer, round_trip
 
@@ -82,7 +82,6 @@ class Ownership(Holding):
             # records are never due until released (also with nothing parked yet).
             parked = {row.record_key: row.due_at for row in self._stored(lambda s: s.parked(shard))}
             holds: dict[str, int] = self._stored(lambda s: s.held(shard))
-            parked.update(dict.fromkeys(holds, HELD))
             with self._lock:
                 if self._shards.get(shard) is not consumer or not consumer.alive:
                     return Acquired(None, "", 0)
@@ -90,8 +89,8 @@ class Ownership(Holding):
                 consumer.parked = parked
                 consumer.held = holds
         value = consumer.lease_value(worker_id)
-        held = sum(1 for d in consumer.deliveries.values() if d.returned)
-        return Acquired(Lease(shard, value, consumer.epoch), value, held)
+        restored = sum(1 for d in consumer.deliveries.values() if d.returned)
+        return Acquired(Lease(shard, value, consumer.epoch), value, restored)
 
     def _consume(self, shard: int) -> None:
         """(AMQP thread.) Register a consumer of the shard on a channel of its own."""

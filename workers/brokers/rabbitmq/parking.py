@@ -34,7 +34,7 @@ class Parking(AmqpLink):
         """(Under the lock.) Deliveries of parked records that are not parked yet, each
         record marked busy while they are."""
         found = []
-        for key in consumer.parked:
+        for key in consumer.in_store():
             tags = consumer.records.get(key)
             if tags and key not in consumer.busy:
                 consumer.busy[key] = ([], time.monotonic())
@@ -116,8 +116,7 @@ class Parking(AmqpLink):
         with self._lock:
             self._forget(consumer, key, deliveries)
             consumer.due.pop(key, None)
-            if key not in consumer.held:
-                consumer.parked[key] = due_at
+            consumer.parked[key] = stored_due
             alive, channel = consumer.alive, consumer.channel
         if alive:  # else the broker gives them back: parked again behind, the journal dedupes
             self._submit(functools.partial(ack, channel, [d.tag for d in deliveries]))
@@ -189,7 +188,7 @@ class Parking(AmqpLink):
                     consumer.busy.pop(key, None)
         with self._lock:
             consumer.busy.pop(key, None)
-            if remaining == 0 and key not in consumer.held:
+            if remaining == 0:
                 consumer.parked.pop(key, None)
         return True
 
