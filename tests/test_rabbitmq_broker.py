@@ -966,10 +966,14 @@ def test_losing_the_redis_helper_loses_and_doubles_no_event(
         try:
             stream.wait_total(100)
             # When the helper is killed -9 mid-stream, an accepted event is delivered
-            # again while it is gone, and the helper comes back later
+            # again while it is gone, the receiver is restarted meanwhile, and the helper
+            # comes back later
             helper.kill()
             stream.wait_total(stream.total + 150, timeout_s=180)
             again = post_as_a_sender(stack, first)
+            assert receiver.stop() == 0, receiver.log()
+            restarted = stack.receiver()
+            stream.wait_total(stream.total + 100, timeout_s=180)
             helper.start()
             stream.wait_total(stream.total + 100, timeout_s=180)
         finally:
@@ -980,6 +984,7 @@ def test_losing_the_redis_helper_loses_and_doubles_no_event(
         assert stream.statuses <= {202, 503}
         assert again.status_code == 202, again.text
         assert "dedupe marks unreadable, publishing demo/dup-1" in receiver.log()
+        assert restarted.alive()
         assert_applied_once_in_order(stack, stream, before=1)
         assert stack.open_store().read("dup:1").fields == {"n": 1}
         assert all(w.alive() for w in workers), stack.logs()
