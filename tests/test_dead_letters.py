@@ -280,6 +280,56 @@ def test_a_row_closed_while_its_hold_is_being_written_still_releases_the_record(
     assert "closed while it held the record: released" in worker.log()
 
 
+def test_a_row_retried_while_its_hold_is_being_written_runs_its_retry_first(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Given a source whose dead letters hold their key, and a worker that pauses after it
+    # wrote race:1's dead letter, before it holds the record
+    sources = tmp_path / "sources.toml"
+    sources.write_text(SOURCES)
+    stack.settings = stack.settings.model_copy(
+        update={"sources_file": sources, "max_deliveries": 3}
+    )
+    pause = FaultSpec(
+        point="worker.before_ack", action="sleep", sleep_ms=10_000, match="race:", times=1
+    )
+    worker = stack.worker(lanes=2, faults=[pause.model_dump()])
+    stack.receiver()
+    stack.wait_all_owned()
+    store = stack.open_store()
+    store.write_outside("race:1", {"name": "Ada"}, 0)
+    shards = stack.settings.shards
+    mate = next(
+        key
+        for key in (f"mate:{n}" for n in range(10_000))
+        if shards.shard_for_key(key) == shards.shard_for_key("race:1")
+    )
+    post = lambda eid, key="race:1", **ch: stack.post(event(eid, key, **ch), source="careful")  # noqa: E731
+    assert post("r-1", name={"increment": 1}).status_code == 202
+    row = _one_row(stack, "type")
+    wait_until(lambda: "fault injected: sleep at worker.before_ack (race:1)" in worker.log(),
+               60, "the worker paused before the hold", on_timeout=stack.logs)  # fmt: skip
+    # When in that moment the record is fixed and the row retried (no hold yet: the retry
+    # joins the record's messages like a new event), and a shard-mate's event makes the
+    # other lane admit it behind the dead-lettered one
+    broker = stack.broker()
+    edit_record(store, "race:1", {"name": 5})
+    retried = Triage(store, broker).retry(row, "ops")
+    assert (retried.outcome, retried.detail) == ("queued", "")
+    assert post("m-1", key=mate, x={"set": 1}).status_code == 202
+    wait_until(lambda: store.read(mate).fields.get("x") == 1, 60, "the shard-mate applied",
+               on_timeout=stack.logs)  # fmt: skip
+    # And a later event of the record comes
+    assert post("r-2", seq={"append": 2}).status_code == 202
+    # Then the hold meets the retry in the record's messages: the retry runs first, then
+    # the later event, and nothing is left held
+    wait_until(lambda: store.read("race:1").fields.get("seq") == [2], 60,
+               "the later event applied", on_timeout=stack.logs)  # fmt: skip
+    assert store.read("race:1").fields.get("name") == 6
+    assert broker.held_by("race:1") is None
+    assert broker.queued("race:1") == 0
+
+
 def test_retrying_the_holding_row_applies_it_first_then_the_parked_events(
     stack: Stack, tmp_path: Path
 ) -> None:

@@ -433,14 +433,25 @@ class Lanes:
         they could not send yet goes now."""
         nxt = self.broker.finish(lease, taken, acks, hold, then_take)
         if hold is not None and nxt is not False:
-            row = store.dead_letter(hold)
-            if row is not None and row.status not in ("open", "retried"):
-                log.info("%s: dead letter %s closed while it held the record: released",
-                         taken.record_key, hold)  # fmt: skip
-                self.broker.release_closed(lease, taken.record_key, hold)
+            self._release_if_closed(store, lease, taken.record_key, hold)
         if not isinstance(nxt, Taken):
             return nxt
         return _read_taken(store, nxt)
+
+    def _release_if_closed(self, store: Store, lease: Lease, key: str, hold: int) -> None:
+        """(In a pool thread, after a hold.) If an operator closed the holding row while
+        the hold was being written, send the release they could not. A failure here
+        leaves the record held behind a closed row until ``dlq discard/resolve`` is run
+        on it again (which sends the release): logged, never in the lane's way."""
+        try:
+            row = store.dead_letter(hold)
+            if row is None or row.status in ("open", "retried"):
+                return
+            self.broker.release_closed(lease, key, hold)
+        except Exception as exc:
+            log.warning("%s: could not check dead letter %s after the hold: %s", key, hold, exc)
+            return
+        log.info("%s: dead letter %s was closed while it held the record: released", key, hold)
 
     def _take(self, store: Store, leases: list[Lease]) -> Step | Idle:
         """(In a pool thread.) Take the first due record of ``leases``' shards and read it

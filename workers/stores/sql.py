@@ -61,6 +61,8 @@ class SqlStore(Store):
 
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect
+        #: Whether the ``held`` table was seen (a table never goes once migrated).
+        self._has_held = False
 
     def migrate(self) -> None:
         self.dialect.migrate(schema_ddl(self.dialect.column_types))
@@ -181,7 +183,8 @@ class SqlStore(Store):
             return hold_record(self.dialect, cur, shard, record_key, dead_letter_id, time.time())
 
     def held(self, shard: int, record_key: str | None = None) -> dict[str, int]:
-        if not self.dialect.has_table("held"):
+        self._has_held = self._has_held or self.dialect.has_table("held")
+        if not self._has_held:
             # A store no worker of this version has migrated yet (the CLI never migrates):
             # nothing can be held, since only such a worker writes a hold, after migrating.
             return {}

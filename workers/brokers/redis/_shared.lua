@@ -73,6 +73,26 @@ local function describe(m)
   return h, '', nil
 end
 
+-- The dead letter an operator's retry message retries (keylane_retry_of, or the event's
+-- retry_of when decoded from the body: a message without keylane's headers), else nil.
+local function retry_of_message(h, kw)
+  if kw and type(kw.event) == 'table' and kw.event.retry_of ~= cjson.null then
+    return kw.event.retry_of
+  end
+  return h.keylane_retry_of
+end
+
+-- The message of record list rec that retries dead letter id (admitted while the record
+-- was not held yet), else nil.
+local function retry_in(rec, id)
+  for _, m in ipairs(redis.call('LRANGE', rec, 0, -1)) do
+    local h, _, kw = describe(m)
+    local r = retry_of_message(h, kw)
+    if r ~= nil and tostring(r) == id then return m end
+  end
+  return nil
+end
+
 -- Move up to n messages from the shard queue into their records' lists (K = the shard's
 -- keys, see below). A record that gets its first message becomes ready now; a record that
 -- is waiting, busy or held keeps its state. Two control messages act here instead:
@@ -86,13 +106,8 @@ local function admit(K, shard, now, n)
     local h, key, kw = describe(m)
     local rec = K.rec_prefix .. key
     local holder = redis.call('HGET', K.held, key)
-    local unhold, retry_of = h.keylane_unhold, h.keylane_retry_of
-    if kw then  -- decoded from the body: a message without keylane's headers
-      if h.task == 'keylane.unhold' then unhold = kw.dead_letter_id end
-      if type(kw.event) == 'table' and kw.event.retry_of ~= cjson.null then
-        retry_of = kw.event.retry_of
-      end
-    end
+    local unhold, retry_of = h.keylane_unhold, retry_of_message(h, kw)
+    if kw and h.task == 'keylane.unhold' then unhold = kw.dead_letter_id end
     if unhold ~= nil then
       if holder and holder == tostring(unhold) then
         redis.call('HDEL', K.held, key)

@@ -37,7 +37,19 @@ for i = 7, #ARGV, 6 do
 end
 redis.call('HDEL', K.busy, key)
 local left = redis.call('LLEN', rec)
-if hold ~= '' and not was_held then
+local holds = hold ~= '' and not was_held
+if holds then
+  -- The operator retried the row before it could hold the record (the retry was
+  -- admitted behind, as an ordinary message): the retry goes first, nothing is held, as
+  -- when admit meets the holding row's retry.
+  local retry = retry_in(rec, hold)
+  if retry then
+    redis.call('LREM', rec, 1, retry)
+    redis.call('LPUSH', rec, retry)
+    holds = false
+  end
+end
+if holds then
   if redis.call('HSETNX', K.held, key, hold) == 1 then
     redis.call('HINCRBY', K.depth, shard, -left)
     redis.call('HINCRBY', K.counters, 'held', 1)
