@@ -10,89 +10,40 @@ waiting for an ``async def`` task or an HTTP forward holds no thread, and a bloc
 (a store transaction, a broker script, a plain ``def`` handler or task) runs in the
 ``lane_threads`` threads of :mod:`keylane.workers.blocking`.
 
-What a lane does with a record it cannot finish now. Each holds only that record; its
-shard-mates go on, and its own later events wait behind it, in order:
-
-* store or broker unavailable: the record waits a moment (its delivery not counted);
-* lease lost or fence refused: drop the shard, leave the record for the next owner;
-* handler raised: count the delivery, the record backs off (exponentially), then tries
-  again; after ``max_deliveries`` starts (crashes included) the event becomes a
-  ``handler_error`` or ``poison`` dead letter and the record moves on;
-* bytes that are not a keylane message: a ``malformed`` dead letter, and move on;
-* a destination that must wait (paused by a ``Retry-After``, at its limits, a back-off
-  after a failed call, a debounce): the record waits until then, its delivery not counted
-  (:mod:`keylane.workers.dispatch`);
-* a dead letter of a source whose policy is ``hold``: the record is held until the dead
-  letter is retried, resolved or discarded (its later events wait in its list).
-
-A wait ends on a timer (:meth:`Doorbell.ring_in`), not when a scan finds it.
+What a lane does with the record it was handed, and with one it cannot finish now, is
+:mod:`keylane.workers.lane_record`. A wait ends on a timer (:meth:`Doorbell.ring_in`), not
+when a scan finds it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
 
 import sentry_sdk
-from pydantic import ValidationError
 
-from ..routing.contract.destinations import EXCERPT_CHARS, retry_delay_s
-from ..routing.contract.errors import (
-    BrokerUnavailable,
-    MalformedMessage,
-    StaleFence,
-    StoreUnavailable,
-)
-from ..routing.contract.events import Event
+from ..routing.contract.errors import BrokerUnavailable, StoreUnavailable
 from ..routing.contract.faults import Faults
-from ..routing.contract.logcontext import event_context
-from ..routing.contract.message import TaskMessage, parse_message
 from ..routing.contract.settings import Settings
-from ..routing.contract.sources import SourceConfig, Sources
-from ..routing.router import EVENT_TASKS
-from . import dead_letters
-from .apply import SourceHandler, apply_events, load_source_handler
+from ..routing.contract.sources import Sources
+from .apply import SourceHandler
 from .blocking import BlockingPool
-from .broker import Ack, Counts, Idle, LaneBroker, Lease, Taken
-from .dispatch import Dispatcher, Wait
+from .broker import Idle, LaneBroker, Lease, Taken
+from .dispatch import Dispatcher
 from .doorbell import Doorbell
+from .lane_record import OUTAGE_WAIT_S, LaneEvents, RecordLane, Step, read_taken
 from .lane_store import LaneStore
 from .ownership import Ownership
-from .results import ApplyResult
-from .store import Fence, Record, Store
+from .store import Store
 
 log = logging.getLogger("keylane.lanes")
 
 
-class LaneEvents(Protocol):
-    """What the lanes report of each event as they go (Celery task events for Flower, see
-    :class:`keylane.workers.worker.TaskEvents`): best effort, never in a lane's way."""
-
-    def started(self, task_id: str, event: Event, attempt: int) -> None:
-        """A lane took the event (``attempt``: its delivery count)."""
-
-    def waiting(
-        self, task_id: str, event: Event, reason: str, detail: str, delay_s: float, attempts: int
-    ) -> None:
-        """The event's record waits ``delay_s`` (a back-off, a limit, a debounce): why, and
-        how many attempts (calls or deliveries) were made so far."""
-
-    def finished(self, task_id: str, event: Event, result: ApplyResult, runtime_s: float) -> None:
-        """The event's outcome is committed and acknowledged."""
-
-
-#: The longest back-off of a record whose handler keeps failing (its deliveries count).
-MAX_BACKOFF_S = 5.0
 #: Shards offered to one take: bounds the take script's cost whatever a worker owns.
 TAKE_WINDOW = 16
-#: How long a record waits when the store or the broker cannot be reached.
-OUTAGE_WAIT_S = 1.0
 #: How often the lanes look for records in flight that none of them holds, and how long
 #: such a record must have been in flight to be made due again: longer than a broker
 #: reply can take (the socket time-out), so a record being handed out is never reclaimed.
@@ -100,27 +51,7 @@ RECLAIM_EVERY_S = 5.0
 RECLAIM_AFTER_S = 30.0
 
 
-@dataclass(frozen=True)
-class Step:
-    """A record for a lane to handle. When it was taken as the lane finished the one
-    before (one blocking call for the acknowledgement, the take and the read), also its
-    message as parsed and its record as read right after: the first attempt's fresh read."""
-
-    taken: Taken
-    message: TaskMessage | None = None
-    record: Record | None = None
-
-
-@dataclass(frozen=True)
-class Queued:
-    """A message taken from a record's list, and the event it carries."""
-
-    raw: bytes
-    event: Event
-    task_id: str
-
-
-class Lanes:
+class Lanes(RecordLane):
     """The lanes of one worker process: an event loop in its own thread."""
 
     def __init__(
@@ -303,268 +234,8 @@ class Lanes:
         else:
             self.doorbell.ring_in(taken.shard, due_in_s)
 
-    async def _handle(self, lane: int, lease: Lease, step: Step) -> Step | Idle | None:
-        """Handle one record's message (or batch); the next record when it was taken with
-        the acknowledgement (:class:`Idle` when the acknowledgement found none due)."""
-        taken = step.taken
-        try:
-            message = step.message or parse_message(taken.raw)
-            if message.task_name not in EVENT_TASKS:
-                raise MalformedMessage(f"unexpected task {message.task_name!r}")
-            event = Event.model_validate(message.kwargs.get("event"))
-        except (MalformedMessage, ValidationError, KeyError, TypeError, ValueError) as exc:
-            await self._malformed(lease, taken, str(exc))
-            return None
-        batch = [Queued(taken.raw, event, message.task_id), *self._followers(taken, event)]
-        context: dict[str, Any] = {
-            "source": event.source,
-            "event_id": event.event_id,
-            "record_key": event.record_key,
-            "shard": lease.shard,
-            "attempt": taken.deliveries,
-        }
-        if len(batch) > 1:
-            context["batch"] = len(batch)
-        if self._events is not None:
-            for queued in batch:
-                self._events.started(queued.task_id, queued.event, taken.deliveries)
-        with event_context(**context):
-            return await self._apply(lane, lease, taken, batch, step.record)
-
-    def _followers(self, taken: Taken, first: Event) -> list[Queued]:
-        """The messages taken behind ``first`` that may be applied (or sent to a batch
-        task) together with it: its record's next events, while they parse and the source
-        (or the task) still takes that many. The others stay in the record's list, to be
-        taken one by one."""
-        if not taken.followers or first.retry_of is not None or first.review is not None:
-            return []
-        if first.destination is not None:
-            limit = self.dispatcher.batch_limit(first.destination)
-        else:
-            source = self.sources.get(first.source)
-            limit = 1 if source is None else source.batch_limit(self.settings)
-        out: list[Queued] = []
-        for raw in taken.followers[: limit - 1]:
-            try:
-                message = parse_message(raw)
-                event = Event.model_validate(message.kwargs.get("event"))
-            except (MalformedMessage, ValidationError, TypeError, ValueError):
-                break
-            same = (event.source, event.record_key, event.destination) == (
-                first.source,
-                first.record_key,
-                first.destination,
-            )
-            if not same or event.retry_of or event.review:
-                break
-            out.append(Queued(raw, event, message.task_id))
-        return out
-
-    async def _apply(
-        self, lane: int, lease: Lease, taken: Taken, batch: list[Queued], record: Record | None
-    ) -> Step | Idle | None:
-        """Apply the batch and acknowledge what was done; the shard's next record when the
-        lane may go on with it at once (taken and read with the acknowledgement), or
-        :class:`Idle` when the acknowledgement looked at the shard and found none due."""
-        first = batch[0]
-        ref = f"{first.event.source}/{first.event.event_id}"
-        started = time.monotonic()
-        why: dict[str, Any]
-        try:
-            results = await self._outcome(lease, taken, batch, record)
-        except StaleFence as exc:
-            log.warning("write of %s refused, the shard has a newer owner: %s", ref, exc)
-            self.ownership.lost(lease, str(exc))
-            return None
-        except (StoreUnavailable, BrokerUnavailable) as exc:  # not the event's fault
-            why = {"reason": "unavailable", "error": str(exc)[:EXCERPT_CHARS]}
-            await self._wait(lease, taken, batch, OUTAGE_WAIT_S, why, "uncount")
-            raise
-        except Exception as exc:
-            failed = time.monotonic()
-            log.exception("handler error on %s (delivery %s)", ref, taken.deliveries)
-            sentry_sdk.capture_exception(exc)
-            error = f"{type(exc).__name__}: {exc}"
-            await self.io.call(self.broker.note_failure, lease.shard, taken.raw, error)
-            delay_s = retry_delay_s(taken.deliveries, MAX_BACKOFF_S, random.random())
-            why = {"reason": "handler_error", "error": error[:EXCERPT_CHARS]}
-            await self._wait(lease, taken, batch, delay_s, why, "keep", failed)
-            return None
-        if results is None:
-            return None  # the lease ran out before the write: the next owner takes it on
-        if isinstance(results, Wait):  # waiting is not a failure
-            why = {"reason": results.reason, "error": results.detail}
-            if results.attempts is not None:  # calls made, not deliveries
-                why["attempts"] = results.attempts
-            counts: Counts = "forget" if results.batch else "uncount"
-            await self._wait(lease, taken, batch, results.seconds, why, counts, results.since)
-            return None
-        done = list(zip(batch, results, strict=False))
-        acks, hold = [], None
-        for queued, result in done:
-            hold = await self._after(queued.event, result) or hold
-            if self.faults:
-                await self.io.call(self.faults.hit, "worker.before_ack", queued.event.record_key)
-            applied = result.outcome == "applied"
-            latency = max(0.0, time.time() - queued.event.accepted_at) if applied else None
-            acks.append(Ack(queued.raw, result.outcome, result.conflicts, result.attempts, latency))
-        keep = not self._stop.is_set() and self.ownership.keep(lane, lease)
-        finished = await self.io.store(self._finish, lease, taken, acks, hold, keep)
-        if finished is False:
-            self.ownership.lost(lease, "lease changed before the acknowledgement")
-        if self._events is not None:
-            runtime = time.monotonic() - started
-            for queued, result in done:
-                self._events.finished(queued.task_id, queued.event, result, runtime)
-        return finished if isinstance(finished, Step | Idle) else None
-
-    def _finish(
-        self,
-        store: Store,
-        lease: Lease,
-        taken: Taken,
-        acks: list[Ack],
-        hold: int | None,
-        then_take: bool,
-    ) -> Step | Idle | bool:
-        """(In a pool thread.) Acknowledge; with ``then_take``, also take the shard's next
-        record and read it from the store: one broker call and one read. After a hold,
-        the holding row is read again: if an operator closed it meanwhile, the release
-        they could not send yet goes now."""
-        nxt = self.broker.finish(lease, taken, acks, hold, then_take)
-        if hold is not None and nxt is not False:
-            self._release_if_closed(store, lease, taken.record_key, hold)
-        if not isinstance(nxt, Taken):
-            return nxt
-        return _read_taken(store, nxt)
-
-    def _release_if_closed(self, store: Store, lease: Lease, key: str, hold: int) -> None:
-        """(In a pool thread, after a hold.) If an operator closed the holding row while
-        the hold was being written, send the release they could not. A failure here
-        leaves the record held behind a closed row until ``dlq discard/resolve`` is run
-        on it again (which sends the release): logged, never in the lane's way."""
-        try:
-            row = store.dead_letter(hold)
-            if row is None or row.status in ("open", "retried"):
-                return
-            self.broker.release_closed(lease, key, hold)
-        except Exception as exc:
-            log.warning("%s: could not check dead letter %s after the hold: %s", key, hold, exc)
-            return
-        log.info("%s: dead letter %s was closed while it held the record: released", key, hold)
-
     def _take(self, store: Store, leases: list[Lease]) -> Step | Idle:
         """(In a pool thread.) Take the first due record of ``leases``' shards and read it
         from the store: one blocking call for both."""
         got = self.broker.take(leases)
-        return got if isinstance(got, Idle) else _read_taken(store, got)
-
-    async def _wait(
-        self,
-        lease: Lease,
-        taken: Taken,
-        batch: list[Queued],
-        delay_s: float,
-        why: dict[str, Any],
-        counts: Counts,
-        since: float | None = None,
-    ) -> None:
-        """``taken``'s record waits ``delay_s`` from ``since`` (``time.monotonic()``, default
-        now: a destination's answer, a failure), and its shard's timer rings then."""
-        why = {"attempts": taken.deliveries, **why}
-        if self._events is not None:
-            for queued in batch:
-                detail = why.get("error") or ""
-                attempts = int(why["attempts"])
-                self._events.waiting(
-                    queued.task_id, queued.event, why["reason"], detail, delay_s, attempts
-                )
-        messages = [taken.raw] if counts != "keep" else []
-        if since is not None:  # what the calls since then took is not waited again
-            delay_s = max(0.0, delay_s - (time.monotonic() - since))
-        waiting = await self.io.call(self.broker.wait, lease, taken, delay_s, why, counts, messages)
-        if not waiting:
-            self.ownership.lost(lease, "lease changed before the record could wait")
-            return
-        self.doorbell.ring_in(lease.shard, delay_s)
-
-    async def _outcome(
-        self, lease: Lease, taken: Taken, batch: list[Queued], record: Record | None
-    ) -> list[ApplyResult] | Wait | None:
-        fence = Fence(lease.shard, lease.token)
-        event = batch[0].event
-        deliveries = taken.deliveries
-        if deliveries > self.settings.max_deliveries:
-            # Started this often without finishing: failing every time (handler_error) or
-            # killing its worker every time (poison). Record it and let the record move on.
-            last_error = await self.io.call(self.broker.last_failure, lease.shard, taken.raw)
-            reason = "handler_error" if last_error else "poison"
-            detail = last_error or "the worker died each time (killed, crashed or stuck)"
-            error = f"started {deliveries - 1} times without finishing; last: {detail}"
-            return [await self.store.dead_letter(event, fence, reason, deliveries - 1, error)]
-        if not self.ownership.valid(lease):
-            return None
-        events = [queued.event for queued in batch]
-        if event.destination is not None:
-            return await self.dispatcher.send(self.store, fence, taken, events)
-        source = self.sources.get(event.source)
-        return await apply_events(
-            self.store,
-            events,
-            fence,
-            source,
-            self.settings.max_attempts,
-            self.faults,
-            self._handler(source),
-            self.settings.handler_time_limit_ms / 1000,
-            record,
-        )
-
-    def _handler(self, source: SourceConfig | None) -> SourceHandler | None:
-        if source is None:
-            return None
-        if source.name not in self._handlers:
-            self._handlers[source.name] = load_source_handler(source)
-        return self._handlers[source.name]
-
-    async def _after(self, event: Event, result: ApplyResult) -> int | None:
-        """Alert on a new dead letter; the dead letter that holds the record when the
-        source's policy is ``hold`` (again, when a crash came before it was held)."""
-        source = self.sources.get(event.source)
-        holds = source is not None and source.on_dead_letter == "hold"
-        if result.outcome == "dead_lettered":
-            dead_letters.alert(event, result)
-            if holds and result.reason != "id_reused":
-                return result.dead_letter_id
-        elif result.outcome == "duplicate" and holds and event.review is None:
-            return await self.store.open_dead_letter(event)
-        return None
-
-    async def _malformed(self, lease: Lease, taken: Taken, error: str) -> None:
-        try:
-            await self.store.malformed(
-                lease.shard, taken.raw, error, Fence(lease.shard, lease.token)
-            )
-        except StaleFence as exc:
-            self.ownership.lost(lease, str(exc))
-            return
-        if not await self.io.call(
-            self.broker.finish, lease, taken, [Ack(taken.raw, "dead_lettered")]
-        ):
-            self.ownership.lost(lease, "lease changed before the acknowledgement")
-
-
-def _read_taken(store: Store, taken: Taken) -> Step:
-    """(In a pool thread.) ``taken`` with its message parsed and its record read right
-    after the take: the first attempt's fresh read, without a blocking call of its own."""
-    try:
-        message = parse_message(taken.raw)
-        event = message.kwargs["event"]
-        if event.get("destination"):  # its record is not in keylane's store
-            return Step(taken, message)
-        record = store.read(str(event["record_key"]))
-    except Exception:
-        # A head start only, never a reason to strand the record just handed out: the
-        # lane parses and reads it again, and meets the error on its own path
-        return Step(taken)
-    return Step(taken, message, record)
+        return got if isinstance(got, Idle) else read_taken(store, got)

@@ -21,7 +21,8 @@ from .brokers.redis import RedisLaneBroker
 from .destinations import Destination, open_destinations
 from .dispatch import Dispatcher
 from .flow import DestinationFlow
-from .lanes import LaneEvents, Lanes
+from .lane_record import LaneEvents
+from .lanes import Lanes
 from .ownership import Ownership
 from .store import Store
 from .stores import open_store

@@ -44,7 +44,7 @@ class TaskEvents:
     ``FAILURE`` with its reason. Every row is named ``keylane.event``; its args are the
     record key, the source and the event id, so Flower's search finds a record. Best
     effort: an event that cannot be sent is dropped, never retried, never in the way of a
-    lane (implements :class:`keylane.workers.lanes.LaneEvents`).
+    lane (implements :class:`keylane.workers.lane_record.LaneEvents`).
 
     The lanes' loop only notes what happened (a tuple, with the time it happened); a
     thread of its own builds Celery's events from the notes and publishes them in batches
