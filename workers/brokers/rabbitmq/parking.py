@@ -37,8 +37,7 @@ class Parking(AmqpLink):
         for key in consumer.in_store():
             tags = consumer.records.get(key)
             if tags and key not in consumer.busy:
-                consumer.busy[key] = ([], time.monotonic())
-                found.append((key, [consumer.deliveries[t] for t in tags]))
+                found.append(_to_park(consumer, key, tags))
         return found
 
     def _stale(self, consumer: ShardConsumer) -> list[tuple[str, list[Delivery]]]:
@@ -48,8 +47,7 @@ class Parking(AmqpLink):
         found = []
         for key, tags in consumer.records.items():
             if tags and key not in consumer.busy and consumer.deliveries[tags[0]].received < limit:
-                consumer.busy[key] = ([], time.monotonic())
-                found.append((key, [consumer.deliveries[t] for t in tags]))
+                found.append(_to_park(consumer, key, tags))
         return found
 
     def park_stale(self) -> int:
@@ -216,3 +214,10 @@ class Parking(AmqpLink):
         with self._lock:
             consumer.parked[key] = due_at
         return True
+
+
+def _to_park(consumer: ShardConsumer, key: str, tags: list[int]) -> tuple[str, list[Delivery]]:
+    """(Under the lock.) ``key`` marked busy while its deliveries (``tags``, in order) are
+    parked: the record and those deliveries."""
+    consumer.busy[key] = ([], time.monotonic())
+    return key, [consumer.deliveries[t] for t in tags]
