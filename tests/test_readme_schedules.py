@@ -123,10 +123,13 @@ def test_the_readme_example_runs_as_written(tmp_path: Path, crm: str) -> None:
             assert done.returncode == 0, f"{command}\n{done.stdout}{done.stderr}"
             outputs[command] = done.stdout
             if command.startswith("keylane run"):  # the sync's events reach the records
+                # (at least once: the job runs every 5 minutes, and when `keylane up` starts
+                # just before a multiple of 5 its own tick sends the same contacts too, each
+                # applied once more with the same fields: revision 2)
                 wait_until(
                     lambda: all(
                         json_of(f"keylane records get contact:{c['id']} --json")["revision"]  # type: ignore[index]
-                        == 1
+                        >= 1
                         for c in CONTACTS
                     ),
                     180,
