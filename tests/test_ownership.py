@@ -103,8 +103,10 @@ def test_paused_owner_is_fenced_off_after_takeover(stack: Stack) -> None:
     stack.wait_all_owned(workers=1)
     shard = stack.settings.shards.shard_for_key("paused:1")
     assert stack.post(event("p-1", "paused:1", seq={"append": 1})).status_code == 202
-    busy_key = stack.settings.keys.busy(shard)
-    wait_until(lambda: stack.view().client.hlen(busy_key) == 1, 10, "p-1 in flight")
+    # (in its injected sleep, not merely handed p-1: a worker stopped before the write
+    # begins may find its lease gone on waking and never try the write)
+    wait_until(lambda: "fault injected: sleep at worker.before_write" in paused.log(), 30,
+               "p-1 in flight, its write under way", on_timeout=paused.log)  # fmt: skip
     old_token = int(stack.view().lease_values()[shard].rsplit("/", 1)[1])
     # When it is stopped (SIGSTOP) for longer than the lease TTL while it holds p-1
     paused.signal(signal.SIGSTOP)
