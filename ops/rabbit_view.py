@@ -75,7 +75,8 @@ class RabbitDeploymentView(DeploymentView):
         unacknowledged), records in a lane and parked, consumers of the queue."""
         leads = self.leads()
         count = self.shards.count
-        fences = self._from_store(lambda s: [s.fence_of(n) for n in range(count)], [0] * count)
+        stored: dict[int, int] = self._from_store(lambda s: s.fences(), {})
+        fences = [stored.get(n, 0) for n in range(count)]
         parked: list[set[str]] = self._from_store(
             lambda s: [{p.record_key for p in s.parked(n)} for n in range(count)],
             [set()] * count,

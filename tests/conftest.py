@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 import redis
 
@@ -170,3 +171,17 @@ def stack(settings: Settings, tmp_path: Path) -> Iterator[Stack]:
     deployment = Stack(settings, tmp_path)
     yield deployment
     deployment.stop_all()
+
+
+@pytest.fixture
+def pg_store_url(pg_url: str) -> Iterator[str]:
+    """A fresh PostgreSQL schema (RabbitMQ deployments run on PostgreSQL)."""
+    schema = f"kltest_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    sep = "&" if "?" in pg_url else "?"
+    try:
+        yield f"{pg_url}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')

@@ -15,13 +15,11 @@ import json
 import signal
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 import redis
 from kombu import Connection
@@ -46,20 +44,6 @@ from tests.support.services import free_port
 from tests.support.stack import Stack, event, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def pg_store_url(pg_url: str) -> Iterator[str]:
-    """A fresh PostgreSQL schema (RabbitMQ deployments run on PostgreSQL)."""
-    schema = f"kltest_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    sep = "&" if "?" in pg_url else "?"
-    try:
-        yield f"{pg_url}{sep}options=-csearch_path%3D{schema}"
-    finally:
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def rabbit_settings(

@@ -408,6 +408,18 @@ def test_advance_fence_keeps_the_newest_token_per_shard(store: Store) -> None:
     assert store.advance_fence(SHARD + 1, 1) == 1
 
 
+def test_fences_reads_every_fenced_shards_newest_token_at_once(store: Store) -> None:
+    # Given no fences, Then none is read
+    assert store.fences() == {}
+    # When two shards are fenced, one of them twice (once by a claim)
+    store.advance_fence(SHARD, 4)
+    store.advance_fence(SHARD + 2, 1)
+    store.claim_fence(SHARD)
+    # Then each reads as its newest token, as fence_of reads it, and no other shard shows
+    assert store.fences() == {SHARD: 5, SHARD + 2: 1}
+    assert store.fence_of(SHARD) == 5
+
+
 def test_claim_fence_gives_each_claim_a_newer_token_and_fences_the_older(store: Store) -> None:
     # Given a shard whose fence a lease-based broker advanced to 4
     store.advance_fence(SHARD, 4)

@@ -120,8 +120,10 @@ class LaneBroker(ABC):
         """Give the lease up (only if still ours); logged as ``reason``."""
 
     @abstractmethod
-    def log_lease_event(self, event: str, lease: Lease, worker_id: str) -> None:
-        """Record a lease event seen only by the worker (e.g. ``lost``)."""
+    def lose(self, lease: Lease, worker_id: str, why: str) -> None:
+        """The worker learned that ``lease`` is gone (the store refused its fence, or it
+        could not be renewed): let go of whatever this process still holds of the shard,
+        so that the shard's next owner gets its messages, and record why."""
 
     @abstractmethod
     def bump_fence(self, shard: int, at_least: int) -> int:

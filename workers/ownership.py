@@ -181,7 +181,7 @@ class Ownership:
                 return
             del self._held[lease.shard]
         log.warning("lost shard %s (token %s): %s", lease.shard, lease.token, why)
-        self._try(lambda: self.broker.log_lease_event("lost", lease, self.worker_id))
+        self._try(lambda: self.broker.lose(lease, self.worker_id, why))
 
     def owned(self) -> dict[int, Lease]:
         """The leases held now, by shard."""

@@ -315,6 +315,10 @@ class Store(ABC):
         """The newest fencing token the store has seen for ``shard`` (0 if none)."""
 
     @abstractmethod
+    def fences(self) -> dict[int, int]:
+        """The newest fencing token of every shard the store has seen one for."""
+
+    @abstractmethod
     def dead_letters(self, flt: DeadLetterFilter) -> list[DeadLetter]:
         """Review rows matching ``flt``, oldest first."""
 

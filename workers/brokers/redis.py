@@ -183,9 +183,11 @@ class RedisLaneBroker(LaneBroker):
             )
         )
 
-    def log_lease_event(self, event: str, lease: Lease, worker_id: str) -> None:
+    def lose(self, lease: Lease, worker_id: str, why: str) -> None:
+        # Nothing to let go of: the lease expires in Redis, and the next owner restores
+        # the messages this worker had in flight. The lease log keeps the event.
         fields: dict[FieldT, EncodableT] = {
-            "event": event,
+            "event": "lost",
             "shard": lease.shard,
             "worker": worker_id,
             "token": lease.token,

@@ -41,7 +41,14 @@ from .sql_dead_letters import (
     list_dead_letters,
     move_dead_letter,
 )
-from .sql_fences import check_fence, claim_next_token, lock_fence, stored_token, upsert_fence
+from .sql_fences import (
+    check_fence,
+    claim_next_token,
+    lock_fence,
+    stored_token,
+    stored_tokens,
+    upsert_fence,
+)
 from .sql_journal import count_entries, find_entry, list_entries, record_outcome
 from .sql_parked import (
     count_delivery,
@@ -221,6 +228,10 @@ class SqlStore(Store):
     def fence_of(self, shard: int) -> int:
         with self.dialect.cursor() as cur:
             return stored_token(cur, shard)
+
+    def fences(self) -> dict[int, int]:
+        with self.dialect.cursor() as cur:
+            return stored_tokens(cur)
 
     def journal(self, source: str, event_id: str) -> JournalEntry | None:
         with self.dialect.cursor() as cur:

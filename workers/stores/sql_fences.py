@@ -16,6 +16,12 @@ def stored_token(cur: Cursor, shard: int, lock: str = "") -> int:
     return int(row[0]) if row else 0
 
 
+def stored_tokens(cur: Cursor) -> dict[int, int]:
+    """Every shard's newest fencing token (shards never fenced are absent)."""
+    cur.execute("SELECT shard, token FROM shard_fences")
+    return {int(shard): int(token) for shard, token in cur.fetchall()}
+
+
 def lock_fence(d: Dialect, cur: Cursor, shard: int) -> int:
     """Read (and lock against advances) the shard's newest fencing token; 0 if none."""
     return stored_token(cur, shard, d.fence_lock)

@@ -17,6 +17,7 @@ import functools
 import logging
 import time
 
+from ....routing.contract.errors import StaleFence
 from ...broker import Lease
 from ...store import Fence
 from .consumers import Delivery, ShardConsumer
@@ -107,6 +108,9 @@ class Holding(Parking):
                 released = self._stored(
                     lambda s: s.release(lease.shard, key, holder, time.time(), fence, first)
                 )
+            except StaleFence as exc:
+                self._let_go([consumer], f"could not release {key}: {exc}")
+                return False
             except Exception as exc:
                 log.warning("shard %s: could not release %s: %s", lease.shard, key, exc)
                 return False

@@ -8,6 +8,7 @@ channel calls (acknowledge, close, a round trip, a queue's depth) the other modu
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import queue
 import socket
@@ -242,6 +243,29 @@ class AmqpLink(ABC):
                 conn.collect()
         self._control = None
         self._dead_channel = None
+
+    def _let_go(self, consumers: Sequence[ShardConsumer], why: str) -> None:
+        """Stop being these shards' consumers: forget them and close their channels (after
+        the acknowledgements queued before), so what they held goes back to the head of
+        each queue in order and the next consumer in line becomes the active one. A
+        consumer already replaced or let go is left alone."""
+        gone = []
+        with self._lock:
+            for consumer in consumers:
+                if self._shards.get(consumer.shard) is consumer:
+                    del self._shards[consumer.shard]
+                if consumer.alive:
+                    consumer.alive = False
+                    gone.append(consumer)
+        for consumer in gone:
+            self._submit(functools.partial(close_channel, consumer.channel))
+            log.log(
+                logging.DEBUG if why == "released" else logging.INFO,
+                "let go of shard %s (token %s): %s",
+                consumer.shard,
+                consumer.epoch,
+                why,
+            )
 
     def _submit(self, fn: Callable[[], Any], wait: bool = False) -> Any:
         """Run ``fn`` in the AMQP thread; with ``wait``, return its result."""

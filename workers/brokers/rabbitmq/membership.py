@@ -7,7 +7,6 @@ beat also names the shards its worker consumes (what ``keylane status`` shows as
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import time
 import uuid
@@ -17,7 +16,7 @@ from typing import Any
 from ....routing.assignment import assign_shards
 from ....routing.contract.amqp_names import members_exchange
 from ....routing.contract.errors import BrokerUnavailable
-from .link import close_channel, message_body, publish
+from .link import message_body, publish
 from .parking import Parking
 
 
@@ -108,8 +107,4 @@ class Membership(Parking):
         consumer registered for a shard the assignment has since moved away)."""
         with self._lock:
             idle = [c for s, c in self._shards.items() if s not in keep and c.epoch == 0]
-            for consumer in idle:
-                del self._shards[consumer.shard]
-                consumer.alive = False
-        for consumer in idle:
-            self._submit(functools.partial(close_channel, consumer.channel))
+        self._let_go(idle, "released")

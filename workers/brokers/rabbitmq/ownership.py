@@ -22,7 +22,7 @@ from ....routing.contract.message import (
 from ...broker import Acquired, Lease
 from .consumers import Delivery, ShardConsumer, dead_letter_id, message_headers
 from .holding import Holding
-from .link import close_channel, message_body, only_consumer, round_trip
+from .link import message_body, only_consumer, round_trip
 
 log = logging.getLogger("keylane.rabbitmq")
 
@@ -133,8 +133,25 @@ class Ownership(Holding):
             subscription.queue.put(consumer.shard)
 
     def renew(self, leases: Sequence[Lease], ttl_ms: int) -> list[bool]:
+        """Each lease still held: its consumer stands, and the store has claimed no newer
+        token for the shard (another consumer that believed itself active did: this one
+        lets go, so that one receives). Without the store the check waits a beat: no
+        write goes through without it either."""
+        try:
+            fences: dict[int, int] = self._stored(lambda store: store.fences()) if leases else {}
+        except Exception as exc:
+            log.warning("cannot read the shards' fences to renew: %s", exc)
+            fences = {}
+        renewed, stale = [], []
         with self._lock:
-            return [self._current(lease) is not None for lease in leases]
+            for lease in leases:
+                consumer = self._current(lease)
+                if consumer is not None and fences.get(lease.shard, 0) > lease.token:
+                    stale.append(consumer)
+                    consumer = None
+                renewed.append(consumer is not None)
+        self._let_go(stale, "the store has a newer fencing token")
+        return renewed
 
     def _current(self, lease: Lease) -> ShardConsumer | None:
         consumer = self._shards.get(lease.shard)
@@ -154,14 +171,18 @@ class Ownership(Holding):
             consumer = self._shards.get(lease.shard)
             if consumer is None or consumer.lease_value(worker_id) != lease.value:
                 return False
-            del self._shards[lease.shard]
-            consumer.alive = False
-        self._submit(lambda: close_channel(consumer.channel))
-        log.debug("handed shard %s over (%s)", lease.shard, reason)
+        self._let_go([consumer], reason)
         return True
 
-    def log_lease_event(self, event: str, lease: Lease, worker_id: str) -> None:
-        log.info("shard %s (token %s): %s", lease.shard, lease.token, event)
+    def lose(self, lease: Lease, worker_id: str, why: str) -> None:
+        """Let go of the lost lease's consumer at once: kept, it would keep its place as
+        the queue's single active consumer and its unacknowledged deliveries, and the
+        shard's new owner would never receive them."""
+        with self._lock:
+            consumer = self._shards.get(lease.shard)
+            if consumer is None or consumer.lease_value(worker_id) != lease.value:
+                return
+        self._let_go([consumer], f"lost: {why}")
 
     def bump_fence(self, shard: int, at_least: int) -> int:
         # Tokens come from the store itself: there is no second counter to move.

@@ -108,6 +108,11 @@ class Parking(AmqpLink):
         stored_due = due_at if due_at != HELD else time.time()
         try:
             self._stored(lambda store: store.park(lease.shard, key, messages, stored_due, fence))
+        except StaleFence as exc:
+            # Another consumer claimed the shard: holding on would strand what this one
+            # was delivered (the broker gives it to no one else while this one stands).
+            self._let_go([consumer], f"could not park {key}: {exc}")
+            return False
         except Exception as exc:
             log.warning("shard %s: could not park %s: %s", lease.shard, key, exc)
             return False

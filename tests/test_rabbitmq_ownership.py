@@ -1,0 +1,180 @@
+"""Shard ownership on RabbitMQ, driven through :class:`RabbitLaneBroker` itself against the
+tests' own 3-node cluster and a PostgreSQL store: what a consumer must do when its lease
+is gone. A consumer that keeps standing keeps its place as the queue's single active
+consumer and its unacknowledged deliveries, and RabbitMQ gives them to no one else: the
+shard's new owner would wait for good (seen after two of three nodes were killed and came
+back: 61 accepted events stranded for over ten minutes)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kombu import Connection
+
+from keylane.producers.amqp import ConfirmingPublisher
+from keylane.routing.contract.amqp_names import dead_queue, shard_queue
+from keylane.routing.contract.message import RECORD_HEADER
+from keylane.routing.contract.settings import Settings, load_settings
+from keylane.workers.broker import Ack, Lease, Taken
+from keylane.workers.brokers.rabbitmq import RabbitLaneBroker
+from keylane.workers.store import Store
+from keylane.workers.stores import open_store
+from tests.support.rabbitmq import RabbitCluster
+from tests.support.stack import wait_until
+
+pytestmark = pytest.mark.slow
+
+SHARD = 0
+
+
+@pytest.fixture
+def settings(
+    rabbitmq: RabbitCluster, redis_url: str, namespace: str, pg_store_url: str, tmp_path: Path
+) -> Iterator[Settings]:
+    """One shard on the cluster; its queues are deleted after the test."""
+    hosts = ",".join(f"127.0.0.1:{node.amqp_port}" for node in rabbitmq.nodes)
+    s = load_settings(
+        data_dir=tmp_path / "d",
+        redis_url=redis_url,
+        store_url=pg_store_url,
+        namespace=namespace,
+        broker_url=f"amqp://guest:guest@{hosts}//",
+        shard_count=1,
+        lease_ttl_ms=3000,
+        heartbeat_ms=500,
+        amqp_heartbeat_s=2,
+    )
+    yield s
+    with Connection(rabbitmq.nodes[0].url) as conn:
+        channel = conn.channel()
+        channel.queue_delete(shard_queue(s.namespace, s.shards, SHARD))
+        channel.queue_delete(dead_queue(s.namespace))
+        channel.exchange_delete(dead_queue(s.namespace))
+
+
+@pytest.fixture
+def store(settings: Settings) -> Iterator[Store]:
+    store = open_store(settings.store_dsn())
+    store.migrate()
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def broker(settings: Settings) -> Iterator[Callable[[], RabbitLaneBroker]]:
+    """Open a lane broker of the deployment (as a worker process does); all are closed
+    after the test."""
+    opened: list[RabbitLaneBroker] = []
+
+    def open_one() -> RabbitLaneBroker:
+        one = RabbitLaneBroker(settings, lambda: open_store(settings.store_dsn()))
+        opened.append(one)
+        return one
+
+    yield open_one
+    for one in opened:
+        one.close()
+
+
+def publish(settings: Settings, count: int) -> list[bytes]:
+    """``count`` messages of one record to the shard's queue, each confirmed."""
+    publisher = ConfirmingPublisher(settings)
+    sent = []
+    try:
+        for n in range(count):
+            raw = json.dumps({"headers": {RECORD_HEADER: "rec:1"}, "n": n}).encode()
+            publisher.publish(shard_queue(settings.namespace, settings.shards, SHARD), raw, "rec:1")
+            sent.append(raw)
+    finally:
+        publisher.close()
+    return sent
+
+
+def acquired(broker: RabbitLaneBroker, worker: str, timeout_s: float = 60) -> Lease:
+    """Ask for the shard as ownership's heartbeat does, until the broker hands out a lease
+    (no membership beats: the test decides who wants the shard)."""
+    found: list[Lease] = []
+
+    def got() -> bool:
+        lease = broker.acquire(SHARD, worker, 3000).lease
+        if lease is not None:
+            found.append(lease)
+        return lease is not None
+
+    wait_until(got, timeout_s, f"{worker} holds the shard", interval_s=0.2)
+    return found[0]
+
+
+def drained(broker: RabbitLaneBroker, lease: Lease, count: int) -> list[bytes]:
+    """Take and finish the shard's messages until ``count`` were done, in order."""
+    done: list[bytes] = []
+
+    def one_more() -> bool:
+        taken = broker.take([lease])
+        if isinstance(taken, Taken):
+            assert broker.finish(lease, taken, [Ack(raw) for raw in taken.messages]) is True
+            done.extend(taken.messages)
+        return len(done) >= count
+
+    wait_until(one_more, 60, f"{count} messages taken", interval_s=0.05)
+    return done
+
+
+def test_a_consumer_whose_lease_is_lost_lets_go_and_the_next_in_line_gets_its_messages(
+    settings: Settings, store: Store, broker: Callable[[], RabbitLaneBroker]
+) -> None:
+    # Given worker a, the shard's active consumer, holding its messages unacknowledged,
+    # and worker b's consumer waiting in line behind it
+    sent = publish(settings, 5)
+    a, b = broker(), broker()
+    lease_a = acquired(a, "worker-a")
+    assert lease_a.token == store.fence_of(SHARD)
+    assert b.acquire(SHARD, "worker-b", 3000).lease is None
+    # When another consumer claimed the shard's next token (as one does that believed
+    # itself the queue's only consumer while a cluster recovered), and a's lane learns
+    # that its lease is gone (the store refused its fence)
+    store.claim_fence(SHARD)
+    a.log_lease_event("lost", lease_a, "worker-a")
+    # Then a stops being the active consumer, b becomes it, and gets every message in order
+    lease_b = acquired(b, "worker-b")
+    assert lease_b.token > lease_a.token
+    assert drained(b, lease_b, len(sent)) == sent
+    # And a's lease is no longer renewed
+    assert a.renew([lease_a], 3000) == [False]
+
+
+def test_a_renewal_finds_the_stores_newer_token_and_lets_the_consumer_go(
+    settings: Settings, store: Store, broker: Callable[[], RabbitLaneBroker]
+) -> None:
+    # Given worker a, the shard's active consumer, and worker b waiting in line
+    sent = publish(settings, 3)
+    a, b = broker(), broker()
+    lease_a = acquired(a, "worker-a")
+    assert a.renew([lease_a], 3000) == [True]
+    assert b.acquire(SHARD, "worker-b", 3000).lease is None
+    # When the store has a newer token for the shard, and no lane of a wrote since
+    store.claim_fence(SHARD)
+    # Then a's next renewal fails, a lets go, and b receives the messages a held
+    assert a.renew([lease_a], 3000) == [False]
+    lease_b = acquired(b, "worker-b")
+    assert drained(b, lease_b, len(sent)) == sent
+
+
+def test_a_lost_lease_of_a_consumer_already_replaced_closes_nothing_else(
+    settings: Settings, store: Store, broker: Callable[[], RabbitLaneBroker]
+) -> None:
+    # Given worker a lost the shard and took it again under a new token
+    publish(settings, 2)
+    a = broker()
+    first = acquired(a, "worker-a")
+    a.log_lease_event("lost", first, "worker-a")
+    second = acquired(a, "worker-a")
+    assert second.token > first.token
+    # When the old lease is reported lost again (a late lane)
+    a.log_lease_event("lost", first, "worker-a")
+    # Then the new consumer stands
+    assert a.renew([second], 3000) == [True]
+    assert isinstance(a.take([second]), Taken)
