@@ -99,12 +99,15 @@ def up(ctx: click.Context, no_flower: bool, check: bool) -> None:
 @setting_option("--host", "host", "Receiver address.")
 @click.pass_context
 def serve(ctx: click.Context) -> None:
-    """Run the webhook receiver only."""
+    """Run the webhook receiver only (port 0: one the system picks, named in the log)."""
     import uvicorn
 
     from ..producers.receiver import create_receiver
+    from .up_checks import listening_socket
 
     settings = settings_of(ctx)
+    # Bound before anything starts: a taken port ends the command at once (exit 2).
+    sock = listening_socket(settings.host, settings.port, "keylane serve", "--port / KEYLANE_PORT")
     init_sentry(settings, "receiver")  # before the app exists: the integration wraps it
     app = create_receiver(settings)
     if settings.log_level != "DEBUG":
@@ -113,15 +116,16 @@ def serve(ctx: click.Context) -> None:
     # handler: a handler of ours turns that graceful stop into exit code 0.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: None)
-    uvicorn.run(
+    host, port = sock.getsockname()[:2]
+    logging.getLogger("keylane.receiver").info("receiver listening on http://%s:%s", host, port)
+    config = uvicorn.Config(
         app,
-        host=settings.host,
-        port=settings.port,
         log_config=None,  # keep keylane's log format for uvicorn's lines too
         log_level=settings.log_level.lower(),
         access_log=False,
         timeout_graceful_shutdown=10,
     )
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 class _UvicornStartSteps(logging.Filter):

@@ -8,7 +8,6 @@ while the banner names ports another deployment answers on.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import socket
@@ -66,22 +65,32 @@ class DataDirLock:
 def check_port_free(host: str, port: int, what: str, options: str) -> None:
     """Raise :class:`ConfigError` when nothing of ours could listen on ``host:port``:
     ``what`` names the listener, ``options`` the settings that choose another port."""
+    listening_socket(host, port, what, options).close()
+
+
+def listening_socket(host: str, port: int, what: str, options: str) -> socket.socket:
+    """A socket bound to ``host:port`` and listening (port 0: one the system picks), for
+    a server to take over; :class:`ConfigError` when it cannot be had, so a taken port
+    ends the start at once with one line, before anything else started."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise ConfigError(f"{what}: cannot resolve the address {host!r}: {exc}") from None
     family, kind, proto, _, address = infos[0]
-    with contextlib.closing(socket.socket(family, kind, proto)) as sock:
+    sock = socket.socket(family, kind, proto)
+    try:
         # As uvicorn and tornado bind: a port whose old connections linger in TIME_WAIT
         # is free for them, so it is free here too.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(address)
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise ConfigError(
-                    f"{what}: port {port} on {host} is already in use (another keylane up, or "
-                    f"another program, listens there): stop it, or choose another port with "
-                    f"{options}"
-                ) from None
-            raise ConfigError(f"{what}: cannot listen on {host}:{port}: {exc}") from None
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"{what}: port {port} on {host} is already in use (another keylane up, or "
+                f"another program, listens there): stop it, or choose another port with "
+                f"{options}"
+            ) from None
+        raise ConfigError(f"{what}: cannot listen on {host}:{port}: {exc}") from None
+    return sock

@@ -29,13 +29,13 @@ from pathlib import Path
 
 import pytest
 
-from keylane.ops.embedded_redis import free_port
 from tests.support.packaging import (
     build_wheel,
     direct_requirements,
     requirement_name,
     shipped_copy,
 )
+from tests.support.services import free_port
 from tests.support.stack import REPO, wait_until
 
 pytestmark = pytest.mark.slow

@@ -14,9 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from keylane.ops.audit import audit_journal, audit_lease_log
-from keylane.ops.embedded_redis import free_port
 from keylane.routing.contract.settings import FaultSpec
 from tests.support.load import SequentialLoad
+from tests.support.services import free_port
 from tests.support.stack import REPO, Stack, event, settings_env, wait_until
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from keylane.ops.embedded_redis import free_port
+from tests.support.services import free_port
 from tests.support.stack import REPO, start_up, wait_until
 
 pytestmark = pytest.mark.slow

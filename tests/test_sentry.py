@@ -25,9 +25,9 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from keylane.ops.embedded_redis import free_port
 from keylane.ops.observability import FILTERED, _secrets, scrub
 from keylane.routing.contract.settings import FaultSpec, Settings, load_settings
+from tests.support.services import free_port
 from tests.support.stack import Stack, event, settings_env, start_up, wait_until
 
 SQLITE_ONLY = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)

@@ -20,10 +20,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keylane.ops.embedded_redis import free_port
 from keylane.routing.contract.settings import load_settings
 from tests.support.load import SequentialLoad
 from tests.support.readme import keylane_command, readme_block
+from tests.support.services import free_port
 from tests.support.stack import REPO, Stack, start_up, wait_until
 
 pytestmark = pytest.mark.slow
@@ -415,3 +415,20 @@ def test_the_readme_task_example_runs_from_its_folder(
     finally:
         os.killpg(up.pid, signal.SIGTERM)
         assert up.wait(90) == 0, log_path.read_text()
+
+
+def test_keylane_serve_on_a_taken_port_exits_2_at_once_with_one_line(tmp_path: Path) -> None:
+    # Given a port another program listens on
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        # When `keylane serve` is asked to listen there
+        done = _keylane(tmp_path / "data", "serve", "--port", str(port), env=_clean_env())
+    # Then it exits 2 (before: it logged the bind error and hung, even on SIGTERM), with
+    # one line naming the port and the option that picks another
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"port {port} on 127.0.0.1 is already in use" in lines[0]
+    assert "--port / KEYLANE_PORT" in lines[0]

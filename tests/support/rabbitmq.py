@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from keylane.ops.embedded_redis import free_port
+from tests.support.services import free_port
 
 #: Where the real scripts live when PATH only has wrappers (Debian, Ubuntu).
 SBIN_CANDIDATES = ("/usr/lib/rabbitmq/bin", "/usr/local/sbin", "/opt/homebrew/sbin")

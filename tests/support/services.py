@@ -4,14 +4,57 @@ from __future__ import annotations
 
 import glob
 import os
+import random
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
 
-from keylane.ops.embedded_redis import EmbeddedRedis, free_port
+from keylane.ops.embedded_redis import EmbeddedRedis
+
+#: Lowest port the tests hand out: above the well-known and common service ports.
+LOWEST_PORT = 10_000
+_given: set[int] = set()
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the system gives outgoing connections (Linux: the first number of
+    ``ip_local_port_range``; 32768 elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a server a test starts.
+
+    A port the system picked for a closed socket is one of its ephemeral ports: on a busy
+    machine an outgoing connection (to Redis, PostgreSQL, RabbitMQ) can take it before
+    the server binds it, and the server cannot start. So the port comes from below the
+    ephemeral range, from a band of its own per xdist worker (two test processes never
+    pick the same one), and one process never hands the same port out twice."""
+    floor = _ephemeral_floor()
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
+    worker = int((os.environ.get("PYTEST_XDIST_WORKER") or "gw0").removeprefix("gw") or 0)
+    width = max(1, (floor - LOWEST_PORT) // workers)
+    low = LOWEST_PORT + (worker % workers) * width
+    start = random.randrange(width)
+    for step in range(width):
+        port = low + (start + step) % width
+        if port in _given:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    raise RuntimeError(f"no free port in {low}..{low + width - 1}")
 
 
 def redis_reachable(url: str) -> bool:

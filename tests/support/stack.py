@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,13 +20,15 @@ from typing import Any
 import httpx
 
 from keylane.ops.deployment_view import DeploymentView
-from keylane.ops.embedded_redis import free_port
 from keylane.routing.contract.settings import Settings, env_var, settings_environ
 from keylane.workers.brokers.redis import RedisLaneBroker
 from keylane.workers.store import Store
 from keylane.workers.stores import open_store
 
 REPO = Path(__file__).resolve().parents[2]
+
+#: The receiver's line that names the port it listens on.
+LISTENING = re.compile(r"receiver listening on http://[^:]+:(\d+)")
 
 
 def settings_env(settings: Settings, **extra: Any) -> dict[str, str]:
@@ -145,10 +148,17 @@ class Stack:
         return 1 if self.settings.store_is_sqlite else wanted
 
     def receiver(self, port: int | None = None, **env: Any) -> Proc:
-        """Start a receiver and wait until it answers; sets :attr:`url`."""
-        port = port or free_port()
-        proc = self._spawn("receiver", ["serve", "--port", str(port)], **env)
-        self.url = f"http://127.0.0.1:{port}"
+        """Start a receiver and wait until it answers; sets :attr:`url`. Without ``port``
+        it listens on one the system picks (read back from its log): no race for ports."""
+        proc = self._spawn("receiver", ["serve", "--port", str(port or 0)], **env)
+
+        def listening() -> bool:
+            found = LISTENING.search(proc.log())
+            if found is not None:
+                self.url = f"http://127.0.0.1:{found.group(1)}"
+            return found is not None or not proc.alive()
+
+        wait_until(listening, 30, "receiver to listen")
         wait_until(lambda: _healthy(self.url) or not proc.alive(), 30, "receiver to start")
         assert proc.alive(), proc.log()
         return proc
