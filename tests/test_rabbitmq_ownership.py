@@ -7,6 +7,7 @@ back: 61 accepted events stranded for over ten minutes)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,8 +15,8 @@ from pathlib import Path
 import pytest
 from kombu import Connection
 
-from keylane.producers.amqp import ConfirmingPublisher
-from keylane.routing.contract.amqp_names import dead_queue, shard_queue
+from keylane.producers.amqp import AmqpPublisher
+from keylane.routing.contract.amqp_names import dead_queue, probe_queue, shard_queue
 from keylane.routing.contract.message import RECORD_HEADER
 from keylane.routing.contract.settings import Settings, load_settings
 from keylane.workers.broker import Ack, Lease, Taken
@@ -52,6 +53,7 @@ def settings(
         channel = conn.channel()
         channel.queue_delete(shard_queue(s.namespace, s.shards, SHARD))
         channel.queue_delete(dead_queue(s.namespace))
+        channel.queue_delete(probe_queue(s.namespace))
         channel.exchange_delete(dead_queue(s.namespace))
 
 
@@ -81,15 +83,20 @@ def broker(settings: Settings) -> Iterator[Callable[[], RabbitLaneBroker]]:
 
 def publish(settings: Settings, count: int) -> list[bytes]:
     """``count`` messages of one record to the shard's queue, each confirmed."""
-    publisher = ConfirmingPublisher(settings)
-    sent = []
-    try:
-        for n in range(count):
-            raw = json.dumps({"headers": {RECORD_HEADER: "rec:1"}, "n": n}).encode()
-            publisher.publish(shard_queue(settings.namespace, settings.shards, SHARD), raw, "rec:1")
-            sent.append(raw)
-    finally:
-        publisher.close()
+    sent = [
+        json.dumps({"headers": {RECORD_HEADER: "rec:1"}, "n": n}).encode() for n in range(count)
+    ]
+
+    async def publish_all() -> None:
+        publisher = AmqpPublisher(settings)
+        try:
+            for raw in sent:
+                name = shard_queue(settings.namespace, settings.shards, SHARD)
+                await publisher.publish(name, raw, "rec:1")
+        finally:
+            await publisher.close()
+
+    asyncio.run(publish_all())
     return sent
 
 
@@ -137,7 +144,7 @@ def test_a_consumer_whose_lease_is_lost_lets_go_and_the_next_in_line_gets_its_me
     # itself the queue's only consumer while a cluster recovered), and a's lane learns
     # that its lease is gone (the store refused its fence)
     store.claim_fence(SHARD)
-    a.log_lease_event("lost", lease_a, "worker-a")
+    a.lose(lease_a, "worker-a", "the store refused its fence")
     # Then a stops being the active consumer, b becomes it, and gets every message in order
     lease_b = acquired(b, "worker-b")
     assert lease_b.token > lease_a.token
@@ -170,11 +177,11 @@ def test_a_lost_lease_of_a_consumer_already_replaced_closes_nothing_else(
     publish(settings, 2)
     a = broker()
     first = acquired(a, "worker-a")
-    a.log_lease_event("lost", first, "worker-a")
+    a.lose(first, "worker-a", "lost")
     second = acquired(a, "worker-a")
     assert second.token > first.token
     # When the old lease is reported lost again (a late lane)
-    a.log_lease_event("lost", first, "worker-a")
+    a.lose(first, "worker-a", "late")
     # Then the new consumer stands
     assert a.renew([second], 3000) == [True]
     assert isinstance(a.take([second]), Taken)
