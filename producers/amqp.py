@@ -1,13 +1,16 @@
 """The receiver on RabbitMQ: publishing an accepted event to its shard's quorum queue with
-a publisher confirm (the receiver side's one module that imports the AMQP client).
+a publisher confirm (the receiver side's one module that imports an AMQP client: aiormq,
+on the receiver's own event loop).
 
 A 2xx is sent only after the broker confirmed the message: a quorum (2 of 3 nodes) has
-written it, and it survives the loss of a minority of nodes. No confirm within
-``KEYLANE_AMQP_CONFIRM_TIMEOUT_MS``, a nack (no quorum, or the shard at its high-water
-mark: its ``x-max-length`` with ``reject-publish``), or a lost connection: 503 with
-``Retry-After``, and the connection is closed before the next publish, since py-amqp
-takes any confirm on a channel as the confirm of the publish it waits for, and a late one
-of a timed-out publish would otherwise confirm the next.
+written it, and it survives the loss of a minority of nodes. One connection per receiver
+process, its channel in confirm mode, carries many publishes at once: each has its own
+delivery tag, and each request waits only for the confirm of its own tag. No confirm within
+``KEYLANE_AMQP_CONFIRM_TIMEOUT_MS`` (connecting and declaring included), a nack (no
+quorum, or the shard at its high-water mark: its ``x-max-length`` with
+``reject-publish``), a message the broker returned (no such queue), or a lost connection:
+503 with ``Retry-After``. A confirm that comes after its request gave up confirms nothing
+else (it carries its own tag).
 
 Publishing and marking the event id seen are two steps here (on Redis they are one
 script). The mark is written **after** the confirm, in Redis (an optional helper):
@@ -32,15 +35,16 @@ import asyncio
 import contextlib
 import json
 import logging
-import queue
 import random
-import threading
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from amqp import Message  # type: ignore[import-untyped]
-from kombu.connection import Connection as _KombuConnection
+import aiormq
+from aiormq.abc import AbstractChannel, AbstractConnection
+from aiormq.exceptions import ChannelInvalidStateError
+from pamqp.commands import Basic
 
-from ..routing.contract.amqp_names import shard_queue, topology
+from ..routing.contract.amqp_names import probe_queue, shard_queue, topology
 from ..routing.contract.errors import BrokerUnavailable
 from ..routing.contract.message import RECORD_HEADER
 from ..routing.contract.replies import reply_text
@@ -50,126 +54,133 @@ from .gateway import EnqueueResult, ReceiverGateway, broker_errors
 
 log = logging.getLogger("keylane.receiver")
 
-#: kombu's connection is untyped: used as ``Any``.
-Connection: Any = _KombuConnection
 
-
-class ConfirmingPublisher:
-    """One AMQP connection per receiver process, its channel in confirm mode; publishes
-    one at a time (a confirm is matched to its publish only by order)."""
+class AmqpPublisher:
+    """The receiver's connection to RabbitMQ: one channel in confirm mode, many publishes
+    in flight. Opened on first use and again after it was lost, each time on the next node
+    (receivers spread over the nodes); an open is shared by the requests that wait for it,
+    and each of them waits no longer than its own confirm timeout."""
 
     def __init__(self, settings: Settings) -> None:
-        self.urls = settings.amqp_urls()
+        self.urls = [
+            with_query(url, heartbeat=settings.amqp_heartbeat_s) for url in settings.amqp_urls()
+        ]
         self.topology = topology(settings)
-        self.heartbeat_s = settings.amqp_heartbeat_s
+        self.probe = probe_queue(settings.namespace)
         self.confirm_timeout_s = settings.amqp_confirm_timeout_ms / 1000
-        self._lock = threading.Lock()
-        self._connection: Any = None
-        self._channel: Any = None
-        self._node = random.randrange(len(self.urls)) - 1  # receivers spread over the nodes
+        self._node = random.randrange(len(self.urls)) - 1
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._opening: asyncio.Task[AbstractChannel] | None = None
 
-    def publish(self, queue: str, message: bytes, record_key: str) -> None:
-        """Publish and wait for the confirm; :class:`BrokerUnavailable` when none came
-        (the connection is then closed: a late confirm must not confirm the next one)."""
-        with self._lock:
-            try:
-                channel = self._open()
-                amqp_message = Message(
-                    message,
-                    delivery_mode=2,
-                    content_type="application/json",
-                    application_headers={RECORD_HEADER: record_key},
+    async def publish(self, queue: str, message: bytes, record_key: str) -> None:
+        """Publish and wait for its confirm; :class:`BrokerUnavailable` when none came in
+        time, the broker refused it, or the connection is gone."""
+        properties = Basic.Properties(
+            delivery_mode=2,
+            content_type="application/json",
+            headers={RECORD_HEADER: record_key},
+        )
+        channel: AbstractChannel | None = None
+        try:
+            async with asyncio.timeout(self.confirm_timeout_s):
+                channel = await self._open()
+                confirm = await channel.basic_publish(
+                    message, routing_key=queue, properties=properties, mandatory=True
                 )
-                channel.basic_publish_confirm(
-                    amqp_message,
-                    exchange="",
-                    routing_key=queue,
-                    confirm_timeout=self.confirm_timeout_s,
-                )
-            except Exception as exc:
-                self._close()
-                raise BrokerUnavailable(
-                    f"RabbitMQ: no confirm ({type(exc).__name__}: {exc})"
-                ) from exc
+        except TimeoutError:
+            raise BrokerUnavailable(
+                f"RabbitMQ: no confirm within {self.confirm_timeout_s:g} s"
+            ) from None
+        except aiormq.exceptions.PublishError as exc:
+            # Returned: no queue by that name. Declared again on the next connection.
+            self._drop(channel)
+            raise BrokerUnavailable(f"RabbitMQ: {queue} does not exist ({exc})") from None
+        except (aiormq.exceptions.AMQPError, ChannelInvalidStateError, OSError) as exc:
+            if not isinstance(exc, aiormq.exceptions.DeliveryError):
+                self._drop(channel)
+            raise BrokerUnavailable(f"RabbitMQ: no confirm ({type(exc).__name__})") from exc
+        if not isinstance(confirm, Basic.Ack):
+            raise BrokerUnavailable(f"RabbitMQ: publish refused ({type(confirm).__name__})")
 
-    def alive(self) -> bool:
-        """Whether a node answers (a connection opens, or the open one is up)."""
-        with self._lock:
-            try:
-                self._open()
-                self._connection.heartbeat_check()
-                return True
-            except Exception:
-                self._close()
-                return False
+    async def ready(self) -> bool:
+        """Whether a publish is confirmed now: one to the probe queue (it keeps one
+        message), within the confirm timeout."""
+        try:
+            await self.publish(self.probe, b"{}", "")
+        except BrokerUnavailable as exc:
+            log.info("not ready: %s", exc)
+            return False
+        return True
 
-    def _open(self) -> Any:
-        if self._channel is not None:
-            return self._channel
+    async def _open(self) -> AbstractChannel:
+        """The open channel, or the one being opened (shared: a caller that gives up does
+        not stop it for the others)."""
+        channel = self._channel
+        if channel is not None and not channel.is_closed:
+            return channel
+        if self._opening is None or self._opening.done():
+            self._opening = asyncio.create_task(self._connect())
+        return await asyncio.shield(self._opening)
+
+    async def _connect(self) -> AbstractChannel:
+        """Connect to the next node that answers, declare the topology (a message to a
+        queue not declared yet would be dropped), open the confirm channel. Each node gets
+        at most the confirm timeout."""
+        self._drop(self._channel)
         errors = []
         for _ in self.urls:
             self._node = (self._node + 1) % len(self.urls)
-            conn = Connection(self.urls[self._node], heartbeat=self.heartbeat_s, connect_timeout=5)
+            url = self.urls[self._node]
+            connection: AbstractConnection | None = None
             try:
-                conn.connect()
-                channel = conn.channel()
-                self.topology.declare(channel)
-                channel.confirm_select()
-            except Exception as exc:
-                errors.append(str(exc))
-                with contextlib.suppress(Exception):
-                    conn.release()
+                async with asyncio.timeout(self.confirm_timeout_s):
+                    connection = await aiormq.connect(url)
+                    channel = await connection.channel(publisher_confirms=True)
+                    await self._declare(channel)
+            except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
+                errors.append(f"{urlsplit(url).hostname}:{urlsplit(url).port}: {exc!r}")
+                if connection is not None:
+                    with contextlib.suppress(Exception):
+                        await connection.close()
                 continue
-            self._connection, self._channel = conn, channel
+            self._connection, self._channel = connection, channel
             return channel
         raise BrokerUnavailable(f"RabbitMQ: no node answers ({'; '.join(errors)})")
 
-    def _close(self) -> None:
-        conn, self._connection, self._channel = self._connection, None, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.release()
+    async def _declare(self, channel: AbstractChannel) -> None:
+        """The deployment's topology (the same the workers declare: a queue declared
+        twice with other arguments is refused)."""
+        wanted = self.topology
+        for exchange, kind in wanted.exchanges:
+            await channel.exchange_declare(
+                exchange=exchange, exchange_type=kind, durable=True, auto_delete=False
+            )
+        for name, arguments in wanted.queues:
+            await channel.queue_declare(
+                queue=name, durable=True, auto_delete=False, arguments=arguments
+            )
+        for name, exchange in wanted.bindings:
+            await channel.queue_bind(queue=name, exchange=exchange, routing_key=name)
 
-    def close(self) -> None:
+    def _drop(self, channel: AbstractChannel | None) -> None:
+        """Forget the connection of ``channel`` (if it is still the current one): the
+        next publish opens another, on the next node."""
+        if channel is None or channel is not self._channel:
+            return
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None:
+            task = asyncio.ensure_future(connection.close())
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def close(self) -> None:
         """Close the connection."""
-        with self._lock:
-            self._close()
-
-
-#: Confirming connections per receiver process: a publish waits for its confirm (a
-#: quorum's write), so several let deliveries of different senders wait at once.
-PUBLISHERS = 4
-
-
-class PublisherPool:
-    """:data:`PUBLISHERS` confirming publishers; each publish takes a free one."""
-
-    def __init__(self, settings: Settings, size: int = PUBLISHERS) -> None:
-        self._free: queue.SimpleQueue[ConfirmingPublisher] = queue.SimpleQueue()
-        self._all = [ConfirmingPublisher(settings) for _ in range(size)]
-        for publisher in self._all:
-            self._free.put(publisher)
-
-    def publish(self, queue_name: str, message: bytes, record_key: str) -> None:
-        """:meth:`ConfirmingPublisher.publish` on a free connection."""
-        publisher = self._free.get()
-        try:
-            publisher.publish(queue_name, message, record_key)
-        finally:
-            self._free.put(publisher)
-
-    def alive(self) -> bool:
-        """Whether a node answers."""
-        publisher = self._free.get()
-        try:
-            return publisher.alive()
-        finally:
-            self._free.put(publisher)
-
-    def close(self) -> None:
-        """Close every connection."""
-        for publisher in self._all:
-            publisher.close()
+        if self._opening is not None and not self._opening.done():
+            self._opening.cancel()
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await connection.close()
 
 
 class AmqpReceiverGateway(ReceiverGateway):
@@ -179,7 +190,7 @@ class AmqpReceiverGateway(ReceiverGateway):
     def __init__(self, redis_gateway: ReceiverGateway, settings: Settings) -> None:
         super().__init__(redis_gateway.client, redis_gateway.keys, redis_gateway.shards)
         self.settings = settings
-        self.publisher = PublisherPool(settings)
+        self.publisher = AmqpPublisher(settings)
 
     async def accept(
         self,
@@ -208,7 +219,7 @@ class AmqpReceiverGateway(ReceiverGateway):
         if earlier is not None:
             return earlier
         name = shard_queue(self.settings.namespace, self.shards, shard)
-        await asyncio.to_thread(self.publisher.publish, name, message, record_key)
+        await self.publisher.publish(name, message, record_key)
         try:
             await self.mark_seen(source, event_id, body_sha256, answer, retention_ms, key_missing)
         except BrokerUnavailable as exc:
@@ -241,7 +252,7 @@ class AmqpReceiverGateway(ReceiverGateway):
         except BrokerUnavailable as exc:
             log.warning("marker %s unreadable, publishing: %s", marker, exc)
         name = shard_queue(self.settings.namespace, self.shards, shard)
-        await asyncio.to_thread(self.publisher.publish, name, message, _record_key_of(message))
+        await self.publisher.publish(name, message, _record_key_of(message))
         try:
             with broker_errors():
                 await self.client.set(key, "1", px=marker_ttl_ms)
@@ -264,7 +275,7 @@ class AmqpReceiverGateway(ReceiverGateway):
         """Publish the review message of a reused id (a repeat of it adds a second review
         row only when the mark of the first could not be read)."""
         name = shard_queue(self.settings.namespace, self.shards, shard)
-        await asyncio.to_thread(self.publisher.publish, name, message, record_key)
+        await self.publisher.publish(name, message, record_key)
         return True
 
     async def _seen(self, source: str, event_id: str, body_sha256: str) -> EnqueueResult | None:
@@ -275,12 +286,20 @@ class AmqpReceiverGateway(ReceiverGateway):
             return None
 
     async def ping(self) -> bool:
-        """Whether a RabbitMQ node answers (Redis is only a helper here)."""
-        return await asyncio.to_thread(self.publisher.alive)
+        """Whether a publish is confirmed now (Redis is only a helper here)."""
+        return await self.publisher.ready()
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.publisher.close)
+        await self.publisher.close()
         await super().close()
+
+
+def with_query(url: str, **params: Any) -> str:
+    """``url`` with ``params`` added to (or replacing those in) its query string."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    query.update({name: str(value) for name, value in params.items()})
+    return parts._replace(query=urlencode(query)).geturl()
 
 
 def _record_key_of(message: bytes) -> str:

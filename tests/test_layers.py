@@ -25,8 +25,8 @@ REDIS_IMPORTERS = {
     "keylane.ops.deployment_view",
     "keylane.ops.embedded_redis",
 }
-#: The only modules that open AMQP connections (py-amqp through kombu), one per side:
-#: the RabbitMQ lane broker's AMQP link and the receiver's confirming publisher. (Celery's own
+#: The only modules that open AMQP connections, one per side: the RabbitMQ lane broker's
+#: AMQP link (py-amqp through kombu) and the receiver's confirming publisher (aiormq). (Celery's own
 #: configuration, ``workers.app`` and ``workers.worker``, names kombu queues only.)
 AMQP_IMPORTERS = {"keylane.producers.amqp", "keylane.workers.brokers.rabbitmq.link"}
 #: What the bottom layers may not import: I/O clients and frameworks.
@@ -163,9 +163,9 @@ def test_each_client_library_has_its_own_modules(library: str) -> None:
 
 
 def test_amqp_is_reached_through_one_module_per_side() -> None:
-    # Given every keylane module, When the ones that import py-amqp or kombu's connection
-    # are listed
-    clients = ("amqp", "kombu.connection", "kombu.transport")
+    # Given every keylane module, When the ones that import an AMQP client (py-amqp or
+    # kombu's connection, aiormq or its protocol layer pamqp) are listed
+    clients = ("amqp", "kombu.connection", "kombu.transport", "aiormq", "pamqp")
     found = {
         module
         for module, path in MODULES.items()

@@ -28,7 +28,7 @@ from keylane.ops.embedded_redis import EmbeddedRedis
 from keylane.producers.gateway import ScheduleGateway
 from keylane.producers.runs import Run, RunInfo
 from keylane.producers.sender import Sender
-from keylane.routing.contract.amqp_names import dead_queue, shard_queue
+from keylane.routing.contract.amqp_names import dead_queue, probe_queue, shard_queue
 from keylane.routing.contract.errors import LeaseLost
 from keylane.routing.contract.message import parse_message
 from keylane.routing.contract.schedules import RunLease
@@ -98,6 +98,7 @@ def _delete_queues(cluster: RabbitCluster, s: Settings) -> None:
         for shard in range(s.shard_count):
             channel.queue_delete(shard_queue(s.namespace, s.shards, shard))
         channel.queue_delete(dead_queue(s.namespace))
+        channel.queue_delete(probe_queue(s.namespace))
         channel.exchange_delete(dead_queue(s.namespace))
 
 

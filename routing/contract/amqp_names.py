@@ -22,6 +22,12 @@ def dead_queue(namespace: str) -> str:
     return f"{namespace}:dead"
 
 
+def probe_queue(namespace: str) -> str:
+    """Where a receiver's readiness probe publishes (a quorum queue that keeps one
+    message): a confirm from it says a quorum can take a publish now."""
+    return f"{namespace}:probe"
+
+
 def members_exchange(namespace: str) -> str:
     """The fanout exchange the workers' membership beats go through."""
     return f"{namespace}:members"
@@ -77,4 +83,6 @@ def topology(settings: Settings) -> Topology:
         (shard_queue(settings.namespace, settings.shards, shard), shard_arguments)
         for shard in range(settings.shard_count)
     ]
-    return Topology([(dead, "direct")], [(dead, dead_arguments), *shards], [(dead, dead)])
+    probe_arguments: dict[str, Any] = {"x-queue-type": "quorum", "x-max-length": 1}
+    queues = [(dead, dead_arguments), (probe_queue(settings.namespace), probe_arguments), *shards]
+    return Topology([(dead, "direct")], queues, [(dead, dead)])
