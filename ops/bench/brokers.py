@@ -1,25 +1,29 @@
 """The same end-to-end workload on the Redis broker and on a RabbitMQ cluster, side by side.
 
     ops/dev python -m keylane.ops.bench.brokers --broker-url amqp://u:p@h1:5672,h2:5672,h3:5672/ \
-        --events 3000 --keys 64 --workers 2 --senders 16
+        --events 3000 --keys 64 --receivers 2 --workers 2 --senders 16
 
-Each run starts a receiver and ``--workers`` worker processes on a fresh PostgreSQL schema
-and namespace, POSTs the workload's increments (``--senders`` concurrent clients, a 503
-retried with the same body), and measures the receiver's accept rate (202 per second) and
-the end-to-end rate (events applied per second, from the first POST until the journal
-holds them all). Then it checks the invariants as ``keylane.ops.bench`` does: every event
-applied exactly once (each record's sum and revision) and in order per record (a delivery
-answered before another of its record was sent has the lower revision). Exit 1 when one
-does not hold. Redis runs first (the default broker), RabbitMQ second.
+First, one receiver alone (no worker) under ``wrk`` for ``--wrk-s`` seconds on each broker:
+what one receiver process accepts per second. Then each run starts ``--receivers``
+receivers (the senders spread over them) and ``--workers`` worker processes on a fresh
+PostgreSQL schema and namespace, POSTs the workload's increments (``--senders``
+concurrent clients, a 503 retried with the same body), and measures the accept rate
+(202 per second) and the end-to-end rate (events applied per second, from the first POST
+until the journal holds them all). Then it checks the invariants as ``keylane.ops.bench``
+does: every event applied exactly once (each record's sum and revision) and in order per
+record (a delivery answered before another of its record was sent has the lower revision).
+Exit 1 when one does not hold. Redis runs first (the default broker), RabbitMQ second.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,19 +31,23 @@ import redis
 
 from ...routing.contract.settings import load_settings, settings_environ
 from ...workers.brokers.rabbitmq import delete_topology
+from ...workers.store import Store
 from ...workers.stores import open_store
 from .e2e import check_store, workload
 from .load import run_load
 from .procs import (
     BenchFailure,
+    Child,
     child,
     child_env,
     delete_namespace,
     fresh_store_url,
     keylane_argv,
+    machine_busy_s,
     new_namespace,
     wait_for,
 )
+from .wrk import WrkResult, ensure_wrk, run_wrk
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
@@ -59,11 +67,15 @@ class BrokerRun:
     problems: list[str]
 
 
-def run_one(broker_url: str | None, opts: argparse.Namespace, tmp: Path, port: int) -> BrokerRun:
-    """One run of the workload on ``broker_url`` (None: Redis)."""
+@contextlib.contextmanager
+def deployment(
+    broker_url: str | None, opts: argparse.Namespace, tmp: Path, port: int, receivers: int
+) -> Iterator[tuple[dict[str, str], Path, Store, list[str], list[Child]]]:
+    """A fresh namespace and PostgreSQL schema on ``broker_url`` (None: Redis) with
+    ``receivers`` receivers on ports from ``port``, ready: the workers' environment, the
+    log folder, the store, the receivers' webhook URLs and processes. Cleaned up after."""
     name = "rabbitmq" if broker_url else "redis"
     namespace = new_namespace()
-    work = workload(f"{name}-{namespace[-6:]}", opts.events, opts.keys)
     with contextlib.ExitStack() as es:
         store_url = es.enter_context(fresh_store_url("postgres", tmp, opts.pg_url, name))
         settings = load_settings(
@@ -88,17 +100,64 @@ def run_one(broker_url: str | None, opts: argparse.Namespace, tmp: Path, port: i
         store = open_store(store_url)
         es.callback(store.close)
         store.migrate()
-        logs = tmp / name
+        logs = tmp / f"{name}-{namespace[-6:]}"
         logs.mkdir(parents=True, exist_ok=True)
-        receiver = es.enter_context(child("receiver", keylane_argv("serve"), env, logs))
-        url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _ready(url), 60, "the receiver", receiver.log_tail)
+        urls, started = [], []
+        for n in range(receivers):
+            argv = keylane_argv("serve", "--port", str(port + n))
+            receiver = es.enter_context(child(f"receiver-{n}", argv, env, logs))
+            url = f"http://127.0.0.1:{port + n}"
+            wait_for(functools.partial(_ready, url), 60, "the receiver", receiver.log_tail)
+            urls.append(f"{url}/webhooks/demo")
+            started.append(receiver)
+        yield env, logs, store, urls, started
+
+
+@dataclass(frozen=True)
+class AcceptRun:
+    """One receiver alone under wrk: what it accepted, and the CPU that cost."""
+
+    broker: str
+    wrk: WrkResult
+    receiver_cpu_s: float
+    machine_cpu_s: float  # every process on the machine, wrk included
+
+    def per_event_ms(self, cpu_s: float) -> float:
+        """``cpu_s`` per accepted event, in ms."""
+        return cpu_s * 1000 / max(1, self.wrk.answered_2xx)
+
+
+def accept_only(
+    broker_url: str | None, opts: argparse.Namespace, tmp: Path, port: int
+) -> AcceptRun:
+    """One receiver alone (no worker) under wrk for ``--wrk-s`` seconds: what one receiver
+    process accepts per second on ``broker_url`` (None: Redis), and the CPU it and the
+    rest of the machine (the broker's nodes, Redis) spent."""
+    with deployment(broker_url, opts, tmp, port, 1) as (_env, _logs, _store, urls, receivers):
+        wrk = ensure_wrk()
+        tag = "warm-" + new_namespace()[-6:]
+        run_wrk(wrk, urls[0], tag, opts.wrk_connections, 2)
+        receiver0, machine0 = receivers[0].cpu_s(), machine_busy_s()
+        measured = run_wrk(wrk, urls[0], tag + "x", opts.wrk_connections, opts.wrk_s)
+        receiver_s = receivers[0].cpu_s() - receiver0
+        machine_s = machine_busy_s() - machine0
+    return AcceptRun("rabbitmq" if broker_url else "redis", measured, receiver_s, machine_s)
+
+
+def run_one(broker_url: str | None, opts: argparse.Namespace, tmp: Path, port: int) -> BrokerRun:
+    """One run of the workload on ``broker_url`` (None: Redis)."""
+    name = "rabbitmq" if broker_url else "redis"
+    work = workload(f"{name}-{new_namespace()[-6:]}", opts.events, opts.keys)
+    with contextlib.ExitStack() as es:
+        env, logs, store, urls, _ = es.enter_context(
+            deployment(broker_url, opts, tmp, port, opts.receivers)
+        )
         for n in range(opts.workers):
             argv = keylane_argv("worker", "--lanes", str(opts.lanes))
             es.enter_context(child(f"worker-{n}", argv, env, logs))
         time.sleep(opts.settle_s)  # workers join and take their shards
         started = time.perf_counter()
-        load = run_load(f"{url}/webhooks/demo", work.bodies, opts.senders, retry=True)
+        load = run_load(urls, work.bodies, opts.senders, retry=True)
         wait_for(
             lambda: store.journal_size() >= load.accepted,
             600,
@@ -140,20 +199,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pg-url", default=DEFAULT_PG)
     parser.add_argument("--events", type=int, default=3000)
     parser.add_argument("--keys", type=int, default=64)
+    parser.add_argument("--receivers", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--lanes", type=int, default=64)
     parser.add_argument("--senders", type=int, default=16)
     parser.add_argument("--port", type=int, default=18090)
     parser.add_argument("--settle-s", type=float, default=5.0)
+    parser.add_argument(
+        "--wrk-s", type=int, default=10, help="seconds of wrk against one receiver alone (0: none)"
+    )
+    parser.add_argument("--wrk-connections", type=int, default=64)
     opts = parser.parse_args(argv)
     runs = []
+    accepts: list[AcceptRun] = []
+    brokers = (None, opts.broker_url)
     with tempfile.TemporaryDirectory(prefix="klbench-brokers-") as tmp:
-        for n, broker_url in enumerate((None, opts.broker_url)):
+        for n, broker_url in enumerate(brokers):
+            port = opts.port + n * (opts.receivers + 1)
             try:
-                runs.append(run_one(broker_url, opts, Path(tmp), opts.port + n))
+                if opts.wrk_s > 0:
+                    accepts.append(accept_only(broker_url, opts, Path(tmp), port + opts.receivers))
+                runs.append(run_one(broker_url, opts, Path(tmp), port))
             except BenchFailure as exc:
                 print(f"failed: {exc}", file=sys.stderr)
                 return 1
+    if accepts:
+        print(f"One receiver alone under wrk -t1 -c{opts.wrk_connections} -d{opts.wrk_s}s:")
+        print(
+            "| broker | accepted/s | p50 / p99 ms | not 2xx | receiver CPU ms/event "
+            "| rest of the machine CPU ms/event (broker, Redis; not wrk) |"
+        )
+        print("|---|---|---|---|---|---|")
+        for a in accepts:
+            w = a.wrk
+            rest_s = a.machine_cpu_s - a.receiver_cpu_s - w.client_cpu_s
+            print(
+                f"| {a.broker} | {w.answered_2xx / w.elapsed_s:,.0f} | {w.p50_ms:.1f} / "
+                f"{w.p99_ms:.1f} | {w.status_errors + w.socket_errors} | "
+                f"{a.per_event_ms(a.receiver_cpu_s):.3f} | {a.per_event_ms(rest_s):.3f} |"
+            )
+        print()
+    print(
+        f"The workload end to end: {opts.receivers} receiver(s), {opts.workers} worker(s), "
+        f"{opts.senders} senders:"
+    )
     print("| broker | events | accepted/s | p50 / p99 ms | applied/s (end to end) | invariants |")
     print("|---|---|---|---|---|---|")
     for r in runs:

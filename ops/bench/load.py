@@ -61,9 +61,10 @@ class LoadResult:
 
 
 def run_load(
-    url: str, bodies: Sequence[bytes], concurrency: int, retry: bool = False
+    url: str | Sequence[str], bodies: Sequence[bytes], concurrency: int, retry: bool = False
 ) -> LoadResult:
-    """POST every body to ``url`` with ``concurrency`` concurrent clients.
+    """POST every body to ``url`` with ``concurrency`` concurrent clients (several URLs:
+    the clients are spread over them, as a load balancer would).
 
     With ``retry``, a transport error or a 429/5xx is retried (up to 10 times, with a
     short pause) as a sender would; the latency recorded is the final attempt's.
@@ -83,7 +84,10 @@ def _run(coro: Coroutine[Any, Any, LoadResult]) -> LoadResult:
         return runner.run(coro)
 
 
-async def _load(url: str, bodies: Sequence[bytes], concurrency: int, retry: bool) -> LoadResult:
+async def _load(
+    url: str | Sequence[str], bodies: Sequence[bytes], concurrency: int, retry: bool
+) -> LoadResult:
+    urls = [url] if isinstance(url, str) else list(url)
     # One client (one keep-alive connection) per sender: httpcore's shared pool spends
     # CPU per request in proportion to its connections, which would bill the load
     # generator's bookkeeping to the server under test.
@@ -98,7 +102,9 @@ async def _load(url: str, bodies: Sequence[bytes], concurrency: int, retry: bool
         ]
         cpu0, t0 = time.process_time(), time.perf_counter()
         result.first_post_at = t0
-        await asyncio.gather(*(_sender(c, url, queue, retry, result) for c in clients))
+        await asyncio.gather(
+            *(_sender(c, urls[n % len(urls)], queue, retry, result) for n, c in enumerate(clients))
+        )
         result.last_answer_at = time.perf_counter()
         result.elapsed_s = result.last_answer_at - t0
         result.client_cpu_s = time.process_time() - cpu0

@@ -152,6 +152,17 @@ def cpu_s_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy, all cores (Linux ``/proc/stat``; 0
+    elsewhere): user, nice, system, irq, softirq and steal time."""
+    try:
+        first = Path("/proc/stat").read_text().splitlines()[0].split()
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in first[1:9])
+    return (user + nice + system + irq + softirq + steal) / _CLOCK_TICKS
+
+
 def descendants(pid: int) -> list[int]:
     """The live descendants of ``pid`` (Linux ``/proc``; none elsewhere)."""
     out: list[int] = []
