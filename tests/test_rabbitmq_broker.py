@@ -574,8 +574,20 @@ def test_without_a_quorum_the_receiver_answers_503_and_the_retry_goes_through(
     # Then the receiver answers 503 with Retry-After, not a 2xx
     assert answer.status_code == 503, answer.text
     assert int(answer.headers["retry-after"]) > 0
+    # And so does every one of many deliveries sent at once, each within the confirm
+    # timeout and a margin (a busy machine's), and /readyz says it cannot publish now
+    bound_s = stack.settings.amqp_confirm_timeout_ms / 1000 + 5
+    many = [event(f"many{n}", f"quorum:{n + 2}", n={"increment": 1}) for n in range(40)]
+    answers = asyncio.run(_post_all(stack, many))
+    assert {status for status, _ in answers} == {503}, answers[:3]
+    slowest_s = max(took for _, took in answers)
+    assert slowest_s <= bound_s, answers
+    print(f"no quorum: 40 deliveries at once, all 503, the slowest in {slowest_s:.2f} s")
+    assert httpx.get(f"{stack.url}/readyz", timeout=30).status_code == 503
     # When the nodes are back, Then the sender's retry of the same event is accepted
     rabbitmq.heal()
+    wait_until(lambda: httpx.get(f"{stack.url}/readyz", timeout=30).status_code == 200, 90,
+               "ready again", interval_s=1.0, on_timeout=stack.logs)  # fmt: skip
     wait_until(lambda: stack.post(body).status_code == 202, 90, "the retry accepted",
                interval_s=1.0, on_timeout=stack.logs)  # fmt: skip
     # And each event has one effect, also if the unconfirmed copy landed as well
@@ -585,6 +597,22 @@ def test_without_a_quorum_the_receiver_answers_503_and_the_retry_goes_through(
     stack.wait_journal(2)
     wait_until(lambda: store.read("quorum:1").fields.get("n") == 2, 60, "both applied")
     assert store.journal_size() == 2
+
+
+async def _post_all(stack: Stack, bodies: list[Any]) -> list[tuple[int, float]]:
+    """POST every body at once; each answer's status and how long it took (s)."""
+
+    async def one(client: httpx.AsyncClient, body: Any) -> tuple[int, float]:
+        started = time.monotonic()
+        answer = await client.post(
+            f"{stack.url}/webhooks/demo",
+            content=json.dumps(body).encode(),
+            headers={"content-type": "application/json"},
+        )
+        return answer.status_code, time.monotonic() - started
+
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=100)) as c:
+        return list(await asyncio.gather(*(one(c, body) for body in bodies)))
 
 
 def test_dlq_retry_publishes_the_dead_letter_back_through_its_lane_once(
