@@ -44,7 +44,12 @@ from aiormq.abc import AbstractChannel, AbstractConnection
 from aiormq.exceptions import ChannelInvalidStateError
 from pamqp.commands import Basic
 
-from ..routing.contract.amqp_names import probe_queue, shard_queue, topology
+from ..routing.contract.amqp_names import (
+    as_declared_before,
+    probe_queue,
+    shard_queue,
+    topology,
+)
 from ..routing.contract.errors import BrokerUnavailable
 from ..routing.contract.message import RECORD_HEADER
 from ..routing.contract.replies import reply_text
@@ -137,7 +142,7 @@ class AmqpPublisher:
                 async with asyncio.timeout(self.confirm_timeout_s):
                     connection = await aiormq.connect(url)
                     channel = await connection.channel(publisher_confirms=True)
-                    await self._declare(channel)
+                    channel = await self._declare(connection, channel)
             except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
                 errors.append(f"{urlsplit(url).hostname}:{urlsplit(url).port}: {exc!r}")
                 if connection is not None:
@@ -148,20 +153,34 @@ class AmqpPublisher:
             return channel
         raise BrokerUnavailable(f"RabbitMQ: no node answers ({'; '.join(errors)})")
 
-    async def _declare(self, channel: AbstractChannel) -> None:
+    async def _declare(
+        self, connection: AbstractConnection, channel: AbstractChannel
+    ) -> AbstractChannel:
         """The deployment's topology (the same the workers declare: a queue declared
-        twice with other arguments is refused)."""
+        twice with other arguments is refused). A queue created before keylane asked for
+        balanced leaders refuses the leader locator (and the channel with it): declared
+        again, on a new channel, as it was created. Returns the channel, still open."""
         wanted = self.topology
         for exchange, kind in wanted.exchanges:
             await channel.exchange_declare(
                 exchange=exchange, exchange_type=kind, durable=True, auto_delete=False
             )
         for name, arguments in wanted.queues:
-            await channel.queue_declare(
-                queue=name, durable=True, auto_delete=False, arguments=arguments
-            )
+            try:
+                await channel.queue_declare(
+                    queue=name, durable=True, auto_delete=False, arguments=arguments
+                )
+            except aiormq.exceptions.ChannelPreconditionFailed:
+                before = as_declared_before(arguments)
+                if before == arguments:
+                    raise
+                channel = await connection.channel(publisher_confirms=True)
+                await channel.queue_declare(
+                    queue=name, durable=True, auto_delete=False, arguments=before
+                )
         for name, exchange in wanted.bindings:
             await channel.queue_bind(queue=name, exchange=exchange, routing_key=name)
+        return channel
 
     def _drop(self, channel: AbstractChannel | None) -> None:
         """Forget the connection of ``channel`` (if it is still the current one): the

@@ -28,7 +28,14 @@ from keylane.ops.embedded_redis import EmbeddedRedis
 from keylane.producers.gateway import ScheduleGateway
 from keylane.producers.runs import Run, RunInfo
 from keylane.producers.sender import Sender
-from keylane.routing.contract.amqp_names import dead_queue, probe_queue, shard_queue
+from keylane.routing.contract.amqp_names import (
+    LEADER_LOCATOR,
+    as_declared_before,
+    dead_queue,
+    probe_queue,
+    shard_queue,
+    shard_queue_arguments,
+)
 from keylane.routing.contract.errors import LeaseLost
 from keylane.routing.contract.message import parse_message
 from keylane.routing.contract.schedules import RunLease
@@ -331,6 +338,51 @@ def test_64_shards_spread_evenly_over_two_workers_also_after_a_restart(
                interval_s=1.0,
                on_timeout=lambda: f"{shards_by_pid(rabbitmq, s)}\n{stack.logs()}")  # fmt: skip
     print(f"active shards per worker after a restart: {shards_by_pid(rabbitmq, s)}")
+
+
+def leaders_by_node(cluster: RabbitCluster, s: Settings) -> dict[str, int]:
+    """How many of the deployment's shard queues each node leads."""
+    names = {shard_queue(s.namespace, s.shards, n) for n in range(s.shard_count)}
+    rows = cluster.ctl_json("list_queues", "name", "leader")
+    assert isinstance(rows, list)
+    leaders = [str(row["leader"]) for row in rows if row["name"] in names]
+    assert len(leaders) == len(names), rows
+    return {node: leaders.count(node) for node in set(leaders)}
+
+
+def test_shard_queue_leaders_spread_over_the_nodes_and_queues_from_before_are_kept(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given 64 shards, four of whose queues a deployment from before balanced leaders
+    # created (no leader locator), through one connection to the first node
+    stack: Stack = deploy(shard_count=64)
+    s = stack.settings
+    old = [shard_queue(s.namespace, s.shards, n) for n in range(4)]
+    with Connection(rabbitmq.nodes[0].url) as conn:
+        channel = conn.channel()
+        for name in old:
+            arguments = as_declared_before(shard_queue_arguments(s))
+            channel.queue_declare(name, durable=True, auto_delete=False, arguments=arguments)
+    # When a receiver and a worker of this version declare the rest and start
+    stack.receiver()
+    worker = stack.worker(lanes=4)
+    assert sent(stack, event("l1", "first:1", n={"increment": 1})) == 202
+    wait_consuming(rabbitmq, stack, {worker.pid})
+    # Then no node leads more than its third of the shard queues and two
+    leaders = leaders_by_node(rabbitmq, s)
+    print(f"\nshard queue leaders per node: {sorted(leaders.values())}")
+    assert len(leaders) == 3, leaders
+    assert max(leaders.values()) <= -(-64 // 3) + 2, leaders
+    # And the queues from before keep the arguments they were created with, while the
+    # events of every shard flow
+    arguments = rabbitmq.queue_info(old[0])["arguments"]
+    assert isinstance(arguments, list)
+    assert "x-queue-type" in {str(argument[0]) for argument in arguments}, arguments
+    assert LEADER_LOCATOR not in {str(argument[0]) for argument in arguments}, arguments
+    stream = Stream(stack, "leaders", records=64, per_record=2).start()
+    stream.wait_total(128, timeout_s=120)
+    stream.stop()
+    assert_applied_once_in_order(stack, stream, before=1)
 
 
 def test_killing_the_leader_of_a_shard_queue_or_the_control_queue_loses_no_accepted_event(

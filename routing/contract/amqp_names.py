@@ -33,6 +33,10 @@ def members_exchange(namespace: str) -> str:
     return f"{namespace}:members"
 
 
+#: The queue argument that places a new quorum queue's leader.
+LEADER_LOCATOR = "x-queue-leader-locator"
+
+
 def shard_queue_arguments(settings: Settings) -> dict[str, Any]:
     """The shard queues' arguments (a queue's arguments are fixed at declaration)."""
     return {
@@ -48,34 +52,36 @@ def shard_queue_arguments(settings: Settings) -> dict[str, Any]:
         # The shard's high-water mark: past it a publish is refused (nacked), and the
         # receiver answers 503 with Retry-After.
         "x-max-length": settings.shard_high_water,
+        # Each new queue's leader on the node that leads the fewest (the default puts it
+        # on the declaring connection's node: one node led all 64 shards).
+        LEADER_LOCATOR: "balanced",
     }
+
+
+def as_declared_before(arguments: dict[str, Any]) -> dict[str, Any]:
+    """A queue's arguments as a deployment from before balanced leaders declared it (no
+    leader locator): a queue keeps the arguments it was created with, and a declare with
+    others is refused, so such a queue is declared again with these."""
+    return {name: value for name, value in arguments.items() if name != LEADER_LOCATOR}
 
 
 @dataclass(frozen=True)
 class Topology:
     """What a deployment declares on RabbitMQ: exchanges (name, type), queues (name,
-    arguments), bindings (queue, exchange; the routing key is the queue's name)."""
+    arguments), bindings (queue, exchange; the routing key is the queue's name). Both
+    sides declare all of it, durable and never auto-deleted, before they use it (the same
+    on both: a queue declared twice with other arguments is refused); a queue whose
+    declare is refused is declared again with :func:`as_declared_before` its arguments."""
 
     exchanges: list[tuple[str, str]]
     queues: list[tuple[str, dict[str, Any]]]
     bindings: list[tuple[str, str]]
 
-    def declare(self, channel: Any) -> None:
-        """Declare all of it on ``channel`` (an AMQP channel of either side; idempotent,
-        and the same on both, since a queue declared twice with other settings is
-        refused): never publish to a queue that does not exist yet."""
-        for exchange, kind in self.exchanges:
-            channel.exchange_declare(exchange, kind, durable=True, auto_delete=False)
-        for name, arguments in self.queues:
-            channel.queue_declare(name, durable=True, auto_delete=False, arguments=arguments)
-        for name, exchange in self.bindings:
-            channel.queue_bind(name, exchange, name)
-
 
 def topology(settings: Settings) -> Topology:
-    """The dead-letter exchange and queue, and every shard queue. Receivers declare it
-    too before they publish: a message to a queue not declared yet would be confirmed
-    and dropped."""
+    """The dead-letter exchange and queue, the readiness probe's queue and every shard
+    queue. Receivers declare it too before they publish: they need not wait for a
+    worker (a message to a queue not declared yet is returned, never enqueued)."""
     dead = dead_queue(settings.namespace)
     dead_arguments: dict[str, Any] = {"x-queue-type": "quorum", "x-single-active-consumer": True}
     shard_arguments = shard_queue_arguments(settings)

@@ -23,10 +23,15 @@ from amqp import Message  # type: ignore[import-untyped]
 from amqp.exceptions import (  # type: ignore[import-untyped]
     ConnectionError as AmqpConnectionError,
 )
-from amqp.exceptions import NotFound, RecoverableConnectionError
+from amqp.exceptions import NotFound, PreconditionFailed, RecoverableConnectionError
 from kombu.connection import Connection as _KombuConnection
 
-from ....routing.contract.amqp_names import members_exchange, topology
+from ....routing.contract.amqp_names import (
+    Topology,
+    as_declared_before,
+    members_exchange,
+    topology,
+)
 from ....routing.contract.errors import BrokerUnavailable
 from ....routing.contract.settings import Settings
 from .consumers import ShardConsumer
@@ -74,6 +79,27 @@ def connect(urls: Sequence[str], heartbeat_s: int, start: int = 0) -> tuple[Any,
             with contextlib.suppress(Exception):
                 conn.release()
     raise BrokerUnavailable(f"RabbitMQ: no node answers ({'; '.join(errors)})")
+
+
+def declare(conn: Any, wanted: Topology) -> Any:
+    """Declare ``wanted`` on a channel of ``conn`` and return that channel. A queue
+    created before keylane asked for balanced leaders refuses the leader locator (and
+    the channel with it): it is declared again, on a new channel, as it was created."""
+    channel = conn.channel()
+    for exchange, kind in wanted.exchanges:
+        channel.exchange_declare(exchange, kind, durable=True, auto_delete=False)
+    for name, arguments in wanted.queues:
+        try:
+            channel.queue_declare(name, durable=True, auto_delete=False, arguments=arguments)
+        except PreconditionFailed:
+            if as_declared_before(arguments) == arguments:
+                raise
+            channel = conn.channel()
+            before = as_declared_before(arguments)
+            channel.queue_declare(name, durable=True, auto_delete=False, arguments=before)
+    for name, exchange in wanted.bindings:
+        channel.queue_bind(name, exchange, name)
+    return channel
 
 
 def host(url: str) -> str:
@@ -190,8 +216,7 @@ class AmqpLink(ABC):
         with self._lock:
             self._connection = conn
             self._generation += 1
-        self._control = conn.channel()
-        topology(self.settings).declare(self._control)
+        self._control = declare(conn, topology(self.settings))
         self._join_members()
         if self._on_dead is not None:
             self._consume_dead(conn)
