@@ -46,7 +46,7 @@ from tests.support.flower import AUTH as FLOWER_AUTH
 from tests.support.flower import answers as flower_answers
 from tests.support.flower import api as flower_api
 from tests.support.flower import tasks as flower_tasks
-from tests.support.rabbitmq import RabbitCluster
+from tests.support.rabbitmq import RabbitCluster, RabbitNode
 from tests.support.services import free_port
 from tests.support.stack import Stack, event, wait_until
 
@@ -665,6 +665,55 @@ async def _post_all(stack: Stack, bodies: list[Any]) -> list[tuple[int, float]]:
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=100)) as c:
         return list(await asyncio.gather(*(one(c, body) for body in bodies)))
+
+
+def test_a_node_killed_with_500_publishes_in_flight_on_its_connection_answers_each_truly(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given a receiver (the only client of the cluster) connected to one node
+    stack: Stack = deploy(shard_count=8)
+    stack.receiver()
+    assert sent(stack, event("n0", "inflight:first", n={"increment": 1})) == 202
+
+    def receivers_node() -> RabbitNode | None:
+        rows = rabbitmq.ctl_json("list_connections", "port")
+        assert isinstance(rows, list)
+        ports = {int(row["port"]) for row in rows}
+        nodes = [n for n in rabbitmq.nodes if n.amqp_port in ports]
+        return nodes[0] if len(nodes) == 1 else None
+
+    wait_until(lambda: receivers_node() is not None, 30, "one connection")
+    node = receivers_node()
+    assert node is not None
+    # When 500 deliveries are in flight on that connection and its node is killed -9
+    bodies = [event(f"n{i}", f"inflight:{i % 50}", n={"increment": 1}) for i in range(1, 501)]
+
+    async def post_and_kill() -> list[tuple[int, float]]:
+        posting = asyncio.create_task(_post_all(stack, bodies))
+        await asyncio.sleep(0.05)
+        await asyncio.to_thread(rabbitmq.kill, node)
+        return await posting
+
+    answers = asyncio.run(post_and_kill())
+    # Then each is answered 202 or 503 (never an error, never left unanswered)
+    statuses = [status for status, _ in answers]
+    assert set(statuses) <= {202, 503}, (
+        [a for a in answers if a[0] not in (202, 503)][:5],
+        stack.logs(),
+    )
+    # And, once the node is back and a worker runs, every 202 was applied exactly once
+    # (a 503 may have landed too: its unconfirmed copy is applied at most once)
+    rabbitmq.heal()
+    stack.worker(lanes=8)
+    accepted = {body["id"] for body, status in zip(bodies, statuses, strict=True) if status == 202}
+    store = stack.open_store()
+    store.migrate()
+    wait_until(lambda: all(store.journal("demo", i) is not None for i in accepted), 120,
+               "every 202 applied", interval_s=0.5, on_timeout=stack.logs)  # fmt: skip
+    applied = sum(int(store.read(f"inflight:{k}").fields.get("n", 0)) for k in range(50))
+    assert len(accepted) <= applied <= len(bodies), (len(accepted), applied)
+    assert store.journal_size() == 1 + applied
+    print(f"node killed under 500 in flight: {len(accepted)} 202, {statuses.count(503)} 503")
 
 
 def test_dlq_retry_publishes_the_dead_letter_back_through_its_lane_once(
