@@ -40,6 +40,7 @@ from .procs import (
     Child,
     child,
     child_env,
+    cpu_s_by_command,
     delete_namespace,
     fresh_store_url,
     keylane_argv,
@@ -65,6 +66,9 @@ class BrokerRun:
     p99_ms: float
     refused: int
     problems: list[str]
+    #: CPU seconds per role during the run (receivers, workers, the load generator, each
+    #: server by command name, the rest of the machine).
+    cpu_s: dict[str, float]
 
 
 @contextlib.contextmanager
@@ -149,13 +153,18 @@ def run_one(broker_url: str | None, opts: argparse.Namespace, tmp: Path, port: i
     name = "rabbitmq" if broker_url else "redis"
     work = workload(f"{name}-{new_namespace()[-6:]}", opts.events, opts.keys)
     with contextlib.ExitStack() as es:
-        env, logs, store, urls, _ = es.enter_context(
+        env, logs, store, urls, receivers = es.enter_context(
             deployment(broker_url, opts, tmp, port, opts.receivers)
         )
-        for n in range(opts.workers):
-            argv = keylane_argv("worker", "--lanes", str(opts.lanes))
-            es.enter_context(child(f"worker-{n}", argv, env, logs))
+        workers = [
+            es.enter_context(
+                child(f"worker-{n}", keylane_argv("worker", "--lanes", str(opts.lanes)), env, logs)
+            )
+            for n in range(opts.workers)
+        ]
         time.sleep(opts.settle_s)  # workers join and take their shards
+        roles = {"receivers": receivers, "workers": workers}
+        cpu0 = _cpu_by_role(roles)
         started = time.perf_counter()
         load = run_load(urls, work.bodies, opts.senders, retry=True)
         wait_for(
@@ -166,6 +175,7 @@ def run_one(broker_url: str | None, opts: argparse.Namespace, tmp: Path, port: i
             interval_s=0.2,
         )
         elapsed = time.perf_counter() - started
+        cpu1 = _cpu_by_role(roles)
         problems = check_store(store, work, opts.events, load.spans)
         if load.accepted != opts.events:
             problems.append(f"{load.accepted} of {opts.events} accepted")
@@ -178,7 +188,22 @@ def run_one(broker_url: str | None, opts: argparse.Namespace, tmp: Path, port: i
         load.percentile_ms(99),
         sum(n for status, n in load.statuses.items() if status != 202),
         problems,
+        {role: cpu1[role] - cpu0[role] for role in cpu0},
     )
+
+
+#: Servers whose CPU the end-to-end run reports by command name.
+SERVERS = ("beam.smp", "postgres", "redis-server")
+
+
+def _cpu_by_role(roles: dict[str, list[Child]]) -> dict[str, float]:
+    """CPU seconds used so far by each role: keylane's processes, the load generator (this
+    process), each server, and the machine as a whole."""
+    out = {role: sum(c.tree_cpu_s() for c in children) for role, children in roles.items()}
+    out["load generator"] = time.process_time()
+    out.update(cpu_s_by_command(SERVERS))
+    out["machine"] = machine_busy_s()
+    return out
 
 
 def _ready(url: str) -> bool:
@@ -251,6 +276,16 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r.broker} | {r.events} | {r.accepted_per_s:,.0f} | {r.p50_ms:.1f} / "
             f"{r.p99_ms:.1f} | {r.applied_per_s:,.0f} | {verdict} |"
         )
+    print()
+    print("CPU per event during the end-to-end run (ms; all processes of a role together):")
+    roles = [role for role in runs[0].cpu_s if role != "machine"]
+    print(f"| broker | {' | '.join(roles)} | rest | whole machine |")
+    print("|---" * (len(roles) + 3) + "|")
+    for r in runs:
+        per = {role: r.cpu_s[role] * 1000 / r.events for role in r.cpu_s}
+        rest = per["machine"] - sum(per[role] for role in roles)
+        cells = " | ".join(f"{per[role]:.3f}" for role in roles)
+        print(f"| {r.broker} | {cells} | {rest:.3f} | {per['machine']:.3f} |")
     return 1 if any(r.problems for r in runs) else 0
 
 

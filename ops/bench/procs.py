@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -161,6 +161,23 @@ def machine_busy_s() -> float:
         return 0.0
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in first[1:9])
     return (user + nice + system + irq + softirq + steal) / _CLOCK_TICKS
+
+
+def cpu_s_by_command(commands: Sequence[str]) -> dict[str, float]:
+    """CPU seconds used so far by every process whose command name is one of
+    ``commands`` (``beam.smp``, ``postgres``, ...), summed per name (Linux ``/proc``; 0
+    elsewhere). Processes of other users count too: a server run by the system's user."""
+    found = dict.fromkeys(commands, 0.0)
+    for stat_path in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            stat = stat_path.read_text()
+        except OSError:
+            continue
+        name = stat[stat.find("(") + 1 : stat.rfind(")")]
+        if name in found:
+            fields = stat.rsplit(")", 1)[1].split()
+            found[name] += (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    return found
 
 
 def descendants(pid: int) -> list[int]:
