@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from ..routing.contract.errors import ConfigError
 from ..routing.contract.faults import NO_FAULTS, Faults
 from ..workers.store import ArchiveRow
 from ..workers.stores.dialect import dump_json
@@ -51,6 +52,20 @@ class Archive:
     def __init__(self, root: Path, faults: Faults = NO_FAULTS) -> None:
         self.root = root
         self.faults = faults
+
+    def check_usable(self) -> None:
+        """:class:`ConfigError` when the archive folder cannot be one: it, or the nearest
+        of its parents that exists, is not a folder (checked before a prune touches
+        anything, so a wrong ``KEYLANE_ARCHIVE_DIR`` is one line, not a traceback)."""
+        existing = self.root
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            what = "is" if existing == self.root else f"is under {existing}, which is"
+            raise ConfigError(
+                f"the archive directory {self.root} {what} not a folder: set "
+                "KEYLANE_ARCHIVE_DIR to a folder"
+            )
 
     def write_pending(self, table: str, day: str, rows: Iterable[ArchiveRow]) -> Path:
         """Write ``rows`` to a new complete file of ``table`` for ``day``, durably (the

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import click
 
+from ..routing.contract.errors import StoreMissing
 from ..routing.contract.sources import load_sources
 from .archive import Archive
-from .cli_common import cli_store, emit_json, settings_of, when
+from .cli_common import cli_store, emit_json, settings_of, when, where_to_look
 from .lookup import find_events
 from .retention import PruneReport, run_prune
 from .tables import render_table
@@ -72,7 +73,11 @@ def journal_prune(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     """Archive and remove journal rows, closed dead letters and lease-log entries past
     their retention (see README "Retention and the archive"). Safe to run at any time,
     from anywhere: a second prune of the same store at once does nothing (exit code 3)."""
-    report = run_prune(settings_of(ctx), dry_run=dry_run, progress=_progress)
+    settings = settings_of(ctx)
+    try:
+        report = run_prune(settings, dry_run=dry_run, progress=_progress, existing_store=True)
+    except StoreMissing as exc:
+        raise StoreMissing(f"{exc}. {where_to_look(settings)}") from None
     if as_json:
         emit_json(report.as_json())
     else:

@@ -35,7 +35,7 @@ from ..routing.contract.faults import Faults
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources, load_sources
 from ..workers.store import ArchiveRow, PrunedTable, Removal, Store, TableAge
-from ..workers.stores import open_store
+from ..workers.stores import open_existing_store, open_store
 from .archive import Archive, day_of, read_rows
 from .deployment_view import RetentionRecords
 
@@ -107,14 +107,22 @@ def run_prune(
     now: float | None = None,
     dry_run: bool = False,
     progress: Progress | None = None,
+    existing_store: bool = False,
 ) -> PruneReport:
-    """The scheduled job: :func:`prune` with the store and Redis of ``settings``, opened
-    for this run and closed after it. Safe from any process at any time."""
+    """:func:`prune` with the store and Redis of ``settings``, opened for this run and
+    closed after it. Safe from any process at any time. The scheduled job opens (and
+    migrates) the store as a worker does; ``existing_store`` (the command) opens only a
+    store that is there, as every command does (:class:`StoreMissing` otherwise)."""
+    Archive(settings.archive_path).check_usable()
     timeout_ms = max(settings.store_timeout_ms, PRUNE_TIMEOUT_MS)
-    store = open_store(settings.store_dsn(), timeout_ms, settings.sqlite_synchronous)
+    url, synchronous = settings.store_dsn(), settings.sqlite_synchronous
+    if existing_store:
+        store = open_existing_store(url, timeout_ms, synchronous)
+    else:
+        store = open_store(url, timeout_ms, synchronous)
+        store.migrate()
     records = retention_records(settings)
     try:
-        store.migrate()
         return prune(settings, store, records, now, dry_run, progress)
     finally:
         store.close()

@@ -477,3 +477,38 @@ def test_keylane_up_s_scheduler_runs_the_prune_as_a_job_of_its_own(
         timeout=60,
     )
     assert "keylane.journal-prune" in listed.stdout, listed.stdout + listed.stderr
+
+
+def test_a_prune_command_finds_no_store_creates_none_and_says_where_it_looked(
+    settings: Settings, store_url: str
+) -> None:
+    # Given a deployment whose store was never created (no worker ran on it)
+    # When `keylane journal prune` runs against it
+    done = keylane(settings, "journal", "prune")
+    # Then it exits 2 with one line saying where it looked, and created nothing there
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "no keylane store at" in done.stderr or "has no keylane tables" in done.stderr
+    if settings.store_is_sqlite:
+        assert not Path(store_url.removeprefix("sqlite://")).exists()
+        return
+    never = open_store(store_url)
+    try:
+        assert not never.has_schema()
+    finally:
+        never.close()
+
+
+def test_a_prune_with_an_archive_folder_that_is_a_file_is_one_line_exit_2(
+    settings: Settings, store: Store, tmp_path: Path
+) -> None:
+    # Given an archive folder under a file, and another that is a file
+    (tmp_path / "a-file").write_text("not a folder")
+    for archive in (tmp_path / "a-file", tmp_path / "a-file" / "archive"):
+        # When a prune runs with it
+        done = keylane(settings, "journal", "prune", archive_dir=archive)
+        # Then it exits 2 with one line naming the folder and the setting, no traceback
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert f"the archive directory {archive}" in done.stderr
+        assert "KEYLANE_ARCHIVE_DIR" in done.stderr
