@@ -171,7 +171,19 @@ def flower(ctx: click.Context) -> None:
     argv = ["flower", f"--port={settings.flower_port}", f"--address={settings.flower_address}"]
     if settings.flower_basic_auth is not None:
         argv.append(f"--basic-auth={settings.flower_basic_auth.get_secret_value()}")
+    if settings.log_level != "DEBUG":
+        logging.getLogger("flower.inspector").addFilter(_NoWorkerAnsweredYet())
     app.start(argv=argv)
+
+
+class _NoWorkerAnsweredYet(logging.Filter):
+    """Flower asks the workers as it starts; until one answers it warns "Inspect method X
+    failed" once per method: four lines at every ``keylane up``, nothing to act on. Those
+    are dropped; a failure with a reason (the broker lost) still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Inspect method ") and message.endswith(" failed"))
 
 
 # -- status --------------------------------------------------------------------------------

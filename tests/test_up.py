@@ -133,6 +133,8 @@ def test_up_runs_the_stack_on_an_embedded_redis(tmp_path: Path, redis_from: str)
     assert code == 0, text
     pids = [int(p) for p in re.findall(r"started \S+ \(pid (\d+)\)", text)]
     assert len(pids) == 4, text  # worker, receiver, scheduler, flower
+    # And its start printed nothing to act on from Flower asking workers not up yet
+    assert "Inspect method" not in text, text
     deadline = time.monotonic() + 10
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
