@@ -59,6 +59,14 @@ from .gateway import EnqueueResult, ReceiverGateway, broker_errors
 
 log = logging.getLogger("keylane.receiver")
 
+#: What a publish meets when the broker or the network fails (anything else is logged
+#: with its traceback as well; either way the sender gets a 503, never a 500).
+EXPECTED = (TimeoutError, aiormq.exceptions.AMQPError, ChannelInvalidStateError, OSError)
+
+#: How a receiver's connection is named to RabbitMQ (its management UI, ``rabbitmqctl
+#: list_connections client_properties``).
+CONNECTION_NAME = "keylane receiver"
+
 
 class AmqpPublisher:
     """The receiver's connection to RabbitMQ: one channel in confirm mode, many publishes
@@ -68,7 +76,8 @@ class AmqpPublisher:
 
     def __init__(self, settings: Settings) -> None:
         self.urls = [
-            with_query(url, heartbeat=settings.amqp_heartbeat_s) for url in settings.amqp_urls()
+            with_query(url, heartbeat=settings.amqp_heartbeat_s, name=CONNECTION_NAME)
+            for url in settings.amqp_urls()
         ]
         self.topology = topology(settings)
         self.probe = probe_queue(settings.namespace)
@@ -93,19 +102,25 @@ class AmqpPublisher:
                 confirm = await channel.basic_publish(
                     message, routing_key=queue, properties=properties, mandatory=True
                 )
-        except TimeoutError:
-            raise BrokerUnavailable(
-                f"RabbitMQ: no confirm within {self.confirm_timeout_s:g} s"
-            ) from None
-        except aiormq.exceptions.PublishError as exc:
-            # Returned: no queue by that name. Declared again on the next connection.
+        except Exception as exc:
+            # Any failure ends this connection (the requests still waiting on it answer
+            # 503 too, and their senders send again): a channel whose publishes to a
+            # quorum queue were refused can go on refusing them after the queue has a new
+            # leader (seen for minutes after a node's loss), and a new one does not.
+            if not isinstance(exc, EXPECTED):
+                log.warning("publish failed unexpectedly", exc_info=True)
             self._drop(channel)
-            raise BrokerUnavailable(f"RabbitMQ: {queue} does not exist ({exc})") from None
-        except (aiormq.exceptions.AMQPError, ChannelInvalidStateError, OSError) as exc:
-            if not isinstance(exc, aiormq.exceptions.DeliveryError):
-                self._drop(channel)
-            raise BrokerUnavailable(f"RabbitMQ: no confirm ({type(exc).__name__})") from exc
+            raise BrokerUnavailable(_failure(queue, exc, self.confirm_timeout_s)) from None
+        except asyncio.CancelledError:
+            # The connection closed under this publish (aiormq cancels the confirms it
+            # still waited for) unless this request itself is being cancelled.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            self._drop(channel)
+            raise BrokerUnavailable("RabbitMQ: no confirm (the connection closed)") from None
         if not isinstance(confirm, Basic.Ack):
+            self._drop(channel)
             raise BrokerUnavailable(f"RabbitMQ: publish refused ({type(confirm).__name__})")
 
     async def ready(self) -> bool:
@@ -311,6 +326,15 @@ class AmqpReceiverGateway(ReceiverGateway):
     async def close(self) -> None:
         await self.publisher.close()
         await super().close()
+
+
+def _failure(queue: str, exc: BaseException, timeout_s: float) -> str:
+    """Why a publish got no confirm, for the 503 and the log."""
+    if isinstance(exc, TimeoutError):
+        return f"RabbitMQ: no confirm within {timeout_s:g} s"
+    if isinstance(exc, aiormq.exceptions.PublishError):
+        return f"RabbitMQ: {queue} does not exist (the message was returned)"
+    return f"RabbitMQ: no confirm ({type(exc).__name__}: {exc})"
 
 
 def with_query(url: str, **params: Any) -> str:
