@@ -144,13 +144,20 @@ def schedule_table(states: list[dict[str, Any]]) -> tuple[list[str], list[list[A
             s["running"],
             s["last_run"],
             s["last_outcome"],
-            s["next_run"],
+            s["next_run"] if s.get("known_to_a_scheduler", True) else _unknown(s),
             *(s["ticks"][k] for k in ("started", "buffered", "skipped", "missed")),
             s["runs"]["interrupted"],
         ]
         for s in states
     ]
     return headers, rows
+
+
+def _unknown(state: dict[str, Any]) -> str:
+    """The next run of a job no running scheduler knows: none to say."""
+    seen = state.get("scheduler_seen_s_ago")
+    when = "never" if seen is None else f"{seen:.0f}s ago"
+    return f"none: no scheduler has it (seen {when})"
 
 
 def store_lines(report: Report) -> list[str]:

@@ -5,6 +5,9 @@ every run, driven by two competing schedulers against a real Redis."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -22,6 +25,7 @@ from keylane.routing.contract.schedule_state import queue_schedule_reads, schedu
 from keylane.routing.contract.schedules import RunLease, Timing, event_id, job_spec
 from keylane.routing.contract.settings import Settings
 from tests.conftest import fast_settings
+from tests.support.stack import REPO, settings_env
 
 
 def _ms(text: str, zone: str = "UTC") -> int:
@@ -215,3 +219,49 @@ def test_a_run_whose_lease_expired_is_run_again_and_its_late_sends_are_refused(
         for _, fields in redis.Redis.from_url(sched_settings.redis_dsn()).xrange(keys.schedule_log)
     ]
     assert [e["event"] for e in log] == ["started", "interrupted", "started", "finished"]
+
+
+def test_keylane_schedules_says_when_no_running_scheduler_knows_a_job(
+    sched_settings: Settings, loop: asyncio.AbstractEventLoop
+) -> None:
+    keys = sched_settings.keys
+    client = redis.Redis.from_url(sched_settings.redis_dsn())
+
+    async def scenario() -> None:
+        gw = ScheduleGateway.from_url(sched_settings.redis_dsn(), keys)
+        try:
+            # Given two jobs a scheduler knows: it steps them (and notes their next runs)
+            for job in ("kept", "dropped"):
+                last = await gw.register(job, {"timing": "every 60s"}, 1000)
+                await gw.step(job, "A", 60_000, None, 0, last, "skip", "rerun")
+                await gw.set_next(job, 4_000_000_000_000)
+        finally:
+            await gw.close()
+
+    loop.run_until_complete(scenario())
+    # When one of them has not been stepped for ten minutes (the app no longer has it)
+    now_ms = int(client.time()[0]) * 1000
+    client.hset(keys.schedule("dropped"), "stepped_at", str(now_ms - 600_000))
+    client.close()
+    env = settings_env(sched_settings)
+    shown = {
+        s["job"]: s
+        for s in json.loads(
+            subprocess.run(
+                [sys.executable, "-m", "keylane.ops.cli", "schedules", "--json"],
+                env=env, cwd=REPO, capture_output=True, text=True, check=True,
+            ).stdout
+        )
+    }  # fmt: skip
+    # Then the listing says which job no running scheduler knows, and gives it no next run
+    assert shown["kept"]["known_to_a_scheduler"] is True
+    assert shown["kept"]["next_run"] is not None
+    assert shown["dropped"]["known_to_a_scheduler"] is False
+    assert shown["dropped"]["next_run"] is None
+    assert shown["dropped"]["scheduler_seen_s_ago"] >= 600
+    table = subprocess.run(
+        [sys.executable, "-m", "keylane.ops.cli", "schedules"],
+        env=env, cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    dropped = next(line for line in table.splitlines() if line.startswith("dropped"))
+    assert "none: no scheduler has it (seen 60" in dropped

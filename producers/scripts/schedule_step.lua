@@ -19,6 +19,8 @@ local owner, job = ARGV[1], ARGV[3]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local last = redis.call('HGET', state, 'last_tick') or '0'
+-- A running scheduler knows this job (``keylane schedules`` says when none has for a while).
+if ARGV[10] == 'tick' then redis.call('HSET', state, 'stepped_at', now) end
 if ARGV[10] == 'tick' and ARGV[4] ~= '' and last ~= ARGV[6] then return {'stale', last} end
 local function note(kind, tick, ...)
   redis.call('XADD', log, 'MAXLEN', '~', ARGV[9], '*', 'event', kind, 'job', job,

@@ -26,6 +26,10 @@ from .replies import reply_text
 from .schedules import tick_text
 
 TICK_OUTCOMES = ("started", "buffered", "skipped", "missed")
+#: A job that no scheduler has stepped for this long is known to no running scheduler (a
+#: scheduler steps each of its jobs at least once per ``KEYLANE_HEARTBEAT_MS``): it was
+#: removed from the app, or every scheduler is down. Shown as such, its next run unknown.
+UNSEEN_AFTER_S = 60.0
 RUN_OUTCOMES = ("ok", "failed", "interrupted", "rerun")
 
 
@@ -46,8 +50,16 @@ class ScheduleState:
     last_finished_at: int | None
     last_success: int | None
     next_tick: int | None
+    #: Seconds since a running scheduler last stepped the job (None: never, or a
+    #: scheduler of a version that did not say).
+    stepped_ago_s: float | None = None
     ticks: dict[str, int] = field(default_factory=dict)
     runs: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def known(self) -> bool:
+        """Whether a running scheduler has stepped the job lately (:data:`UNSEEN_AFTER_S`)."""
+        return self.stepped_ago_s is not None and self.stepped_ago_s <= UNSEEN_AFTER_S
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready, ticks as ISO 8601 text."""
@@ -63,10 +75,16 @@ class ScheduleState:
             "last_outcome": self.last_outcome,
             "last_error": self.last_error or None,
             "last_success": _text(self.last_success),
-            "next_run": _text(self.next_tick),
+            "next_run": _text(self.next_tick) if self.known else None,
+            "scheduler_seen_s_ago": self.stepped_ago_s,
+            "known_to_a_scheduler": self.known,
             "ticks": dict(self.ticks),
             "runs": dict(self.runs),
         }
+
+
+def _ago_s(now_ms: int, at_ms: int | None) -> float | None:
+    return None if at_ms is None else round(max(0, now_ms - at_ms) / 1000, 1)
 
 
 def _text(ms: int | None) -> str | None:
@@ -115,6 +133,7 @@ def _state(name: str, s: dict[str, str], lease: str | None, now_ms: int) -> Sche
         last_finished_at=_ms(s.get("last_finished_at")),
         last_success=_ms(s.get("last_success")),
         next_tick=_ms(s.get("next_tick")),
+        stepped_ago_s=_ago_s(now_ms, _ms(s.get("stepped_at"))),
         ticks={k: int(s.get(f"ticks_{k}") or 0) for k in TICK_OUTCOMES},
         runs={
             "ok": int(s.get("runs_ok") or 0),
