@@ -7,6 +7,7 @@ settings object (``ctx.obj``) that every subcommand uses.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 
 import click
@@ -169,11 +170,18 @@ def flower(ctx: click.Context) -> None:
     where = f"http://{settings.flower_address}:{settings.flower_port}"
     logging.getLogger("keylane.flower").info("Flower on %s", where)
     argv = ["flower", f"--port={settings.flower_port}", f"--address={settings.flower_address}"]
+    if "FLOWER_TASKS_COLUMNS" not in os.environ:
+        # Rows told apart by record: the args column holds (record key, source, event id).
+        argv.append(f"--tasks_columns={TASKS_COLUMNS}")
     if settings.flower_basic_auth is not None:
         argv.append(f"--basic-auth={settings.flower_basic_auth.get_secret_value()}")
     if settings.log_level != "DEBUG":
         logging.getLogger("flower.inspector").addFilter(_NoWorkerAnsweredYet())
     app.start(argv=argv)
+
+
+#: The columns of Flower's task list (Flower's own default shows name and UUID first).
+TASKS_COLUMNS = "name,args,state,received,runtime,worker,uuid"
 
 
 class _NoWorkerAnsweredYet(logging.Filter):

@@ -9,9 +9,11 @@ its reason.
 from __future__ import annotations
 
 import base64
+import re
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.flower import AUTH, answers, tasks
@@ -85,5 +87,10 @@ def test_flower_shows_events_in_flight_retrying_and_dead_lettered(
         assert "type" in failed["exception"], failed
         fine = next(r for r in rows.values() if "order:fine" in r["args"])
         assert fine["result"] == "'applied'", fine
+        # And the task list shows the args column (record key, source, event id) right
+        # after the task's name, so rows are told apart by record
+        page = httpx.get(f"{flower}/tasks", auth=AUTH, timeout=10).text
+        shown_columns = re.findall(r'<th data-column="([a-z_]+)"', page)
+        assert shown_columns[:2] == ["name", "args"], shown_columns
     finally:
         hook.stop()
