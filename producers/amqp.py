@@ -144,8 +144,8 @@ class AmqpPublisher:
         return await asyncio.shield(self._opening)
 
     async def _connect(self) -> AbstractChannel:
-        """Connect to the next node that answers, declare the topology (a message to a
-        queue not declared yet would be dropped), open the confirm channel. Each node gets
+        """Connect to the next node that answers, declare the topology (a receiver need not
+        wait for a worker to have declared it), open the confirm channel. Each node gets
         at most the confirm timeout."""
         self._drop(self._channel)
         errors = []
