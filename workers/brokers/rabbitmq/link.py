@@ -92,10 +92,10 @@ def declare(conn: Any, wanted: Topology) -> Any:
         try:
             channel.queue_declare(name, durable=True, auto_delete=False, arguments=arguments)
         except PreconditionFailed:
-            if as_declared_before(arguments) == arguments:
+            before = as_declared_before(arguments)
+            if before == arguments:
                 raise
             channel = conn.channel()
-            before = as_declared_before(arguments)
             channel.queue_declare(name, durable=True, auto_delete=False, arguments=before)
     for name, exchange in wanted.bindings:
         channel.queue_bind(name, exchange, name)

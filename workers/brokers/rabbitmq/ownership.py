@@ -178,11 +178,7 @@ class Ownership(Holding):
         """Let go of the lost lease's consumer at once: kept, it would keep its place as
         the queue's single active consumer and its unacknowledged deliveries, and the
         shard's new owner would never receive them."""
-        with self._lock:
-            consumer = self._shards.get(lease.shard)
-            if consumer is None or consumer.lease_value(worker_id) != lease.value:
-                return
-        self._let_go([consumer], f"lost: {why}")
+        self.release_lease(lease, worker_id, f"lost: {why}")
 
     def bump_fence(self, shard: int, at_least: int) -> int:
         # Tokens come from the store itself: there is no second counter to move.
