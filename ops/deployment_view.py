@@ -13,15 +13,17 @@ from typing import Any
 
 import redis
 
-from ..routing import ShardMap
-from ..routing.contract.destinations import FlowState, flow_states, queue_flow_reads
-from ..routing.contract.message import event_of
-from ..routing.contract.replies import reply_int, reply_text
-from ..routing.contract.schedule_state import (
-    ScheduleState,
+from ..producers.state_reads import (
+    flow_states,
+    queue_flow_reads,
     queue_schedule_reads,
     schedule_states,
 )
+from ..routing import ShardMap
+from ..routing.contract.destinations import FlowState
+from ..routing.contract.message import event_of
+from ..routing.contract.replies import reply_int, reply_text
+from ..routing.contract.schedule_state import ScheduleState
 from ..routing.redis_keys import RedisKeys
 from ..workers.brokers.redis import broker_errors
 

@@ -27,21 +27,13 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
 from ..routing import ShardMap
-from ..routing.contract.destinations import (
-    EXCERPT_CHARS,
-    FlowState,
-    flow_states,
-    queue_flow_reads,
-)
+from ..routing.contract.destinations import EXCERPT_CHARS, FlowState
 from ..routing.contract.errors import BrokerUnavailable
 from ..routing.contract.replies import reply_text
-from ..routing.contract.schedule_state import (
-    ScheduleState,
-    queue_schedule_reads,
-    schedule_states,
-)
+from ..routing.contract.schedule_state import ScheduleState
 from ..routing.contract.schedules import RunLease
 from ..routing.redis_keys import RedisKeys
+from .state_reads import flow_states, queue_flow_reads, queue_schedule_reads, schedule_states
 
 Verdict = Literal["accepted", "duplicate", "reused", "full", "fenced"]
 

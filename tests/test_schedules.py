@@ -19,9 +19,9 @@ import redis
 from keylane.producers.gateway import ScheduleGateway
 from keylane.producers.runs import Run, RunInfo
 from keylane.producers.sender import Sender
+from keylane.producers.state_reads import queue_schedule_reads, schedule_states
 from keylane.routing.contract.errors import ConfigError, LeaseLost
 from keylane.routing.contract.events import MAX_ID_CHARS
-from keylane.routing.contract.schedule_state import queue_schedule_reads, schedule_states
 from keylane.routing.contract.schedules import RunLease, Timing, event_id, job_spec
 from keylane.routing.contract.settings import Settings
 from tests.conftest import fast_settings

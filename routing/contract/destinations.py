@@ -29,7 +29,8 @@ its events carry the delivery's body as their payload. It names a version-checke
 the record where it lives.
 
 Flow control is shared by every worker through Redis (the flow script in
-``workers/brokers/redis/flow_*.lua``); :class:`FlowState` reads what it keeps.
+``workers/brokers/redis/flow_*.lua``); :class:`FlowState` is what it keeps, as read by
+``producers/state_reads.py``.
 """
 
 from __future__ import annotations
@@ -41,10 +42,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..redis_keys import RedisKeys
 from .errors import ConfigError
 from .names import TABLE_NAME
-from .replies import reply_text
 from .resources import (
     RESOURCE_KINDS,
     PgTableResourceConfig,
@@ -266,31 +265,3 @@ class FlowState:
             counters=counters,
             adapted_rate_per_s=round(adapted, 3) if adapted else None,
         )
-
-
-def queue_flow_reads(pipe: Any, keys: RedisKeys, names: list[str]) -> None:
-    """Queue on a Redis pipeline (sync or asyncio) the reads :func:`flow_states` needs."""
-    pipe.time()
-    for name in names:
-        pipe.hgetall(keys.flow_bucket(name))
-        pipe.zcard(keys.flow_calls(name))
-        pipe.hgetall(keys.flow_counters(name))
-
-
-def flow_states(replies: list[Any], names: list[str]) -> list[FlowState]:
-    """The destinations' flow states from the replies of :func:`queue_flow_reads`."""
-    seconds, micros = replies[0]
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
-    out = []
-    for i, name in enumerate(names):
-        bucket, in_flight, counters = replies[1 + 3 * i : 4 + 3 * i]
-        out.append(
-            FlowState.of(
-                name,
-                {reply_text(k): reply_text(v) for k, v in bucket.items()},
-                int(in_flight),
-                {reply_text(k): int(v) for k, v in counters.items()},
-                now_ms,
-            )
-        )
-    return out

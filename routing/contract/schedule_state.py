@@ -1,6 +1,6 @@
-"""Reading the scheduled jobs' state from Redis, the same way on every side: ``keylane
-schedules`` and ``keylane status`` (``ops``, sync client) and ``/metrics`` (the receiver,
-asyncio client) queue the same reads and parse the replies here.
+"""A scheduled job's state as Redis holds it (:class:`ScheduleState`), read the same way by
+``keylane schedules`` and ``keylane status`` (``ops``, sync client) and ``/metrics`` (the
+receiver, asyncio client): both queue the reads in ``producers/state_reads.py``.
 
 Every tick of a job ends up in exactly one of four counters, and in the run log:
 
@@ -21,8 +21,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..redis_keys import RedisKeys
-from .replies import reply_text
 from .schedules import tick_text
 
 TICK_OUTCOMES = ("started", "buffered", "skipped", "missed")
@@ -61,6 +59,39 @@ class ScheduleState:
         """Whether a running scheduler has stepped the job lately (:data:`UNSEEN_AFTER_S`)."""
         return self.stepped_ago_s is not None and self.stepped_ago_s <= UNSEEN_AFTER_S
 
+    @classmethod
+    def of(cls, name: str, s: dict[str, str], lease: str | None, now_ms: int) -> ScheduleState:
+        """Read the job's hash ``s`` (as text) and its lease's value, at ``now_ms``."""
+        running = _ms(s.get("running"))
+        started_at = _ms(s.get("started_at"))
+        return cls(
+            job=name,
+            definition=json.loads(s["def"]) if s.get("def") else {},
+            running_tick=running,
+            runner=lease if running is not None else None,
+            running_for_s=(
+                round((now_ms - started_at) / 1000, 3)
+                if running is not None and started_at is not None
+                else None
+            ),
+            attempt=int(s.get("attempt") or 1),
+            buffered_tick=_ms(s.get("buffered")),
+            last_run=_ms(s.get("last_run")),
+            last_outcome=s.get("last_outcome") or None,
+            last_error=s.get("last_error") or None,
+            last_finished_at=_ms(s.get("last_finished_at")),
+            last_success=_ms(s.get("last_success")),
+            next_tick=_ms(s.get("next_tick")),
+            stepped_ago_s=_ago_s(now_ms, _ms(s.get("stepped_at"))),
+            ticks={k: int(s.get(f"ticks_{k}") or 0) for k in TICK_OUTCOMES},
+            runs={
+                "ok": int(s.get("runs_ok") or 0),
+                "failed": int(s.get("runs_failed") or 0),
+                "interrupted": int(s.get("runs_interrupted") or 0),
+                "rerun": int(s.get("runs_rerun") or 0),
+            },
+        )
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready, ticks as ISO 8601 text."""
         return {
@@ -89,59 +120,6 @@ def _ago_s(now_ms: int, at_ms: int | None) -> float | None:
 
 def _text(ms: int | None) -> str | None:
     return None if ms is None else tick_text(ms)
-
-
-def queue_schedule_reads(pipe: Any, keys: RedisKeys, names: list[str]) -> None:
-    """Queue on a Redis pipeline (sync or asyncio) what :func:`schedule_states` needs,
-    for the jobs ``names`` (the members of ``keys.schedules``)."""
-    pipe.time()
-    for name in names:
-        pipe.hgetall(keys.schedule(name))
-        pipe.get(keys.schedule_lease(name))
-
-
-def schedule_states(replies: list[Any], names: list[str]) -> list[ScheduleState]:
-    """The jobs' states from the replies of :func:`queue_schedule_reads`."""
-    seconds, micros = replies[0]
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
-    out = []
-    for i, name in enumerate(names):
-        raw, lease = replies[1 + 2 * i : 3 + 2 * i]
-        state = {reply_text(k): reply_text(v) for k, v in raw.items()}
-        out.append(_state(name, state, reply_text(lease) or None, now_ms))
-    return out
-
-
-def _state(name: str, s: dict[str, str], lease: str | None, now_ms: int) -> ScheduleState:
-    running = _ms(s.get("running"))
-    started_at = _ms(s.get("started_at"))
-    return ScheduleState(
-        job=name,
-        definition=json.loads(s["def"]) if s.get("def") else {},
-        running_tick=running,
-        runner=lease if running is not None else None,
-        running_for_s=(
-            round((now_ms - started_at) / 1000, 3)
-            if running is not None and started_at is not None
-            else None
-        ),
-        attempt=int(s.get("attempt") or 1),
-        buffered_tick=_ms(s.get("buffered")),
-        last_run=_ms(s.get("last_run")),
-        last_outcome=s.get("last_outcome") or None,
-        last_error=s.get("last_error") or None,
-        last_finished_at=_ms(s.get("last_finished_at")),
-        last_success=_ms(s.get("last_success")),
-        next_tick=_ms(s.get("next_tick")),
-        stepped_ago_s=_ago_s(now_ms, _ms(s.get("stepped_at"))),
-        ticks={k: int(s.get(f"ticks_{k}") or 0) for k in TICK_OUTCOMES},
-        runs={
-            "ok": int(s.get("runs_ok") or 0),
-            "failed": int(s.get("runs_failed") or 0),
-            "interrupted": int(s.get("runs_interrupted") or 0),
-            "rerun": int(s.get("runs_rerun") or 0),
-        },
-    )
 
 
 def _ms(text: str | None) -> int | None:
