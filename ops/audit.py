@@ -9,13 +9,19 @@ Two independent checks:
 * the store's journal: per record, in revision order (the order the store committed the
   writes), the fencing token under which each event was written never goes down, so no
   older owner wrote after a newer one.
+
+And one check of a count kept by hand (on Redis): each shard's figure in the ``depth`` hash,
+which the lane scripts adjust message by message, against the records' lists it summarizes
+(read at one instant; a difference is reported, nothing is repaired).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
+from ..routing.contract.settings import Settings
+from ..workers.brokers.redis import RedisLaneBroker
 from ..workers.store import JournalEntry
 
 
@@ -66,3 +72,24 @@ def audit_journal(entries: Iterable[JournalEntry]) -> list[str]:
         if seen is None or entry.fence >= seen[0]:
             newest[entry.record_key] = (entry.fence, entry.revision)
     return problems
+
+
+def admitted_counts(settings: Settings) -> dict[int, tuple[int, int]]:
+    """Per shard of the deployment's Redis: admitted messages as the ``depth`` hash counts
+    them, and as the records' lists hold them (read only)."""
+    broker = RedisLaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+    try:
+        return broker.admitted_counts()
+    finally:
+        broker.close()
+
+
+def audit_depth(counts: Mapping[int, tuple[int, int]]) -> list[str]:
+    """Problems found in the ``depth`` hash: a shard whose count is not what its records'
+    lists hold (what backpressure and ``keylane status`` read would be wrong)."""
+    return [
+        f"shard {shard}: the depth hash counts {counted} admitted messages, "
+        f"its records' lists hold {listed}"
+        for shard, (counted, listed) in sorted(counts.items())
+        if counted != listed
+    ]

@@ -258,11 +258,12 @@ def _exit_with_checks(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def audit(ctx: click.Context, as_json: bool) -> None:
-    """Check the lease log and the journal for any sign of two owners of one shard.
+    """Check the lease log and the journal for any sign of two owners of one shard, and
+    (on Redis) each shard's depth count against the records' lists it counts.
 
     Exit code 0 when both are clean, 1 when a problem is found.
     """
-    from .audit import audit_journal, audit_lease_log
+    from .audit import admitted_counts, audit_depth, audit_journal, audit_lease_log
     from .views import open_view
 
     settings = settings_of(ctx)
@@ -277,12 +278,14 @@ def audit(ctx: click.Context, as_json: bool) -> None:
     finally:
         store.close()
     lease_problems, journal_problems = audit_lease_log(events), audit_journal(entries)
-    problems = lease_problems + journal_problems
+    depth_problems = [] if settings.broker_is_rabbitmq else audit_depth(admitted_counts(settings))
+    problems = lease_problems + journal_problems + depth_problems
     report = {
         "lease_events": len(events),
         "journal_entries": len(entries),
         "lease_log_problems": lease_problems,
         "journal_problems": journal_problems,
+        "depth_problems": depth_problems,
     }
     if as_json:
         emit_json(report)

@@ -6,7 +6,8 @@ pops with ``BRPOP`` and only afterwards records the message as unacknowledged, s
 ``kill -9`` between the two loses it; a restored or rejected message can land at the tail;
 a message read for a cancelled queue is requeued at the tail. Each of those breaks
 per-record order or exactly-once. Here every step is one Lua script (``redis/*.lua``, the
-key layout at the top of ``redis/_shared.lua``):
+key layout at the top of ``redis/_shared.lua``, loaded by name as
+:mod:`keylane.routing.contract.redis_scripts` says):
 
 * **take**: under the shard's lease, admit the shard queue's new messages into their
   records' lists, then hand out the first due record (its list's head, and a batch behind
@@ -24,12 +25,10 @@ which receivers push to and Flower reads.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
-from functools import cache
-from importlib import resources
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, cast
 
 import redis
@@ -38,9 +37,15 @@ from redis.typing import EncodableT, FieldT
 
 from ...routing import ShardMap
 from ...routing.contract.destinations import EXCERPT_CHARS
-from ...routing.contract.errors import BrokerUnavailable
 from ...routing.contract.message import build_unhold_message
+from ...routing.contract.redis_scripts import (
+    COMMON_KEYS,
+    SHARD_KEYS,
+    ScriptFolder,
+    errors_as_unavailable,
+)
 from ...routing.contract.replies import reply_int, reply_text
+from ...routing.contract.settings import Settings
 from ...routing.redis_keys import (
     MESSAGE_NOTES,
     ONCE_MARKER_TTL_MS,
@@ -55,18 +60,14 @@ LEASE_LOG_MAXLEN = 100_000
 #: Messages a take or finish moves from the shard queue into records' lists at most (a
 #: bound on one script's time; the next call admits more).
 ADMIT_MAX = 64
-#: The scripts that use the helpers of ``_shared.lua`` (prepended to each).
-_WITH_SHARED = ("take", "finish", "wait", "note_retry", "reclaim")
+#: The lane scripts, ``redis/<name>.lua`` beside this module.
+SCRIPTS = ScriptFolder(__package__, "redis")
 
 
-@contextlib.contextmanager
-def broker_errors() -> Iterator[None]:
-    """Turn any Redis error raised inside the block into :class:`BrokerUnavailable`: the
-    rest of keylane sees one error for a Redis outage."""
-    try:
-        yield
-    except redis.RedisError as exc:
-        raise BrokerUnavailable(f"Redis: {exc}") from exc
+def broker_errors() -> AbstractContextManager[None]:
+    """Turn any Redis error raised inside the block into :class:`BrokerUnavailable` (the
+    one mapping, :func:`~keylane.routing.contract.redis_scripts.errors_as_unavailable`)."""
+    return errors_as_unavailable(redis.RedisError)
 
 
 def run_script(script: Any, keys: list[str], args: list[Any]) -> Any:
@@ -76,17 +77,10 @@ def run_script(script: Any, keys: list[str], args: list[Any]) -> Any:
         return script(keys=keys, args=args)
 
 
-@cache
 def script_text(name: str) -> str:
-    """The Lua source of script ``name`` (``redis/<name>.lua``), with the shared helpers
-    and the note names of :data:`MESSAGE_NOTES` before it where it uses them."""
-    folder = resources.files(__package__).joinpath("redis")
-    text = folder.joinpath(f"{name}.lua").read_text()
-    if name not in _WITH_SHARED:
-        return text
-    notes = ", ".join(f"':{note}'" for note in MESSAGE_NOTES)
-    shared = folder.joinpath("_shared.lua").read_text()
-    return f"local NOTES = {{{notes}}}\n{shared}\n{text}"
+    """The Lua source of script ``name`` (``redis/<name>.lua``), with the helpers and the
+    generated layouts it includes before it."""
+    return SCRIPTS.source(name)
 
 
 class RedisLaneBroker(LaneBroker):
@@ -110,6 +104,11 @@ class RedisLaneBroker(LaneBroker):
         )
         return cls(client, keys, shards)
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RedisLaneBroker:
+        """The lane broker on ``settings``' Redis."""
+        return cls.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+
     def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         script = self._scripts.get(name)
         if script is None:
@@ -127,19 +126,22 @@ class RedisLaneBroker(LaneBroker):
         return keys
 
     def _build_shard_keys(self, shard: int) -> list[str]:
+        # By name, in the order SHARD_KEYS gives the Lua side: a key added there and not
+        # here fails at once (KeyError), never shifts a position.
         k = self.keys
-        return [
-            k.lease(shard),
-            self.queue_key(shard),
-            k.record_prefix(shard),
-            k.ready(shard),
-            k.busy(shard),
-            k.waits(shard),
-            k.deliveries(shard),
-        ]
+        named = {
+            "lease": k.lease(shard),
+            "queue": self.queue_key(shard),
+            "rec_prefix": k.record_prefix(shard),
+            "ready": k.ready(shard),
+            "busy": k.busy(shard),
+            "waits": k.waits(shard),
+            "deliveries": k.deliveries(shard),
+        }
+        return [named[name] for name in SHARD_KEYS]
 
     def _common_keys(self) -> list[str]:
-        return [self.keys.depth, self.keys.held, self.keys.counters]
+        return [getattr(self.keys, name) for name in COMMON_KEYS]
 
     # -- leases ------------------------------------------------------------------------
 
@@ -361,6 +363,25 @@ class RedisLaneBroker(LaneBroker):
                 [raw, marker_ttl_ms, self.keys.doorbell, shard],
             )
         )
+
+    # -- the audit -----------------------------------------------------------------------
+
+    def admitted_counts(self) -> dict[int, tuple[int, int]]:
+        """Per shard, its admitted messages as the ``depth`` hash counts them and as its
+        records' lists hold them (read only: ``keylane audit`` compares the two)."""
+        found: dict[int, list[str]] = {shard: [] for shard in range(self.shards.count)}
+        head = self.keys.record_prefix(0).removesuffix("0:")  # what every shard's shares
+        names = _do(lambda: list(self.client.scan_iter(match=f"{head}*", count=1000)))
+        for name in names:
+            number, _, record_key = reply_text(name).removeprefix(head).partition(":")
+            if number.isdigit() and int(number) in found:
+                found[int(number)].append(record_key)
+        counts: dict[int, tuple[int, int]] = {}
+        for shard, record_keys in found.items():
+            keys = self._shard_keys(shard) + self._common_keys()
+            counted, listed = self._run("admitted", keys, [shard, *record_keys])
+            counts[shard] = (int(counted), int(listed))
+        return counts
 
     # -- membership and counters ---------------------------------------------------------
 

@@ -17,8 +17,9 @@
 -- messages). Its messages never leave its list until acknowledged, so order holds across
 -- waits, crashes and takeovers: a takeover only moves busy records back to ready.
 --
--- NOTES (the note suffixes of the deliveries hash) is defined before this file, from
--- routing/redis_keys.py's MESSAGE_NOTES.
+-- NOTES (note name -> the suffix of its field in the deliveries hash), SHARD_KEYS and
+-- COMMON_KEYS (the key names by position) are generated before this file from the Python
+-- that names them (keylane.routing.contract.redis_scripts): never spelled here.
 
 
 local function now_ms()
@@ -28,8 +29,9 @@ end
 
 -- Forget a message's delivery count and notes (it is done, or parked for good).
 local function forget(deliveries, digest)
-  redis.call('HDEL', deliveries, digest, digest .. NOTES[1], digest .. NOTES[2],
-    digest .. NOTES[3], digest .. NOTES[4])
+  local fields = {digest}
+  for _, suffix in pairs(NOTES) do fields[#fields + 1] = digest .. suffix end
+  redis.call('HDEL', deliveries, unpack(fields))
 end
 
 -- Base64 (RFC 4648), only for messages that came without keylane's headers (a task sent
@@ -201,15 +203,12 @@ local function take_due(K, now)
   end
 end
 
--- The keys of one shard, from KEYS[base + 1 ..]: lease, queue, record prefix (a key name
--- used as a prefix only), ready, busy, waits, deliveries, then the deployment's depth,
--- held and counters keys (shared by every shard, at the end of KEYS).
-local SHARD_KEYS = 7
+-- The keys of one shard by name: SHARD_KEYS from KEYS[base + 1 ..], then the deployment's
+-- COMMON_KEYS (shared by every shard) from the end of KEYS.
 local function shard_keys(base)
-  return {
-    lease = KEYS[base + 1], queue = KEYS[base + 2], rec_prefix = KEYS[base + 3],
-    ready = KEYS[base + 4], busy = KEYS[base + 5], waits = KEYS[base + 6],
-    deliveries = KEYS[base + 7],
-    depth = KEYS[#KEYS - 2], held = KEYS[#KEYS - 1], counters = KEYS[#KEYS],
-  }
+  local K = {}
+  for i, name in ipairs(SHARD_KEYS) do K[name] = KEYS[base + i] end
+  local common = #KEYS - #COMMON_KEYS
+  for i, name in ipairs(COMMON_KEYS) do K[name] = KEYS[common + i] end
+  return K
 end

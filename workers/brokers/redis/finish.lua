@@ -1,3 +1,4 @@
+-- include: _shared.lua
 -- A lane is done with a record's messages: acknowledge them, count their outcomes, hold
 -- the record behind a dead letter if asked, and (then_take) hand the lane the shard's next
 -- due record: the same record's next message first.
@@ -10,7 +11,7 @@
 -- record handed out (see take.lua), or {wait}: nothing is due, wait = ms until the
 -- shard's first waiting record is due (-1: none waits).
 local K = shard_keys(0)
-local latency, drained = KEYS[SHARD_KEYS + 1], KEYS[SHARD_KEYS + 2]
+local latency, drained = KEYS[#SHARD_KEYS + 1], KEYS[#SHARD_KEYS + 2]
 local shard, lease, key, hold = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local then_take, admit_max = ARGV[5] == '1', tonumber(ARGV[6])
 if redis.call('GET', K.lease) ~= lease then return 0 end

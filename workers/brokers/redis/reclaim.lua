@@ -1,3 +1,4 @@
+-- include: _shared.lua
 -- The owner's lanes hold none of these busy records (a lane gave up on one while the broker
 -- could not be reached, or a reply that handed one out was lost): those taken at least
 -- min age ms ago become due again, each at its place in its list.

@@ -1,3 +1,4 @@
+-- include: _shared.lua
 -- Take the next due record of the first candidate shard that has one.
 -- KEYS: SHARD_KEYS per candidate shard (see _shared.lua), then depth, held, counters.
 -- ARGV: admit (messages each shard admits first), then per shard: its number, the lease
@@ -11,7 +12,7 @@ local now = now_ms()
 local admit_max = tonumber(ARGV[1])
 local waits = {0}
 for i = 1, (#ARGV - 1) / 2 do
-  local K = shard_keys((i - 1) * SHARD_KEYS)
+  local K = shard_keys((i - 1) * #SHARD_KEYS)
   local shard, lease = ARGV[2 * i], ARGV[2 * i + 1]
   if redis.call('GET', K.lease) == lease then
     admit(K, shard, now, admit_max)

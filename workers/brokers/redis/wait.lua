@@ -1,3 +1,4 @@
+-- include: _shared.lua
 -- A busy record must wait: it leaves the lane and becomes due again in delay ms (its
 -- messages stay at the head of its list, so nothing behind it overtakes it). Its shard's
 -- other records are not held up.
