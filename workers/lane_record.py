@@ -103,23 +103,44 @@ class Queued:
 
 
 class RecordLane:
-    """A lane's work on one record (a part of :class:`keylane.workers.lanes.Lanes`, which
-    sets these attributes)."""
+    """A lane's work on one record (see the module docstring): the lanes' loop
+    (:class:`keylane.workers.lanes.Lanes`) takes a record, then hands it to
+    :meth:`handle`."""
 
-    settings: Settings
-    dispatcher: Dispatcher
-    broker: LaneBroker
-    ownership: Ownership
-    sources: Sources
-    faults: Faults
-    io: BlockingPool
-    store: LaneStore
-    doorbell: Doorbell
-    _events: LaneEvents | None
-    _handlers: dict[str, SourceHandler | None]
-    _stop: threading.Event
+    def __init__(
+        self,
+        settings: Settings,
+        broker: LaneBroker,
+        ownership: Ownership,
+        sources: Sources,
+        faults: Faults,
+        dispatcher: Dispatcher,
+        io: BlockingPool,
+        doorbell: Doorbell,
+        stopping: threading.Event,
+        events: LaneEvents | None = None,
+    ) -> None:
+        self.settings = settings
+        self.broker = broker
+        self.ownership = ownership
+        self.sources = sources
+        self.faults = faults
+        self.dispatcher = dispatcher
+        self.io = io
+        self.store = LaneStore(io)
+        self.doorbell = doorbell
+        #: Set when the worker stops: a lane finishes its record and takes no next one.
+        self._stop = stopping
+        self._events = events
+        self._handlers: dict[str, SourceHandler | None] = {}
 
-    async def _handle(self, lane: int, lease: Lease, step: Step) -> Step | Idle | None:
+    def take(self, store: Store, leases: list[Lease]) -> Step | Idle:
+        """(In a pool thread.) Take the first due record of ``leases``' shards and read it
+        from the store: one blocking call for both."""
+        got = self.broker.take(leases)
+        return got if isinstance(got, Idle) else read_taken(store, got)
+
+    async def handle(self, lane: int, lease: Lease, step: Step) -> Step | Idle | None:
         """Handle one record's message (or batch); the next record when it was taken with
         the acknowledgement (:class:`Idle` when the acknowledgement found none due)."""
         taken = step.taken

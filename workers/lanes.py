@@ -29,13 +29,11 @@ from ..routing.contract.errors import BrokerUnavailable, StoreUnavailable
 from ..routing.contract.faults import Faults
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources
-from .apply import SourceHandler
 from .blocking import BlockingPool
-from .broker import Idle, LaneBroker, Lease, Taken
+from .broker import Idle, LaneBroker, Taken
 from .dispatch import Dispatcher
 from .doorbell import Doorbell
-from .lane_record import OUTAGE_WAIT_S, LaneEvents, RecordLane, Step, read_taken
-from .lane_store import LaneStore
+from .lane_record import OUTAGE_WAIT_S, LaneEvents, RecordLane, Step
 from .ownership import Ownership
 from .store import Store
 
@@ -51,7 +49,7 @@ RECLAIM_EVERY_S = 5.0
 RECLAIM_AFTER_S = 30.0
 
 
-class Lanes(RecordLane):
+class Lanes:
     """The lanes of one worker process: an event loop in its own thread."""
 
     def __init__(
@@ -69,17 +67,25 @@ class Lanes(RecordLane):
         self.dispatcher = dispatcher
         self.broker = broker
         self.ownership = ownership
-        self.sources = sources
-        self.faults = faults
         self.io = BlockingPool(settings.lane_threads, store_factory)
-        self.store = LaneStore(self.io)
-        self._events = events
-        self._handlers: dict[str, SourceHandler | None] = {}
         #: The record each lane works on now, by lane (shard, record key).
         self._holding: dict[int, tuple[int, str]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.doorbell = Doorbell(broker, ownership.owns)
+        #: What a lane does with the record it took.
+        self.records = RecordLane(
+            settings,
+            broker,
+            ownership,
+            sources,
+            faults,
+            dispatcher,
+            self.io,
+            self.doorbell,
+            self._stop,
+            events,
+        )
         # A shard that was just acquired may hold records a previous owner had in flight.
         ownership.on_acquired = self.doorbell.ring
 
@@ -188,7 +194,7 @@ class Lanes(RecordLane):
             return False
         first: Step | Idle | None = None
         try:
-            first = await self.io.store(self._take, leases)
+            first = await self.io.store(self.records.take, leases)
         finally:
             for lease in leases:
                 if not isinstance(first, Step) or lease.shard != first.taken.shard:
@@ -211,7 +217,7 @@ class Lanes(RecordLane):
             while isinstance(step, Step):  # the shard's records, while they come at once
                 self._arm(step.taken)
                 self._holding[lane] = (lease.shard, step.taken.record_key)
-                step = await self._handle(lane, lease, step)
+                step = await self.records.handle(lane, lease, step)
         finally:
             self._holding.pop(lane, None)
             self.ownership.end(lane, got.shard)
@@ -233,9 +239,3 @@ class Lanes(RecordLane):
             self.doorbell.ring(taken.shard)
         else:
             self.doorbell.ring_in(taken.shard, due_in_s)
-
-    def _take(self, store: Store, leases: list[Lease]) -> Step | Idle:
-        """(In a pool thread.) Take the first due record of ``leases``' shards and read it
-        from the store: one blocking call for both."""
-        got = self.broker.take(leases)
-        return got if isinstance(got, Idle) else read_taken(store, got)
