@@ -19,17 +19,16 @@ import click
 
 from ..routing.contract.errors import KeylaneError
 from ..routing.contract.sources import load_sources
-from ..workers.brokers.redis import RedisLaneBroker
 from ..workers.store import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter, Store
 from .cli_common import age, cli_store, emit_json, settings_of
 from .dlq_show import show_json, show_text
 from .tables import render_table
 from .triage import (
-    AmqpTriageBroker,
     Handled,
     Triage,
     field_diffs,
     kind_of,
+    open_triage_broker,
     parse_age,
     record_now,
     stats_summary,
@@ -238,15 +237,11 @@ def _bulk(
             click.confirm(
                 f"{verb.capitalize()} {len(rows)} dead letter(s) ({summary})?", abort=True, err=True
             )
-        if settings.broker_is_rabbitmq:
-            amqp = AmqpTriageBroker(settings, store)
-            try:
-                done = _run(Triage(store, amqp), rows, act, verb)
-            finally:
-                amqp.close()
-        else:
-            broker = RedisLaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+        broker = open_triage_broker(settings, store)
+        try:
             done = _run(Triage(store, broker), rows, act, verb)
+        finally:
+            broker.close()
     finally:
         store.close()
     _report(verb, done, as_json)

@@ -10,7 +10,7 @@
   still holds its key (a crash between closing and releasing), they send the release.
 
 On RabbitMQ the retry is published to the shard's quorum queue with a publisher confirm,
-through the receiver's accept path (:class:`AmqpTriageBroker`); its marker is written in
+through the receiver's publisher (:class:`AmqpTriageBroker`); its marker is written in
 Redis after the confirm, so a crash in between leaves the row open and unmarked, the next
 retry publishes a second copy, and the journal applies it at most once. A held record is
 a row of the store's ``held`` table there (the shard's consumer writes it, fenced); the
@@ -20,13 +20,14 @@ on them in the record's order.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from ..producers.sender import Sender
+from ..producers.amqp import AmqpEventQueue
 from ..routing import ShardMap
 from ..routing.contract.errors import KeylaneError
 from ..routing.contract.events import Event, parse_changes
@@ -34,6 +35,7 @@ from ..routing.contract.message import build_event_message, build_unhold_message
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources
 from ..routing.redis_keys import ONCE_MARKER_TTL_MS
+from ..workers.brokers.redis import RedisLaneBroker
 from ..workers.changes import apply_changes
 from ..workers.resources import open_resource
 from ..workers.store import DeadLetter, DeadLetterStatus, Store
@@ -69,17 +71,27 @@ class TriageBroker(Protocol):
 
     def push_once(self, marker: str, shard: int, raw: bytes) -> bool: ...
 
+    def close(self) -> None: ...
+
+
+def open_triage_broker(settings: Settings, store: Store) -> TriageBroker:
+    """Where triage queues a row's messages on ``settings``' broker."""
+    if settings.broker_is_rabbitmq:
+        return AmqpTriageBroker(settings, store)
+    return RedisLaneBroker.from_settings(settings)
+
 
 class AmqpTriageBroker:
     """Triage on RabbitMQ: a message goes to its shard's quorum queue with a publisher
-    confirm, through the receiver's accept path and its confirming publisher; which row
+    confirm, through the receiver's confirming publisher; which row
     holds a record, and what waits behind it, the store says (the shard's consumer parks
     a held record's messages there)."""
 
     def __init__(self, settings: Settings, store: Store) -> None:
         self.shards = settings.shards
         self._store = store
-        self._sender = Sender(settings)
+        self._runner = asyncio.Runner()  # one loop for every publish, in the calling thread
+        self._queue = AmqpEventQueue(settings)
 
     def held_by(self, record_key: str) -> int | None:
         shard = self.shards.shard_for_key(record_key)
@@ -91,11 +103,14 @@ class AmqpTriageBroker:
         return self._store.parked_count(self.shards.shard_for_key(record_key), record_key)
 
     def push_once(self, marker: str, shard: int, raw: bytes) -> bool:
-        return self._sender.push_once(marker, shard, raw, ONCE_MARKER_TTL_MS)
+        return self._runner.run(self._queue.push_once(marker, shard, raw, ONCE_MARKER_TTL_MS))
 
     def close(self) -> None:
         """Close the publisher's connections."""
-        self._sender.close()
+        try:
+            self._runner.run(self._queue.close())
+        finally:
+            self._runner.close()
 
 
 class Triage:

@@ -34,7 +34,8 @@ from ..routing.contract.events import (
 from ..routing.contract.message import event_message
 from ..routing.contract.schedules import RunLease
 from ..routing.contract.settings import Settings
-from .gateway import EnqueueResult, ReceiverGateway
+from .broker import EventQueue
+from .gateway import EnqueueResult
 
 _ENCODE = msgspec.json.Encoder().encode
 
@@ -120,11 +121,11 @@ def accepted_answer(
 
 
 class Acceptor:
-    """Runs the accept script for one deployment."""
+    """Hands events to one deployment's event queue."""
 
-    def __init__(self, settings: Settings, gateway: ReceiverGateway) -> None:
+    def __init__(self, settings: Settings, queue: EventQueue) -> None:
         self.settings = settings
-        self.gateway = gateway
+        self.queue = queue
 
     async def accept(
         self, event: NewEvent, retention_s: int, batch: int = 1, lease: RunLease | None = None
@@ -134,7 +135,7 @@ class Acceptor:
         many of its record's waiting events a lane may take with it (see
         :func:`~keylane.routing.contract.message.event_message`); ``lease``: a scheduled
         run's, which must still hold its job's lease (else ``fenced``, nothing done)."""
-        return await self.gateway.accept(
+        return await self.queue.accept(
             source=event.source,
             event_id=event.event_id,
             body_sha256=event.body_sha256,
@@ -149,17 +150,11 @@ class Acceptor:
             lease=lease,
         )
 
-    async def push_once(self, marker: str, shard: int, message: bytes, marker_ttl_ms: int) -> bool:
-        """Queue an operator's message for ``shard`` (a dead letter's retry, built by
-        :func:`~keylane.routing.contract.message.build_event_message`) once per
-        ``marker``: False, and nothing queued, if the marker was used before."""
-        return await self.gateway.push_once(marker, shard, message, marker_ttl_ms)
-
     async def record_reuse(self, event: NewEvent, retention_s: int) -> bool:
         """Queue ``event``, marked for review only, as the record of its id reused with
         another body (once per distinct body: senders retry a 409)."""
         review = {**event.wire, "review": "id_reused"}
-        return await self.gateway.record_reuse(
+        return await self.queue.record_reuse(
             source=event.source,
             event_id=event.event_id,
             body_sha256=event.body_sha256,

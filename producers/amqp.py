@@ -217,13 +217,15 @@ class AmqpPublisher:
                 await connection.close()
 
 
-class AmqpReceiverGateway(ReceiverGateway):
-    """The receiver's gateway when the shard queues are on RabbitMQ: dedupe marks,
-    counters and metrics stay in Redis (an optional helper), the events go to RabbitMQ."""
+class AmqpEventQueue:
+    """The event queue when the shard queues are on RabbitMQ (see the module docstring):
+    the events go to RabbitMQ; dedupe marks, counters and metrics stay in its Redis (an
+    optional helper)."""
 
-    def __init__(self, redis_gateway: ReceiverGateway, settings: Settings) -> None:
-        super().__init__(redis_gateway.client, redis_gateway.keys, redis_gateway.shards)
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.shards = settings.shards
+        self.redis = ReceiverGateway.from_settings(settings)
         self.publisher = AmqpPublisher(settings)
 
     async def accept(
@@ -255,7 +257,9 @@ class AmqpReceiverGateway(ReceiverGateway):
         name = shard_queue(self.settings.namespace, self.shards, shard)
         await self.publisher.publish(name, message, record_key)
         try:
-            await self.mark_seen(source, event_id, body_sha256, answer, retention_ms, key_missing)
+            await self.redis.mark_seen(
+                source, event_id, body_sha256, answer, retention_ms, key_missing
+            )
         except BrokerUnavailable as exc:
             log.warning("event %s/%s accepted, not marked seen: %s", source, event_id, exc)
         return EnqueueResult("accepted", answer.decode())
@@ -270,7 +274,7 @@ class AmqpReceiverGateway(ReceiverGateway):
         id comes twice and the journal applies it once (whichever lands first); what the
         ids do not cover is in README, "Scheduled runs and repairs on RabbitMQ"."""
         with broker_errors():
-            value = await self.client.get(lease.key)
+            value = await self.redis.client.get(lease.key)
         return value is not None and reply_text(value) == lease.value
 
     async def push_once(self, marker: str, shard: int, message: bytes, marker_ttl_ms: int) -> bool:
@@ -278,10 +282,10 @@ class AmqpReceiverGateway(ReceiverGateway):
         was published before. As with the dedupe mark, the marker is written after the
         confirm: a crash (or a Redis outage) in between leaves none, the next retry
         publishes again, and the journal makes the second copy a duplicate."""
-        key = self.keys.once(marker)
+        key = self.redis.keys.once(marker)
         try:
             with broker_errors():
-                if await self.client.exists(key):
+                if await self.redis.client.exists(key):
                     return False
         except BrokerUnavailable as exc:
             log.warning("marker %s unreadable, publishing: %s", marker, exc)
@@ -289,7 +293,7 @@ class AmqpReceiverGateway(ReceiverGateway):
         await self.publisher.publish(name, message, _record_key_of(message))
         try:
             with broker_errors():
-                await self.client.set(key, "1", px=marker_ttl_ms)
+                await self.redis.client.set(key, "1", px=marker_ttl_ms)
         except BrokerUnavailable as exc:
             log.warning("message %s published, marker not written: %s", marker, exc)
         return True
@@ -314,7 +318,7 @@ class AmqpReceiverGateway(ReceiverGateway):
 
     async def _seen(self, source: str, event_id: str, body_sha256: str) -> EnqueueResult | None:
         try:
-            return await self.seen(source, event_id, body_sha256)
+            return await self.redis.seen(source, event_id, body_sha256)
         except BrokerUnavailable as exc:
             log.warning("dedupe marks unreadable, publishing %s/%s: %s", source, event_id, exc)
             return None
@@ -325,7 +329,7 @@ class AmqpReceiverGateway(ReceiverGateway):
 
     async def close(self) -> None:
         await self.publisher.close()
-        await super().close()
+        await self.redis.close()
 
 
 def _failure(queue: str, exc: BaseException, timeout_s: float) -> str:

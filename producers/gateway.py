@@ -14,24 +14,22 @@ event that survives a Redis crash.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import hashlib
 import json
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, RedisError
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
 
 from ..routing import ShardMap
 from ..routing.contract.destinations import EXCERPT_CHARS, FlowState
-from ..routing.contract.errors import BrokerUnavailable
+from ..routing.contract.redis_scripts import ScriptFolder, errors_as_unavailable
 from ..routing.contract.replies import reply_text
 from ..routing.contract.schedule_state import ScheduleState
 from ..routing.contract.schedules import RunLease
+from ..routing.contract.settings import Settings
 from ..routing.redis_keys import RedisKeys
 from .state_reads import flow_states, queue_flow_reads, queue_schedule_reads, schedule_states
 
@@ -89,6 +87,17 @@ class ReceiverGateway:
             url, socket_timeout=5, socket_connect_timeout=5, health_check_interval=15
         )
         return cls(client, keys, shards)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ReceiverGateway:
+        """The gateway to ``settings``' Redis."""
+        return cls.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+
+    @property
+    def redis(self) -> ReceiverGateway:
+        """Itself: on Redis the event queue and the marks are one (see
+        :mod:`keylane.producers.broker`)."""
+        return self
 
     async def accept(
         self,
@@ -193,13 +202,6 @@ class ReceiverGateway:
         with broker_errors():
             await pipe.execute()
 
-    async def push_once(self, marker: str, shard: int, message: bytes, marker_ttl_ms: int) -> bool:
-        """Queue an operator's message once per ``marker`` (True if queued). Only where the
-        receiver publishes to another broker (:mod:`keylane.producers.amqp`): on Redis, the
-        lanes' own ``push_once`` script queues it (``keylane.workers.brokers.redis``), which
-        also puts a held record's retry first."""
-        raise BrokerUnavailable("on Redis, an operator's message goes through the lane broker")
-
     async def ping(self) -> bool:
         """Whether Redis answers."""
         try:
@@ -265,28 +267,27 @@ class ReceiverGateway:
         await self.client.aclose()
 
     async def _run(self, script: LoadedScript, keys: list[str], args: list[Any]) -> Any:
-        """``EVALSHA`` of ``script``; on ``NOSCRIPT`` (a restarted or flushed Redis),
-        ``SCRIPT LOAD`` it and run it again."""
-        evalsha: Any = self.client.evalsha  # its reply type differs between redis releases
-        with broker_errors():
-            try:
-                return await evalsha(script.sha, len(keys), *keys, *args)
-            except NoScriptError:
-                await self.client.script_load(script.source)
-                return await evalsha(script.sha, len(keys), *keys, *args)
+        return await run_script(self.client, script, keys, args)
 
 
-@dataclass(frozen=True)
-class LoadedScript:
-    """A Lua script called by its SHA1 (``EVALSHA``): the body crosses the wire only
-    when Redis does not have it yet."""
+class LoadedScript(AsyncScript):
+    """A Lua script called by its SHA1: redis-py's own (``EVALSHA``; on ``NOSCRIPT``, a
+    restarted or flushed Redis, ``SCRIPT LOAD`` and again), so the body crosses the wire
+    only when Redis does not have it yet. Built from its text alone; :func:`run_script`
+    runs it on a gateway's client."""
 
-    source: str
-    sha: str = field(init=False)
+    def __init__(self, source: str) -> None:
+        # From bytes, redis-py needs no client to take the SHA (UTF-8, as its encoder).
+        super().__init__(cast(Any, None), source.encode())
 
-    def __post_init__(self) -> None:
-        digest = hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
-        object.__setattr__(self, "sha", digest)
+
+async def run_script(
+    client: aioredis.Redis, script: LoadedScript, keys: list[str], args: list[Any]
+) -> Any:
+    """Run ``script`` on ``client`` (see :class:`LoadedScript`), Redis errors as
+    :class:`BrokerUnavailable`."""
+    with broker_errors():
+        return await script(keys=keys, args=args, client=client)
 
 
 @dataclass(frozen=True)
@@ -312,10 +313,10 @@ class ScheduleGateway:
         self.client = client
         self.keys = keys
         self.log_max = log_max
-        self._step = client.register_script(script_text("schedule_step"))
-        self._finish = client.register_script(script_text("schedule_finish"))
-        self._renew = client.register_script(script_text("renew_run_lease"))
-        self._release = client.register_script(script_text("release_run_lease"))
+        self._step = LoadedScript(script_text("schedule_step"))
+        self._finish = LoadedScript(script_text("schedule_finish"))
+        self._renew = LoadedScript(script_text("renew_run_lease"))
+        self._release = LoadedScript(script_text("release_run_lease"))
 
     @classmethod
     def from_url(cls, url: str, keys: RedisKeys) -> ScheduleGateway:
@@ -406,24 +407,22 @@ class ScheduleGateway:
         """Release the connection pool."""
         await self.client.aclose()
 
-    @staticmethod
-    async def _run(script: Any, keys: list[str], args: list[Any]) -> Any:
-        with broker_errors():
-            return await script(keys=keys, args=args)
+    async def _run(self, script: LoadedScript, keys: list[str], args: list[Any]) -> Any:
+        return await run_script(self.client, script, keys, args)
 
 
-@contextlib.contextmanager
-def broker_errors() -> Iterator[None]:
+def broker_errors() -> AbstractContextManager[None]:
     """Turn any Redis error raised inside the block (sync or ``await``-ed) into
-    :class:`BrokerUnavailable`: the receiver answers 503 for a Redis outage."""
-    try:
-        yield
-    except RedisError as exc:
-        raise BrokerUnavailable(f"Redis: {exc}") from exc
+    :class:`BrokerUnavailable`: the receiver answers 503 for a Redis outage (the one
+    mapping, :func:`~keylane.routing.contract.redis_scripts.errors_as_unavailable`)."""
+    return errors_as_unavailable(RedisError)
 
 
-@functools.cache
+#: The receiver's and the scheduler's scripts, ``scripts/<name>.lua`` beside this module.
+SCRIPTS = ScriptFolder(__package__, "scripts")
+
+
 def script_text(name: str) -> str:
     """The Lua source of script ``name``: ``scripts/<name>.lua`` beside this module, the
     key layout it uses written at its top."""
-    return resources.files(__package__).joinpath("scripts", f"{name}.lua").read_text()
+    return SCRIPTS.source(name)

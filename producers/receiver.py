@@ -55,9 +55,9 @@ from ..routing.contract.logcontext import event_context
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import SourceConfig, Sources, load_sources
 from .accept import Acceptor, NewEvent, body_sha256, new_event
-from .amqp import AmqpReceiverGateway
 from .body import ClientGone, Receive, discard_body, parse_json, read_body
-from .gateway import EnqueueResult, ReceiverGateway
+from .broker import EventQueue, open_event_queue
+from .gateway import EnqueueResult
 from .intake import Ignored, Intake, load_hook, take_in
 from .queue_watch import QueueWatch, ReceiverMetrics
 from .signatures import verifiers_of
@@ -107,15 +107,15 @@ class Receiver:
         self,
         settings: Settings,
         sources: Sources,
-        gateway: ReceiverGateway,
+        queue: EventQueue,
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
         self.sources = sources
-        self.gateway = gateway
-        self.acceptor = Acceptor(settings, gateway)
-        self.watch = QueueWatch(gateway)
-        self.metrics = ReceiverMetrics(self.watch, gateway)
+        self.queue = queue
+        self.acceptor = Acceptor(settings, queue)
+        self.watch = QueueWatch(queue.redis)
+        self.metrics = ReceiverMetrics(self.watch, queue.redis)
         self.faults = Faults(settings.faults)
         self.verifiers = verifiers_of(sources, os.environ if environ is None else environ)
         self.hooks = {s.name: load_hook(s) for s in sources.all()}
@@ -167,7 +167,7 @@ class Receiver:
 
     async def readyz(self, request: Request) -> Response:
         """Readiness: Redis answers, so deliveries can be accepted."""
-        if await self.gateway.ping():
+        if await self.queue.ping():
             return Response(b'{"status":"ready"}', media_type="application/json")
         return self.refuse(
             503,
@@ -354,10 +354,8 @@ def create_receiver(
 ) -> ReceiverApp:
     """The receiver's ASGI application for ``settings`` (signing secrets are read from
     ``environ``, by default the process environment)."""
-    gateway = ReceiverGateway.from_url(settings.redis_dsn(), settings.keys, settings.shards)
-    if settings.broker_is_rabbitmq:
-        gateway = AmqpReceiverGateway(gateway, settings)
-    receiver = Receiver(settings, sources or load_sources(settings), gateway, environ)
+    queue = open_event_queue(settings)
+    receiver = Receiver(settings, sources or load_sources(settings), queue, environ)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         # Starlette's own 404/405 (no such route, wrong method), as JSON like every answer.
@@ -380,7 +378,7 @@ def create_receiver(
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-            await gateway.close()
+            await queue.close()
 
     async def webhook_elsewhere(request: Request) -> Response:
         # Only reached for what ReceiverApp does not serve: a method other than POST.

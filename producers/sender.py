@@ -20,8 +20,7 @@ from ..routing.contract.events import wire_changes
 from ..routing.contract.schedules import RunLease
 from ..routing.contract.settings import Settings
 from .accept import Acceptor, NewEvent, body_sha256, new_event, payload_body
-from .amqp import AmqpReceiverGateway
-from .gateway import ReceiverGateway
+from .broker import open_event_queue
 from .intake import keyless_id
 
 SEND_TIMEOUT_S = 30.0
@@ -72,23 +71,11 @@ class Sender:
         future = asyncio.run_coroutine_threadsafe(self._accept(event, batch, lease), self._loop)
         return await asyncio.wrap_future(future)
 
-    def push_once(self, marker: str, shard: int, message: bytes, marker_ttl_ms: int) -> bool:
-        """:meth:`Acceptor.push_once` from any thread (``keylane dlq retry`` on RabbitMQ)."""
-        push = self._push_once(marker, shard, message, marker_ttl_ms)
-        return asyncio.run_coroutine_threadsafe(push, self._loop).result(SEND_TIMEOUT_S)
-
-    async def _push_once(self, marker: str, shard: int, message: bytes, ttl_ms: int) -> bool:
-        return await self.acceptor.push_once(marker, shard, message, ttl_ms)
-
     @property
     def acceptor(self) -> Acceptor:
         """The accept path, connected to Redis on first use."""
         if self._acceptor is None:
-            s = self.settings
-            gateway = ReceiverGateway.from_url(s.redis_dsn(), s.keys, s.shards)
-            if s.broker_is_rabbitmq:  # never a Redis queue no lane reads
-                gateway = AmqpReceiverGateway(gateway, s)
-            self._acceptor = Acceptor(s, gateway)
+            self._acceptor = Acceptor(self.settings, open_event_queue(self.settings))
         return self._acceptor
 
     def new_event(
@@ -142,7 +129,7 @@ class Sender:
     def close(self) -> None:
         """Close the connection and stop the loop thread."""
         if self._acceptor is not None:
-            close = self._acceptor.gateway.close()
+            close = self._acceptor.queue.close()
             asyncio.run_coroutine_threadsafe(close, self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
