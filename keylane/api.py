@@ -22,10 +22,11 @@ from .routing.contract.errors import (
     InvalidEvent,
 )
 from .routing.contract.events import Event
-from .routing.contract.schedules import DEFAULT_OVERLAP, job_spec, register_job
+from .routing.contract.schedules import DEFAULT_OVERLAP, job_spec
 from .routing.contract.settings import Settings, load_settings
 from .routing.contract.sources import load_sources
 from .workers.destinations import Context
+from .workers.jobs import register_job
 from .workers.resource import (
     VersionedResource,
 )

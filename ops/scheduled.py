@@ -19,6 +19,7 @@ from ..routing.contract.errors import ConfigError
 from ..routing.contract.schedules import JobSpec, RecordReader, builtin_job
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources, load_sources
+from ..workers.jobs import RECHECK_HANDLER, scheduled_jobs
 from ..workers.stores import open_store
 from ..workers.tasks import import_app
 from .retention import run_prune
@@ -54,8 +55,8 @@ def deployment_jobs(settings: Settings) -> tuple[list[JobSpec], Sources]:
     their events are looked up in (``ConfigError`` when one cannot work)."""
     import_app(settings.app_modules)
     configured = load_sources(settings)
-    jobs = configured.scheduled_jobs() + builtin_jobs(settings)
-    return jobs, configured.with_jobs(jobs)
+    jobs = scheduled_jobs(configured) + builtin_jobs(settings)
+    return jobs, configured.with_jobs(jobs, RECHECK_HANDLER)
 
 
 def store_reader(settings: Settings) -> RecordReader:

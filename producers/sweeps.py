@@ -4,7 +4,7 @@ record, and send a repair event into the lane of each record it would change.
 The sweep never writes a record. What it reads is only a hint: the record may change
 between the read and the repair, and may be in the middle of a burst of edits. The
 repair event goes behind the record's other events in its lane, where the lane reads the
-record fresh and asks the check again (:func:`~keylane.routing.contract.schedules.recheck`):
+record fresh and asks the check again (:func:`~keylane.workers.jobs.recheck`):
 the change applied is computed from the record as it is then, after every event accepted
 before the repair, and is written under the revision check like any event. A record
 that no longer needs repairing gets no change.

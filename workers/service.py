@@ -21,6 +21,7 @@ from .brokers.redis import RedisLaneBroker
 from .destinations import Destination, open_destinations
 from .dispatch import Dispatcher
 from .flow import DestinationFlow
+from .jobs import RECHECK_HANDLER, scheduled_jobs
 from .lane_record import LaneEvents
 from .lanes import Lanes
 from .ownership import Ownership
@@ -73,7 +74,7 @@ class LaneService:
         configured = sources or load_sources(settings)
         self.destinations = prepare_destinations(settings, configured)
         # After the app's import: its scheduled jobs and repairs are registered by then.
-        self.sources = configured.with_jobs(configured.scheduled_jobs())
+        self.sources = configured.with_jobs(scheduled_jobs(configured), RECHECK_HANDLER)
         self.broker, flow = self._open_broker()
         info: dict[str, object] = {
             "host": socket.gethostname(),
@@ -193,7 +194,7 @@ def check_worker_config(settings: Settings) -> list[str]:
     Raises ``ConfigError``."""
     sources = load_sources(settings)
     destinations = prepare_destinations(settings, sources)
-    sources.with_jobs(sources.scheduled_jobs())
+    sources.with_jobs(scheduled_jobs(sources), RECHECK_HANDLER)
     for destination in destinations.values():
         destination.close()
     return sorted(destinations)

@@ -1,5 +1,6 @@
 """Scheduled jobs: when they run, what becomes of a tick that cannot run at its time, and
-the jobs of a deployment.
+what a job is. The registry of a process's jobs, and the import of the functions a
+sources file names, are the worker side's (:mod:`keylane.workers.jobs`).
 
 A job runs at the ticks of its timing: an interval (``every="5m"``: multiples of five
 minutes since the Unix epoch, in UTC, so every scheduler process computes the same ticks)
@@ -16,8 +17,8 @@ Three kinds of job share this module, each a :class:`JobSpec`:
   in the sources file);
 * ``repair``: a user check given a record, run over keylane's store by a sweep that emits a
   repair event into each matching record's lane; the lane calls the check again on the
-  fresh read (:func:`recheck`) and applies what it returns then (``@keylane.repair``, or
-  ``[repairs.<name>]``);
+  fresh read (``keylane.workers.jobs.recheck``) and applies what it returns then
+  (``@keylane.repair``, or ``[repairs.<name>]``);
 * ``builtin``: keylane's own maintenance (a plain callable given the run, no events),
   registered by ``ops`` with :func:`builtin_job`.
 """
@@ -25,7 +26,6 @@ Three kinds of job share this module, each a :class:`JobSpec`:
 from __future__ import annotations
 
 import hashlib
-import importlib
 import inspect
 import re
 from collections.abc import Callable, Mapping
@@ -304,44 +304,6 @@ def builtin_job(
     return job_spec(fn, "builtin", name, every, cron, timezone, overlap)
 
 
-_JOBS: dict[str, JobSpec] = {}
-
-
-def register_job(spec: JobSpec) -> JobSpec:
-    """Register ``spec`` in this process (a second registration of the same function, as
-    when a module is imported twice, is fine; two functions under one name are not)."""
-    existing = _JOBS.get(spec.name)
-    if existing is not None and existing.origin != spec.origin:
-        raise ConfigError(f"two jobs are named {spec.name}: {existing.origin}, {spec.origin}")
-    _JOBS[spec.name] = spec
-    return spec
-
-
-def registered_jobs() -> list[JobSpec]:
-    """Every job registered in this process, by name."""
-    return [_JOBS[name] for name in sorted(_JOBS)]
-
-
-def registered_job(name: str) -> JobSpec | None:
-    """The job called ``name``, if registered in this process."""
-    return _JOBS.get(name)
-
-
-#: The handler of every repair's source: the lane calls it with the repair event and the
-#: record as freshly read, and it asks the repair's check again (``handler =`` below).
-RECHECK_HANDLER = "keylane.routing.contract.schedules:recheck"
-
-
-def recheck(event: Any, record: Any) -> Mapping[str, Any] | None:
-    """The lane's side of a repair: the check again, on the record as the lane reads it
-    (after every event before the repair event in the record's lane), and the change it
-    returns now — None if the record no longer needs repairing."""
-    spec = registered_job(str(event.source))
-    if spec is None or spec.kind != "repair":
-        raise ConfigError(f"no repair named {event.source} is registered in this worker")
-    return spec.fn(record)  # type: ignore[no-any-return]
-
-
 # -- the sources file ------------------------------------------------------------------
 
 
@@ -360,9 +322,14 @@ class ScheduleConfig(BaseModel):
     owns: tuple[str, ...] = ()
     source: str | None = None
 
-    def spec(self) -> JobSpec:
-        """The job, its function imported (``ConfigError`` when it cannot be)."""
-        fn = import_function(self.name, self.run)
+    @property
+    def function(self) -> str:
+        """The ``module:function`` it runs."""
+        return self.run
+
+    def spec(self, fn: Callable[..., Any]) -> JobSpec:
+        """The job, ``fn`` being its function as imported (``ConfigError`` says what is
+        wrong)."""
         return job_spec(
             fn,
             "job",
@@ -392,9 +359,14 @@ class RepairConfig(BaseModel):
     timezone: str | None = None
     overlap: Overlap = DEFAULT_OVERLAP
 
-    def spec(self) -> JobSpec:
-        """The repair, its check imported (``ConfigError`` when it cannot be)."""
-        fn = import_function(self.name, self.check)
+    @property
+    def function(self) -> str:
+        """The ``module:function`` of its check."""
+        return self.check
+
+    def spec(self, fn: Callable[..., Any]) -> JobSpec:
+        """The repair, ``fn`` being its check as imported (``ConfigError`` says what is
+        wrong)."""
         return job_spec(
             fn,
             "repair",
@@ -406,15 +378,3 @@ class RepairConfig(BaseModel):
             owns=self.owns,
             prefix=self.prefix,
         )
-
-
-def import_function(job: str, path: str) -> Callable[..., Any]:
-    """``module:function``, imported (``ConfigError`` when it cannot be)."""
-    module_name, func_name = path.split(":")
-    try:
-        fn = getattr(importlib.import_module(module_name), func_name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"job {job}: cannot load {path}: {exc}") from exc
-    if not callable(fn):
-        raise ConfigError(f"job {job}: {path} is not callable")
-    return fn  # type: ignore[no-any-return]

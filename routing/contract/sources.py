@@ -59,14 +59,7 @@ from .errors import ConfigError
 from .events import OPS, check_field_name
 from .mapping import check_reference, check_template, is_reference
 from .names import TABLE_NAME
-from .schedules import (
-    RECHECK_HANDLER,
-    JobSpec,
-    RepairConfig,
-    ScheduleConfig,
-    register_job,
-    registered_jobs,
-)
+from .schedules import JobSpec, RepairConfig, ScheduleConfig
 from .settings import MAX_BATCH, Settings
 from .signing import NoneConfig, VerifyConfig
 
@@ -388,11 +381,12 @@ class Sources:
         for source in sources:
             self._check_destination(source)
 
-    def with_jobs(self, jobs: list[JobSpec]) -> Sources:
+    def with_jobs(self, jobs: list[JobSpec], repair_handler: str) -> Sources:
         """These sources and one more per scheduled job or repair whose events change
-        keylane's records (named after it, owning its ``owns``; a repair's calls its check
-        again on the lane's fresh read): what the lanes look events up in. A job that
-        names a configured ``source`` must find it."""
+        keylane's records (named after it, owning its ``owns``; a repair's has the handler
+        ``repair_handler``, which calls its check again on the lane's fresh read:
+        ``keylane.workers.jobs.RECHECK_HANDLER``): what the lanes look events up in. A job
+        that names a configured ``source`` must find it."""
         implied = []
         for job in jobs:
             if job.source is not None:
@@ -403,17 +397,9 @@ class Sources:
                 continue
             if job.name in self._by_name:
                 raise ConfigError(f"job {job.name}: a source has the same name; rename one")
-            handler = RECHECK_HANDLER if job.kind == "repair" else None
+            handler = repair_handler if job.kind == "repair" else None
             implied.append(SourceConfig(name=job.name, owns=job.owns, handler=handler))
         return Sources(self.all() + implied, list(self.destinations.values()), self.jobs)
-
-    def scheduled_jobs(self) -> list[JobSpec]:
-        """Every scheduled job and repair of this process: those registered with
-        ``@keylane.schedule`` / ``@keylane.repair`` (import the app modules first) and the
-        sources file's, whose functions are imported and registered here."""
-        for config in self.jobs:
-            register_job(config.spec())
-        return registered_jobs()
 
     def _check_destination(self, source: SourceConfig) -> None:
         name = source.destination or source.records_in
