@@ -34,6 +34,7 @@ from ..routing.contract.errors import BrokerUnavailable, ConfigError, StoreUnava
 from ..routing.contract.faults import Faults
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources, load_sources
+from ..workers.faults import crash
 from ..workers.store import ArchiveRow, PrunedTable, Removal, Store, TableAge
 from ..workers.stores import open_existing_store, open_store
 from .archive import Archive, day_of, read_rows
@@ -216,7 +217,7 @@ class _Run:
         self.records = records
         self.report = report
         self.progress = progress or (lambda table, done, due: None)
-        self.faults = faults if faults is not None else Faults(settings.faults)
+        self.faults = faults if faults is not None else Faults(settings.faults, crash)
         self.archive = Archive(settings.archive_path, self.faults)
         self.batch_rows = settings.prune_batch_rows
         self.pause_s = settings.prune_pause_ms / 1000

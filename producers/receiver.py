@@ -57,6 +57,7 @@ from ..routing.contract.sources import SourceConfig, Sources, load_sources
 from .accept import Acceptor, NewEvent, body_sha256, new_event
 from .body import ClientGone, Receive, discard_body, parse_json, read_body
 from .broker import EventQueue, open_event_queue
+from .faults import crash
 from .gateway import EnqueueResult
 from .intake import Ignored, Intake, load_hook, take_in
 from .queue_watch import QueueWatch, ReceiverMetrics
@@ -116,7 +117,7 @@ class Receiver:
         self.acceptor = Acceptor(settings, queue)
         self.watch = QueueWatch(queue.redis)
         self.metrics = ReceiverMetrics(self.watch, queue.redis)
-        self.faults = Faults(settings.faults)
+        self.faults = Faults(settings.faults, crash)
         self.verifiers = verifiers_of(sources, os.environ if environ is None else environ)
         self.hooks = {s.name: load_hook(s) for s in sources.all()}
         self._keyless_seen: set[str] = set()

@@ -20,6 +20,7 @@ from .brokers.rabbitmq import RabbitLaneBroker
 from .brokers.redis import RedisLaneBroker
 from .destinations import Destination, open_destinations
 from .dispatch import Dispatcher
+from .faults import crash
 from .flow import DestinationFlow
 from .jobs import RECHECK_HANDLER, scheduled_jobs
 from .lane_record import LaneEvents
@@ -82,7 +83,7 @@ class LaneService:
             "lanes": settings.lanes,
             "started": time.time(),
         }
-        faults = Faults(settings.faults)
+        faults = Faults(settings.faults, crash)
         self.writer = (
             StoreWriter(self.redis, settings, self.worker_id)
             if settings.store_is_sqlite and self.redis is not None

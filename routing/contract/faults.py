@@ -7,13 +7,15 @@ A fault is declared as JSON, e.g.::
 Actions: ``kill`` (SIGKILL this process: a crash at exactly that point), ``sleep``,
 ``raise`` (a :class:`InjectedFault`) and ``bump`` (an outside write that advances the
 record's revision, the way a person editing the CRM at that instant would).
+
+Which fault fires where, and how often, is decided here; the kill itself is the process's:
+each side hands :class:`Faults` its own ``crash`` (``producers/faults.py``,
+``workers/faults.py``), so the contract signals no process.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,10 +28,11 @@ log = logging.getLogger("keylane.faults")
 
 
 class Faults:
-    """The faults configured for this process."""
+    """The faults configured for this process; ``crash`` ends it at a ``kill`` fault."""
 
-    def __init__(self, specs: Sequence[FaultSpec] = ()) -> None:
+    def __init__(self, specs: Sequence[FaultSpec], crash: Callable[[], object]) -> None:
         self._specs = list(specs)
+        self._crash = crash
         self._fired: dict[int, int] = {}
         self._lock = threading.Lock()
 
@@ -51,7 +54,7 @@ class Faults:
             # Logged before it acts, so a test can wait for a fault to be under way
             log.warning("fault injected: %s at %s (%s)", spec.action, point, record_key)
             if spec.action == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
+                self._crash()
             elif spec.action == "sleep":
                 time.sleep(spec.sleep_ms / 1000)
             elif spec.action == "raise":
@@ -70,4 +73,5 @@ class Faults:
         return True
 
 
-NO_FAULTS = Faults()
+#: No fault fires (so it has nothing to crash).
+NO_FAULTS = Faults((), crash=lambda: None)
