@@ -15,7 +15,7 @@ from keylane.routing.contract.events import Change, Event
 from keylane.routing.contract.message import build_event_message, parse_message
 from keylane.routing.contract.settings import Settings
 from keylane.routing.router import EVENT_TASK
-from keylane.workers.app import broker_options
+from keylane.workers.brokers.choice import broker_options
 
 
 def _event() -> Event:

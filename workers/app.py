@@ -20,45 +20,20 @@ from ..routing.contract.events import Event
 from ..routing.contract.message import build_event_message, build_unhold_message
 from ..routing.contract.settings import Settings
 from ..routing.router import EVENT_TASK, UNHOLD_TASK, ShardRouter
+from .brokers.choice import CONTROL_QUEUE, celery_transport
 from .brokers.redis import RedisLaneBroker
 
 log = logging.getLogger("keylane.app")
-
-#: The one queue Celery's own consumer listens on; keylane publishes nothing to it.
-CONTROL_QUEUE = "keylane.control"
-
-
-def control_queue(settings: Settings) -> Queue:
-    """The queue Celery's consumer listens on. On RabbitMQ a quorum queue: a classic one
-    lives on one node, and that node's loss would stop every worker's Celery consumer
-    (Celery then leaves out the global QoS quorum queues do not take)."""
-    if settings.broker_is_rabbitmq:
-        return Queue(CONTROL_QUEUE, queue_arguments={"x-queue-type": "quorum"})
-    return Queue(CONTROL_QUEUE)
-
-
-def broker_options(settings: Settings) -> dict[str, Any]:
-    """kombu transport options: keylane's namespace as the key prefix, and timeouts."""
-    return {
-        "global_keyprefix": settings.keys.prefix,
-        "socket_timeout": 10,
-        "socket_connect_timeout": 5,
-        "health_check_interval": 15,
-    }
 
 
 def create_app(settings: Settings) -> Celery:
     """A Celery app configured for ``settings`` (not set as the current app). On RabbitMQ
     its broker is the cluster (kombu's failover URL), so workers' heartbeats, remote
     control and task events go there; the shard queues are the lanes' own."""
-    if settings.broker_is_rabbitmq:
-        app = Celery("keylane", broker=";".join(settings.amqp_urls()), set_as_current=False)
-        options: dict[str, Any] = {}
-    else:
-        app = Celery("keylane", broker=settings.redis_dsn(), set_as_current=False)
-        options = broker_options(settings)
+    transport = celery_transport(settings)
+    app = Celery("keylane", broker=transport.url, set_as_current=False)
     app.conf.update(
-        broker_transport_options=options,
+        broker_transport_options=transport.options,
         broker_connection_retry_on_startup=True,
         # A channel error while Celery's consumer (re)starts is retried like a lost
         # connection, not the end of the worker: after a RabbitMQ node's loss, declaring the
@@ -66,7 +41,7 @@ def create_app(settings: Settings) -> Celery:
         # (the old one is still on record, locked by the dead connection).
         broker_channel_error_retry=True,
         task_default_queue=CONTROL_QUEUE,
-        task_queues=[control_queue(settings), *(Queue(q) for q in settings.shards.all_queues())],
+        task_queues=[transport.control_queue, *(Queue(q) for q in settings.shards.all_queues())],
         task_create_missing_queues=False,
         task_routes=(ShardRouter(settings.shards),),
         task_ignore_result=True,
@@ -106,7 +81,7 @@ def _give_back(settings: Settings, request: Any, message: bytes) -> None:
         shard = settings.shards.shard_of_queue(queue)
     except ValueError as exc:
         raise NotOwner(-1, f"keylane tasks run only inside keylane lanes ({exc})") from exc
-    broker = RedisLaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+    broker = RedisLaneBroker.from_settings(settings)
     try:
         broker.give_back(shard, message)
     finally:

@@ -16,8 +16,7 @@ from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources, load_sources
 from . import dead_letters
 from .broker import LaneBroker
-from .brokers.rabbitmq import RabbitLaneBroker
-from .brokers.redis import RedisLaneBroker
+from .brokers.choice import open_lane_broker
 from .destinations import Destination, open_destinations
 from .dispatch import Dispatcher
 from .faults import crash
@@ -107,14 +106,8 @@ class LaneService:
         """The lane broker ``KEYLANE_BROKER_URL`` names (Redis unless it is amqp://), and
         destinations' flow control (always on Redis: on RabbitMQ an optional helper)."""
         s = self.settings
-        self.redis: RedisLaneBroker | None = None
-        if not s.broker_is_rabbitmq:
-            self.redis = RedisLaneBroker.from_url(s.redis_dsn(), s.keys, s.shards)
-            return self.redis, self.redis.flow
-        check_rabbitmq_config(s, self.sources, self.destinations)
-        if s.redis_url is not None:
-            self.redis = RedisLaneBroker.from_url(s.redis_dsn(), s.keys, s.shards)
-        broker = RabbitLaneBroker(s, self.open_store, self._past_delivery_limit)
+        check_broker_config(s, self.destinations)
+        broker, self.redis = open_lane_broker(s, self.open_store, self._past_delivery_limit)
         flow = self.redis.flow if self.redis is not None else DestinationFlow(s.keys, _no_flow)
         return broker, flow
 
@@ -156,17 +149,16 @@ class LaneService:
         """Finish in-flight messages, acknowledge them, release every lease, leave."""
         self.ownership.stop(timeout_s)
         self.lanes.stop(timeout_s)  # closes the destinations as its loop ends
-        if isinstance(self.broker, RabbitLaneBroker):
-            self.broker.close()  # after the acks and handoffs queued so far
+        self.broker.close()  # after the acks and handoffs queued so far
         log.info("worker %s stopped", self.worker_id)
 
 
-def check_rabbitmq_config(
-    settings: Settings, sources: Sources, destinations: dict[str, Destination]
-) -> None:
+def check_broker_config(settings: Settings, destinations: dict[str, Destination]) -> None:
     """What the RabbitMQ broker does not do (yet): a SQLite store (its one-writer claim
     lives in Redis; RabbitMQ is for deployments of several machines: PostgreSQL),
     destinations without a Redis for their flow control."""
+    if not settings.broker_is_rabbitmq:
+        return
     if settings.store_is_sqlite:
         raise ConfigError("KEYLANE_BROKER_URL=amqp://... needs a PostgreSQL store")
     if destinations and settings.redis_url is None:

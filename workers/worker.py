@@ -22,13 +22,12 @@ from celery.exceptions import SecurityWarning
 from celery.worker.control import control_command, inspect_command
 from kombu.entity import Queue
 
-from ..routing.contract.amqp_names import shard_queue
 from ..routing.contract.events import Event
 from ..routing.contract.settings import Settings
 from ..routing.router import EVENT_TASK
 from ..routing.shards import QUEUE_PREFIX
-from .app import CONTROL_QUEUE, create_app
-from .brokers.redis import RedisLaneBroker
+from .app import create_app
+from .brokers.choice import CONTROL_QUEUE, shard_queue_name, writer_claim_broker
 from .results import ApplyResult
 from .service import LaneService, new_worker_id
 from .writer import StoreWriter
@@ -242,12 +241,8 @@ def active_queues(state: Any) -> list[dict[str, Any]]:
     names = [CONTROL_QUEUE]
     service: LaneService | None = getattr(state.consumer.controller, "keylane_service", None)
     if service is not None:
-        s = service.settings
         owned = sorted(service.ownership.owned())
-        if s.broker_is_rabbitmq:  # the quorum queues' own names, under the namespace
-            names += [shard_queue(s.namespace, s.shards, shard) for shard in owned]
-        else:  # kombu adds the namespace as its key prefix
-            names += [s.shards.queue_name(shard) for shard in owned]
+        names += [shard_queue_name(service.settings, shard) for shard in owned]
     return [dict(Queue(name).as_dict(recurse=True)) for name in names]
 
 
@@ -255,8 +250,8 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
     """Run a worker in this process until it is told to stop. On SQLite, first become the
     store's one writer, or raise :class:`ConfigError` (another worker is)."""
     worker_id = new_worker_id()
-    if settings.store_is_sqlite and not settings.broker_is_rabbitmq:
-        broker = RedisLaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+    broker = writer_claim_broker(settings)
+    if broker is not None:
         try:
             StoreWriter(broker, settings, worker_id).claim()
         finally:
