@@ -1,8 +1,10 @@
-"""README's worked examples of writing where the records live, run as written: the batch
-task (``@keylane.task(..., batch=20, debounce_ms=2000)`` and its ``[sources.crm_edits]``)
-and the n8n forward (``[sources.typeform]`` with ``[destinations.n8n]``), each against a
-real local HTTP server standing in for Notion or the workflow, with real worker and
-receiver processes. Only the example's URL is replaced, by the local server's."""
+"""The worked examples of the docs' "Destinations and tasks" page (ops/docs/destinations.md),
+run as written, read from the page: the batch task (``@keylane.task(..., batch=20,
+debounce_ms=2000)`` and its ``[sources.crm_edits]``) against the example CRM keylane ships
+(ops/examples/crm.py, started by the page's own command line), and the n8n forward
+(``[sources.typeform]`` with ``[destinations.n8n]``) against a real local HTTP server standing
+in for the workflow; with real worker and receiver processes. Only URLs and ports are the
+test's."""
 
 from __future__ import annotations
 
@@ -12,65 +14,36 @@ import hmac
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.support.notion import HookServer
-from tests.support.readme import readme_block
+from tests.support.readme import example_crm, page_block
 from tests.support.stack import REPO, Stack, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)]
 
-#: What README's batch task calls, written here: ``notion.pages.update`` posts the page's
-#: properties to the local server, keyed like the record.
-NOTION_STAND_IN = """
-import os
-
-import httpx
-
-import keylane
-
-
-class _Pages:
-    def update(self, page_id: str, properties: dict) -> None:
-        answer = httpx.post(
-            os.environ["TEST_HOOK_URL"],
-            json={"id": page_id, **properties},
-            headers={"keylane-record-key": page_id, "idempotency-key": page_id},
-        )
-        answer.raise_for_status()
-
-
-class notion:
-    pages = _Pages()
-
-
-def page_for(email: str) -> str:
-    return f"contact:{email}"
-
-
-def properties_of(payload: dict) -> dict:
-    return {"name": payload["name"], "edit": payload["edit"]}
-
-"""
+PAGE = "destinations.md"
 
 
 def test_the_readme_batch_task_makes_one_call_for_a_burst_of_edits(
     stack: Stack, tmp_path: Path
 ) -> None:
-    hook = HookServer().start()
-    try:
-        # Given README's batch task and its source as written
-        app = tmp_path / "readme_batch_app"
+    # Given the example CRM, started by the page's command line (on a port of the test's)
+    with example_crm(
+        page_block(PAGE, "python -m keylane.ops.examples.crm"), tmp_path / "crm.log"
+    ) as crm:
+        # And the page's batch task and its source as written
+        app = tmp_path / "myapp"
         app.mkdir()
         (app / "__init__.py").write_text("")
-        task = readme_block('@keylane.task(key="contact:{email}", batch=20')
-        (app / "tasks.py").write_text(NOTION_STAND_IN + task)
+        (app / "edits.py").write_text(page_block(PAGE, "# myapp/edits.py"))
         sources = tmp_path / "sources.toml"
-        sources.write_text(readme_block("[sources.crm_edits]"))
+        sources.write_text(page_block(PAGE, "[sources.crm_edits]"))
         stack.settings = stack.settings.model_copy(
-            update={"sources_file": sources, "app": "readme_batch_app.tasks"}
+            update={"sources_file": sources, "app": "myapp.edits"}
         )
-        stack.extra_env.update(TEST_HOOK_URL=f"{hook.url}/hook", PYTHONPATH=f"{tmp_path}:{REPO}")
+        stack.extra_env.update(CRM_URL=crm, PYTHONPATH=f"{tmp_path}:{REPO}")
         stack.worker()
         stack.receiver()
         stack.wait_all_owned()
@@ -81,18 +54,16 @@ def test_the_readme_batch_task_makes_one_call_for_a_burst_of_edits(
         body = {"id": "bob-0", "email": "bob@example.com", "name": "Bob", "edit": 0}
         assert stack.post(body, source="crm_edits").status_code == 202
         stack.wait_journal(6)
-        # Then each contact cost one call, with its latest edit
-        assert hook.effects == {
-            "contact:ada@example.com": [
-                {"id": "contact:ada@example.com", "name": "Ada", "edit": 4}
-            ],
-            "contact:bob@example.com": [
-                {"id": "contact:bob@example.com", "name": "Bob", "edit": 0}
-            ],
-        }
-        assert len(hook.calls) == 2
-    finally:
-        hook.stop()
+
+        # Then each contact cost one write (the CRM's version 1: created, never updated),
+        # with its latest edit
+        def contacts(email: str) -> list[dict[str, object]]:
+            found = httpx.post(f"{crm}/contacts/search", json={"email": email}).json()
+            return [{k: c[k] for k in ("name", "edit", "version")} for c in found["results"]]
+
+        assert contacts("ada@example.com") == [{"name": "Ada", "edit": 4, "version": 1}]
+        assert contacts("bob@example.com") == [{"name": "Bob", "edit": 0, "version": 1}]
+        assert len(httpx.get(f"{crm}/contacts").json()["results"]) == 3 + 2  # the seed and two
 
 
 def _typeform_signature(secret: str, body: bytes) -> str:
@@ -107,9 +78,9 @@ def test_the_readme_n8n_forward_calls_the_workflow_once_per_event_in_order(
     signing = "whsec_" + base64.b64encode(b"n8n-signing-secret-32-bytes-long").decode()
     hook = HookServer(secret=signing).start()
     try:
-        # Given README's Typeform source and n8n destination as written, the workflow's
+        # Given the page's Typeform source and n8n destination as written, the workflow's
         # URL that of a local server which checks keylane's signature
-        example = readme_block("[sources.typeform]")
+        example = page_block(PAGE, "[sources.typeform]")
         url = "https://n8n.example.com/webhook/3f1c0d1e-leads"
         assert url in example
         sources = tmp_path / "sources.toml"
@@ -138,7 +109,7 @@ def test_the_readme_n8n_forward_calls_the_workflow_once_per_event_in_order(
         wait_until(lambda: len(hook.calls) >= 4, 60, "four calls", on_timeout=stack.logs)
         stack.wait_journal(4)
         # Then the workflow was called once per event, in order per lead, never twice at
-        # once for a lead, with the bytes that came and README's headers
+        # once for a lead, with the bytes that came and the page's headers
         assert hook.status_counts == {200: 4}
         assert [c.body["event_id"] for c in hook.calls if c.key != "typeform/tf-2"] == [
             "tf-0",

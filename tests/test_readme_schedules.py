@@ -1,5 +1,6 @@
-"""README's "Scheduled syncs and repairs" example, run as written: its ``myapp/jobs.py``
-imported by ``keylane up``, its commands run one by one, against a CRM served here."""
+"""The "Scheduled syncs and repairs" example of ops/docs/schedules.md, run as written: its
+``myapp/jobs.py`` imported by ``keylane up``, its commands run one by one, against a CRM
+served here (the three contacts the example CRM, ops/examples/crm.py, starts with)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,12 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from tests.support.readme import page_text
 from tests.support.services import free_port
 from tests.support.stack import REPO, start_up, wait_until
 
 pytestmark = pytest.mark.slow
 
-SECTION = "## Scheduled syncs and repairs"
 CONTACTS = [
     {"id": 1, "email": "ada@Analytical.example", "name": "Ada", "company": "Analytical"},
     {"id": 2, "email": "grace@navy.example", "name": "Grace", "company": "Navy"},
@@ -32,8 +33,7 @@ CONTACTS = [
 
 
 def _blocks() -> tuple[str, list[str]]:
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index(SECTION) :]
+    section = page_text("schedules.md")
     python = re.search(r"```python\n(# myapp/jobs.py\n.*?)```", section, re.S)
     sh = re.search(r"```sh\n(.*?)```", section, re.S)
     assert python is not None
@@ -70,7 +70,7 @@ def crm() -> Iterator[str]:
 
 
 def test_the_readme_example_runs_as_written(tmp_path: Path, crm: str) -> None:
-    # Given README's myapp/jobs.py, and its shell lines
+    # Given the page's myapp/jobs.py, and its shell lines
     code, lines = _blocks()
     (tmp_path / "myapp").mkdir()
     (tmp_path / "myapp" / "__init__.py").write_text("")

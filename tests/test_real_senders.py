@@ -21,7 +21,7 @@ import stripe
 from standardwebhooks.webhooks import Webhook
 
 from tests.support.notion import NotionLike
-from tests.support.readme import readme_block_containing
+from tests.support.readme import page_block_containing
 from tests.support.stack import Stack, wait_until
 
 pytestmark = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
@@ -176,12 +176,12 @@ def test_form_tool_signed_with_standard_webhooks(stack: Stack) -> None:
 
 def test_the_readme_sender_scripts_run_as_written(stack: Stack, tmp_path: Path) -> None:
     _start(stack)
-    # Given README's two worked examples' scripts, signed by the providers' own libraries,
+    # Given the sources page's two worked examples' scripts, signed by the providers' own libraries,
     # run as written against this stack's receiver (not on :8000) with the example secrets
     env = {**os.environ, **SECRETS}
     scripts = {
-        "send_invoice.py": readme_block_containing("stripe.WebhookSignature"),
-        "send_form.py": readme_block_containing("from standardwebhooks"),
+        "send_invoice.py": page_block_containing("sources.md", "stripe.WebhookSignature"),
+        "send_form.py": page_block_containing("sources.md", "from standardwebhooks"),
     }
     printed = {}
     for name, text in scripts.items():
@@ -191,14 +191,15 @@ def test_the_readme_sender_scripts_run_as_written(stack: Stack, tmp_path: Path) 
         )
         assert done.returncode == 0, done.stderr
         printed[name] = done.stdout
-    # Then each prints the 202 README shows under it
+    # Then each prints the 202 the page shows under it
     assert printed["send_invoice.py"].startswith("202 {'status': 'accepted'"), printed
     assert "'record_key': 'customer:cus_9'" in printed["send_invoice.py"]
     assert printed["send_form.py"].startswith("202 "), printed
     assert "'record_key': 'lead:ada@example.com'" in printed["send_form.py"]
-    # And the records hold what README shows
+    # And the records hold what the page shows
     stack.wait_journal(2)
-    shown = readme_block_containing("keylane records get customer:cus_9").splitlines()[1:]
+    shown = page_block_containing("sources.md", "keylane records get customer:cus_9")
+    shown = shown.splitlines()[1:]
     customer = stack.open_store().read("customer:cus_9")
     assert [f"#   {k} = {json.dumps(v)}" for k, v in sorted(customer.fields.items())] == shown[1:]
     lead = stack.open_store().read("lead:ada@example.com")
@@ -323,10 +324,10 @@ def test_a_replay_after_the_dedupe_window_has_no_second_effect(
 
 
 def test_the_readme_signup_source_dedupes_a_senders_retry(stack: Stack, tmp_path: Path) -> None:
-    # Given the README's signup source as written (Standard Webhooks, no event_id), its
+    # Given the destinations page's signup source as written (Standard Webhooks, no event_id), its
     # task (the test suite's search-then-create sync_contact) against a local CRM
     sources = tmp_path / "sources.toml"
-    sources.write_text(readme_block_containing("[sources.signup]"))
+    sources.write_text(page_block_containing("destinations.md", "[sources.signup]"))
     crm = NotionLike(seed=5).start()
     try:
         stack.settings = stack.settings.model_copy(

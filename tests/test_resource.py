@@ -16,7 +16,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import closing
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -31,7 +30,7 @@ from keylane.workers.resource import Review, VersionedResource, Written, apply_v
 from keylane.workers.resources import open_resource
 from keylane.workers.store import DeadLetterDraft
 from tests.support.etag_server import EtagServer
-from tests.support.readme import readme_block
+from tests.support.readme import page_block, page_block_containing, page_text
 
 OWNS = FieldOwnership.of(["count", "tags", "status"])
 Result = Written | Review
@@ -623,9 +622,8 @@ def test_without_versions_the_check_narrows_the_window_to_one_round_trip(
 
 
 def test_the_readme_examples_are_valid_destinations() -> None:
-    # Given the sources-file examples of README's "Version-checked destinations"
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Version-checked destinations", 1)[1].split("\n## ", 1)[0]
+    # Given the sources-file examples of the docs' page "Records that live elsewhere"
+    section = page_text("records-elsewhere.md")
     examples = [block.split("```", 1)[0] for block in section.split("```toml")[1:]]
     kinds = {}
     for example in examples:
@@ -646,16 +644,11 @@ def test_the_readme_examples_are_valid_destinations() -> None:
 def test_the_readme_warehouse_table_takes_keylane_writes(pg_schema: tuple[str, str]) -> None:
     url, schema = pg_schema
     schema_url = f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
-    # Given README's CREATE TABLE, run as written where the URL's default schema is
+    # Given the page's CREATE TABLE, run as written where the URL's default schema is
     with psycopg.connect(schema_url, autocommit=True) as conn:
-        conn.execute(readme_block("CREATE TABLE contacts"))
-    # And README's [destinations.warehouse], its WAREHOUSE_URL pointing there
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    example = next(
-        block.split("```", 1)[0]
-        for block in readme.split("```toml")[1:]
-        if "[destinations.warehouse]" in block.split("```", 1)[0]
-    )
+        conn.execute(page_block("records-elsewhere.md", "CREATE TABLE contacts"))
+    # And the page's [destinations.warehouse], its WAREHOUSE_URL pointing there
+    example = page_block_containing("records-elsewhere.md", "[destinations.warehouse]")
     table = tomllib.loads(example)["destinations"]["warehouse"]
     config = DestinationConfig(name="warehouse", **table)
     assert config.resource is not None

@@ -25,6 +25,7 @@ from keylane.ops.retention import RetentionRecords, prune
 from keylane.routing.contract.settings import Settings
 from keylane.workers.store import Store
 from keylane.workers.stores import open_store
+from tests.support.readme import page_block
 from tests.support.stack import REPO, Stack, event, send_all, settings_env, wait_until
 from tests.test_store import draft
 
@@ -400,10 +401,8 @@ def backdate(store: Store, table: str, column: str, seconds: float, prefix: str)
 def test_the_readme_commands_run_as_written(
     settings: Settings, store: Store, redis_url: str
 ) -> None:
-    # Given the console example of README's "Retention and the archive"
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Retention and the archive", 1)[1].split("\n## ", 1)[0]
-    example = section.split("```console\n", 1)[1].split("```", 1)[0]
+    # Given the console example of the docs' page "Retention and the archive"
+    example = page_block("retention.md", "$ keylane journal prune --dry-run")
     commands: list[tuple[str, list[str]]] = []
     for line in example.splitlines():
         if line.startswith("$ "):
@@ -441,7 +440,7 @@ def test_the_readme_commands_run_as_written(
         assert ran.returncode == 0, command + ran.stderr
         progress = [line for line in ran.stderr.splitlines() if line.endswith(" archived")]
         output = progress + ran.stdout.splitlines()
-        # Then it prints what README shows, numbers, times and file names aside
+        # Then it prints what the page shows, numbers, times and file names aside
         assert [shape(line) for line in output] == [shape(line) for line in expected], command
 
 

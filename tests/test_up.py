@@ -22,9 +22,18 @@ import pytest
 
 from keylane.routing.contract.settings import load_settings
 from tests.support.load import SequentialLoad
-from tests.support.readme import keylane_command, readme_block
+from tests.support.readme import (
+    example_crm,
+    keylane_command,
+    page_block,
+    page_block_containing,
+    readme_block,
+)
 from tests.support.services import free_port
 from tests.support.stack import REPO, Stack, start_up, wait_until
+
+#: The docs page of the task example (its files, its commands, the example CRM).
+PAGE = "destinations.md"
 
 pytestmark = pytest.mark.slow
 
@@ -172,10 +181,14 @@ def test_the_readme_try_it_runs_as_written(tmp_path: Path) -> None:
     curl = shutil.which("curl")
     if curl is None:
         pytest.skip("curl is not installed")
-    # Given README's "Try it" lines, typed one by one from the checkout on a machine with
-    # no keylane configuration (its data, receiver and Flower where this test says)
-    first, *rest = _readme_commands(readme_block("ops/dev keylane up &"))
-    assert first == ("ops/dev keylane up &", [])
+    # Given README's "Try it" lines (the same as on the getting-started page), typed one by
+    # one from the checkout in a shell where .venv is activated, on a machine with no
+    # keylane configuration (its data, receiver and Flower where this test says)
+    block = readme_block("source .venv/bin/activate")
+    assert block == page_block_containing("getting-started.md", "\nkeylane up &\n")
+    activate, first, *rest = _readme_commands(block)
+    assert activate[0].split("#")[0].strip() == "source .venv/bin/activate"
+    assert first == ("keylane up &", [])
     port = free_port()
     env = {
         **_clean_env(),
@@ -185,12 +198,13 @@ def test_the_readme_try_it_runs_as_written(tmp_path: Path) -> None:
     }
 
     def typed(command: str) -> subprocess.CompletedProcess[str]:
-        line = command.replace("localhost:8000", f"localhost:{port}")
+        line = f"{activate[0]}\n{command.replace('localhost:8000', f'localhost:{port}')}"
         return subprocess.run(
             ["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
         )
 
-    up = start_up([], env, tmp_path / "up.log", shell_line=first[0].removesuffix("&"))
+    up_line = f"{activate[0]}\n{first[0].removesuffix('&')}"
+    up = start_up([], env, tmp_path / "up.log", shell_line=up_line)
     try:
         # When each line runs, once keylane up says it is up
         curl_line, shown = rest[0]
@@ -199,7 +213,7 @@ def test_the_readme_try_it_runs_as_written(tmp_path: Path) -> None:
         assert json.loads(answered.stdout) == json.loads(shown[0]), answered.stdout
         # ... `records get` the record as shown (once applied), `records set` a revision 2
         get_line, record_shown = rest[1]
-        assert get_line == "ops/dev keylane records get contact:42"
+        assert get_line == "keylane records get contact:42"
         wait_until(lambda: "revision 1" in typed(get_line).stdout, 60, "the event to be applied")
         printed = typed(get_line).stdout.splitlines()
         assert [re.sub(r"updated .*", "", s) for s in printed] == [
@@ -358,13 +372,14 @@ def test_a_configuration_error_stops_up_before_anything_starts(tmp_path: Path) -
 def test_the_readme_task_example_runs_from_its_folder(
     tmp_path: Path, redis_url: str, namespace: str
 ) -> None:
-    # Given a folder holding README's myapp/tasks.py and sources.toml, as README shows
+    # Given a folder holding the destinations page's myapp/tasks.py and sources.toml, as
+    # the page shows
     folder = tmp_path / "project"
     (folder / "myapp").mkdir(parents=True)
     (folder / "myapp" / "__init__.py").write_text("")
-    (folder / "myapp" / "tasks.py").write_text(readme_block("# myapp/tasks.py"))
-    (folder / "sources.toml").write_text(readme_block("# sources.toml: deliveries"))
-    command = readme_block("export SIGNUP_SECRET").splitlines()[1]
+    (folder / "myapp" / "tasks.py").write_text(page_block(PAGE, "# myapp/tasks.py"))
+    (folder / "sources.toml").write_text(page_block(PAGE, "# sources.toml: deliveries"))
+    command = page_block(PAGE, "export SIGNUP_SECRET").splitlines()[1]
     up_line, worker_line = (part.strip() for part in command.split("# or:"))
     bin_dir = str(Path(keylane_command()[0]).parent)
     env = {**_clean_env(), "SIGNUP_SECRET": "whsec_" + base64.b64encode(b"k" * 24).decode()}
@@ -394,13 +409,22 @@ def test_the_readme_task_example_runs_from_its_folder(
     finally:
         os.killpg(worker.pid, signal.SIGTERM)  # the shell and the command it runs
         assert worker.wait(60) == 0, worker_log.read_text()
-    # When README's `keylane up -A myapp.tasks` runs there (ports of the test's choosing)
-    log_path = tmp_path / "up.log"
+    # When the example CRM runs, started by the page's line (on a port of the test's)
+    crm_line = page_block(PAGE, "python -m keylane.ops.examples.crm")
+    with example_crm(crm_line, tmp_path / "crm.log") as crm:
+        env["CRM_URL"] = crm
+        _run_the_task_example(folder, env, up_line, tmp_path / "up.log", crm)
+
+
+def _run_the_task_example(
+    folder: Path, env: dict[str, str], up_line: str, log_path: Path, crm: str
+) -> None:
+    # And the page's `keylane up -A myapp.tasks` runs there (ports of the test's choosing)
     line = f"{up_line} --port {free_port()} --no-flower"
     up = start_up([], env, log_path, cwd=folder, shell_line=line)
     try:
-        # And README's sender script runs next to it: the same id is sent once
-        (folder / "send_signup.py").write_text(readme_block("# send_signup.py"))
+        # And the page's sender script runs next to it: the same id is sent once
+        (folder / "send_signup.py").write_text(page_block(PAGE, "# send_signup.py"))
         sent = subprocess.run(
             [sys.executable, "send_signup.py"],
             cwd=folder,
@@ -414,6 +438,15 @@ def test_the_readme_task_example_runs_from_its_folder(
         assert first.startswith("Sent(status='accepted', event_id='order-17'"), first
         assert "record_key='contact:ada@example.com'" in first
         assert second.startswith("Sent(status='duplicate'"), second
+
+        # Then the task searched the CRM, then created the contact once, as the page says
+        def contacts() -> list[dict[str, object]]:
+            found = httpx.post(f"{crm}/contacts/search", json={"email": "ada@example.com"})
+            return [{k: c[k] for k in ("plan", "version")} for c in found.json()["results"]]
+
+        wait_until(lambda: contacts() != [], 60, "the task to create the contact")
+        time.sleep(1)  # (a second create would come at once)
+        assert contacts() == [{"plan": "pro", "version": 1}]
     finally:
         os.killpg(up.pid, signal.SIGTERM)
         assert up.wait(90) == 0, log_path.read_text()

@@ -1,31 +1,65 @@
-"""README's own examples, for tests that run them as written."""
+"""The examples of README and of the docs' pages (ops/docs/), for tests that run them as
+written, read from the page itself; and the example CRM some of them talk to."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.stack import REPO
+from tests.support.stack import REPO, wait_until
+
+DOCS = REPO / "ops" / "docs"
+
+
+def page_text(page: str) -> str:
+    """The Markdown of a docs page (``"destinations.md"``), or of ``"README.md"``."""
+    return (REPO / page if page == "README.md" else DOCS / page).read_text()
+
+
+def page_section(page: str, heading: str) -> str:
+    """The part of ``page`` from the heading line ``heading`` (``"## Try it"``) to the
+    next heading of the same level or above."""
+    text = page_text(page)
+    assert f"\n{heading}\n" in f"\n{text}", f"{page} has no heading {heading!r}"
+    level = heading.split(" ", 1)[0]
+    section = text.split(f"{heading}\n", 1)[1]
+    for depth in range(1, len(level) + 1):
+        section = section.split(f"\n{'#' * depth} ", 1)[0]
+    return section
+
+
+def _bodies(text: str) -> list[str]:
+    """The code blocks of ``text``, fences and their info string excluded."""
+    return [chunk.split("\n", 1)[1] for chunk in text.split("```")[1::2] if "\n" in chunk]
+
+
+def page_block(page: str, first_line: str) -> str:
+    """The text of ``page``'s one code block whose first line starts with ``first_line``."""
+    found = [body for body in _bodies(page_text(page)) if body.startswith(first_line)]
+    assert len(found) == 1, f"{len(found)} blocks of {page} start with {first_line!r}"
+    return found[0]
+
+
+def page_block_containing(page: str, marker: str) -> str:
+    """The text of ``page``'s one code block that contains ``marker``."""
+    found = [body for body in _bodies(page_text(page)) if marker in body]
+    assert len(found) == 1, f"{len(found)} blocks of {page} contain {marker!r}"
+    return found[0]
 
 
 def readme_block(first_line: str) -> str:
-    """The text of README's code block whose first line starts with ``first_line``
-    (fences excluded); fails when there is not exactly one."""
-    readme = (REPO / "README.md").read_text()
-    blocks = [chunk.split("```", 1)[0] for chunk in readme.split("```")[1::2]]
-    bodies = [block.split("\n", 1)[1] if "\n" in block else "" for block in blocks]
-    found = [body for body in bodies if body.startswith(first_line)]
-    assert len(found) == 1, f"{len(found)} README blocks start with {first_line!r}"
-    return found[0]
+    """README's one code block whose first line starts with ``first_line``."""
+    return page_block("README.md", first_line)
 
 
 def readme_block_containing(marker: str) -> str:
-    """The text of README's one code block that contains ``marker`` (fences excluded)."""
-    readme = (REPO / "README.md").read_text()
-    blocks = [chunk.split("\n", 1)[1] for chunk in readme.split("```")[1::2] if "\n" in chunk]
-    found = [block for block in blocks if marker in block]
-    assert len(found) == 1, f"{len(found)} README blocks contain {marker!r}"
-    return found[0]
+    """README's one code block that contains ``marker``."""
+    return page_block_containing("README.md", marker)
 
 
 def keylane_command() -> list[str]:
@@ -36,3 +70,31 @@ def keylane_command() -> list[str]:
     if script.exists():
         return [str(script)]
     return [sys.executable, "-P", "-m", "keylane.ops.cli"]
+
+
+@contextmanager
+def example_crm(line: str, log_path: Path) -> Iterator[str]:
+    """The example CRM started by the docs' own command line (``python -m
+    keylane.ops.examples.crm &``), on a free port instead of 8100; its API's URL, as
+    ``CRM_URL``. Stopped on the way out."""
+    argv = line.split("#", 1)[0].strip().removesuffix("&").split()
+    assert argv[:3] == ["python", "-m", "keylane.ops.examples.crm"], line
+    with log_path.open("wb") as log:
+        crm = subprocess.Popen(
+            [sys.executable, *argv[1:], "--port", "0"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until(
+            lambda: "example CRM on " in log_path.read_text() or crm.poll() is not None,
+            30,
+            "the example CRM to listen",
+            on_timeout=log_path.read_text,
+        )
+        assert crm.poll() is None, log_path.read_text()
+        yield log_path.read_text().split("example CRM on ", 1)[1].split()[0]
+    finally:
+        os.killpg(crm.pid, signal.SIGTERM)
+        crm.wait(30)

@@ -1,0 +1,94 @@
+"""The docs site (ops/mkdocs.yml, pages in ops/docs/) builds strictly, and what it says about
+the code is read from the code: a broken link or anchor, a page left out of the navigation,
+a marker the hook cannot fill, or a setting the pages name that does not exist fails here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from keylane.routing.contract.settings import Settings, env_var
+from tests.support.readme import DOCS, page_text
+from tests.support.stack import REPO
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site, built as CI builds it: ``mkdocs build --strict``."""
+    out = tmp_path_factory.mktemp("site")
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", "ops/mkdocs.yml", "-d", out],
+        cwd=REPO,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    log = built.stdout + built.stderr
+    assert built.returncode == 0, log
+    # (strict turns every warning into a failure; a warning that slipped through is one too)
+    assert not [line for line in log.splitlines() if line.startswith("WARNING")], log
+    return out
+
+
+def test_the_site_builds_strictly_with_every_page_in_its_navigation(site: Path) -> None:
+    # Given the pages in ops/docs, Then each was built into the site
+    pages = sorted(p.relative_to(DOCS).with_suffix("") for p in DOCS.glob("*.md"))
+    assert pages
+    for page in pages:
+        built = site / ("index.html" if page.name == "index" else f"{page}/index.html")
+        assert built.exists(), page
+
+
+def test_the_reference_is_the_code_s(site: Path) -> None:
+    # Given the reference page as built
+    reference = (site / "reference" / "index.html").read_text()
+    # Then every setting is there with its variable
+    for name in Settings.model_fields:
+        assert env_var(name) in reference, name
+    # And the commands with their options, as the click group has them (resolve's --note
+    # is required, which the hand-written table once said it was not)
+    assert 'id="keylane-dlq-resolve"' in reference
+    resolve = reference.split('id="keylane-dlq-resolve"', 1)[1].split("<h3", 1)[0]
+    assert "--note" in resolve
+    assert "(required)" in resolve
+    # And no marker is left unfilled
+    assert "<!-- keylane:" not in reference
+
+
+def test_every_variable_the_pages_name_is_a_setting() -> None:
+    # Given every KEYLANE_* variable named on a page or in README
+    known = {env_var(name) for name in Settings.model_fields}
+    pages = [p.name for p in DOCS.glob("*.md")] + ["README.md"]
+    named = {
+        v for page in pages for v in re.findall(r"KEYLANE_[A-Z0-9_]*[A-Z0-9]", page_text(page))
+    }
+    # Then each is one the settings read (the few that are not settings say so here)
+    not_settings = {"KEYLANE_PYTHON", "KEYLANE_TEST_RABBITMQ_SBIN"}  # ops/dev, the tests
+    assert named - not_settings - known == set()
+
+
+def test_the_benchmark_charts_are_drawn_from_their_printed_output(site: Path) -> None:
+    # Given the benchmarks page as built
+    page = (site / "benchmarks" / "index.html").read_text()
+    # Then each chart is an inline SVG with the figures of the output it names
+    assert page.count("<svg") >= 3
+    versus = (DOCS / "bench" / "versus-defaults.txt").read_text()
+    for figure in re.findall(r"^(?:keylane|celery-lock)\s+(\d+)", versus, re.M):
+        assert f">{figure}</text>" in page, figure
+
+
+def test_readme_is_short_and_starts_with_the_two_commands() -> None:
+    # Given README
+    readme = page_text("README.md")
+    # Then it is a start, not the manual
+    assert len(readme.splitlines()) <= 200
+    # And it opens with the two set-up commands
+    assert readme.startswith("# keylane\n\n```sh\nops/dev keylane up ")
+    assert "\nops/dev test " in readme.split("```", 2)[1]
