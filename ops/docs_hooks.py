@@ -148,7 +148,7 @@ def type_name(annotation: Any) -> str:
 def default_of(field: FieldInfo) -> str:
     """The default as a user would write it; a factory's default is computed."""
     if field.default_factory is not None:
-        return f"`{field.default_factory()!r}`"  # type: ignore[call-arg]
+        return f"`{field.get_default(call_default_factory=True)!r}`"
     if field.default is None:
         return "unset"
     return f"`{field.default}`"

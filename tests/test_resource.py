@@ -629,7 +629,7 @@ def test_the_readme_examples_are_valid_destinations() -> None:
     for example in examples:
         data = tomllib.loads(example)
         if "sources" in data:  # a whole sources file: sources and what they name
-            parse_sources(example, "README")
+            parse_sources(example, "records-elsewhere.md")
         for name, table in data["destinations"].items():
             kinds[name] = DestinationConfig(name=name, **table).kind
     # Then each destination parses as the kind it says

@@ -60,7 +60,7 @@ class Settings(BaseSettings):
     store_url: SecretStr | None = None
     # The broker of the shard queues: unset (the default) is Redis (KEYLANE_REDIS_URL, or
     # the one `keylane up` embeds); ``amqp://user:pass@host1:5672,host2:5672/vhost`` is a
-    # RabbitMQ cluster (README "The RabbitMQ broker").
+    # RabbitMQ cluster (docs: ops/docs/rabbitmq.md).
     broker_url: SecretStr | None = None
     namespace: str = "keylane"
 
@@ -116,8 +116,8 @@ class Settings(BaseSettings):
     flower_basic_auth: SecretStr | None = None
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "FULL"
 
-    # Retention: what the store keeps in its tables, and for how long (see README
-    # "Retention and the archive"). A journal row stays at least its source's dedupe
+    # Retention: what the store keeps in its tables, and for how long (see the docs,
+    # ops/docs/retention.md). A journal row stays at least its source's dedupe
     # retention plus ``journal_margin_s``; ``journal_retention_s`` (or a source's own)
     # may only lengthen that. Archived event ids are still recognised for
     # ``archived_id_retention_s`` after their event (0: not at all).
