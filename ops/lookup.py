@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..workers.store import ARCHIVED, Store
+from ..workers.store import ARCHIVED, JournalStore
 from .archive import Archive, day_of
 
 
@@ -36,7 +36,7 @@ class Lookup:
 
 
 def find_events(
-    store: Store,
+    store: JournalStore,
     archive: Archive,
     event_id: str | None,
     source: str | None = None,
@@ -87,7 +87,7 @@ def _scan(
 
 
 def _days_archived(
-    store: Store, event_id: str, source: str | None, sources: Iterable[str]
+    store: JournalStore, event_id: str, source: str | None, sources: Iterable[str]
 ) -> list[str]:
     """The archive days of ``event_id`` that ``archived_ids`` still remembers."""
     candidates = [source] if source is not None else {*sources, *store.journal_sources()}

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from ..routing.contract.errors import KeylaneError, VersionConflict
-from ..workers.store import Record, Store
+from ..workers.store import Record, RecordStore
 
 MAX_EDIT_ATTEMPTS = 20
 
@@ -30,7 +30,7 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 
 
 def edit_record(
-    store: Store,
+    store: RecordStore,
     record_key: str,
     assign: dict[str, Any],
     unset: list[str] = (),  # type: ignore[assignment]

@@ -41,7 +41,7 @@ from .blocking import BlockingPool
 from .changes import apply_changes
 from .lane_store import LaneStore, event_write
 from .results import ApplyResult
-from .store import EventWrite, Fence, Record, Store
+from .store import EventWrite, Fence, Record, RecordStore
 
 #: A source's lane-side handler: (event, record as freshly read) -> the change to apply,
 #: or None for none; a plain function or an ``async def``. It runs on every attempt, so it
@@ -209,7 +209,7 @@ async def _attempt_writes(
     return writes
 
 
-def _before_write(store: Store, faults: Faults, event: Event) -> None:
+def _before_write(store: RecordStore, faults: Faults, event: Event) -> None:
     faults.hit("worker.before_write", event.record_key, bump=lambda: _bump(store, event))
 
 
@@ -282,7 +282,7 @@ class _ChangesOf:
         return result
 
 
-def _bump(store: Store, event: Event) -> None:
+def _bump(store: RecordStore, event: Event) -> None:
     """An outside write that leaves the fields as they are but advances the revision."""
     record = store.read(event.record_key)
     with contextlib.suppress(VersionConflict):

@@ -1,6 +1,7 @@
-"""What the lanes need from the broker that holds the shard queues: one interface, one
-implementation per broker in :mod:`keylane.workers.brokers` (each the only module that
-imports its client library).
+"""What the lanes need from the broker that holds the shard queues: one interface in three
+roles (:class:`RecordQueue` for the lanes, :class:`ShardLeases` for the ownership,
+:class:`MessageNotes` for the notes kept with a message), one implementation per broker in
+:mod:`keylane.workers.brokers` (each the only module that imports its client library).
 
 The shard is the unit of **ownership**: one worker holds a shard's lease at a time, every
 acquisition advances the shard's fencing token, and every store write carries the token.
@@ -100,44 +101,10 @@ class Ack:
 Counts = Literal["uncount", "forget", "keep"]
 
 
-class LaneBroker(ABC):
-    """The shard queues as the lanes and ownership see them. Thread-safe: lanes call it
-    from their blocking pool, ownership from its heartbeat thread."""
-
-    # -- ownership ---------------------------------------------------------------------
-
-    @abstractmethod
-    def acquire(self, shard: int, worker_id: str, ttl_ms: int) -> Acquired:
-        """Take the shard's lease if it is free; a previous owner's in-flight records
-        become due again."""
-
-    @abstractmethod
-    def renew(self, leases: Sequence[Lease], ttl_ms: int) -> list[bool]:
-        """Extend the leases still held; False for each one that was lost."""
-
-    @abstractmethod
-    def release_lease(self, lease: Lease, worker_id: str, reason: str = "released") -> bool:
-        """Give the lease up (only if still ours); logged as ``reason``."""
-
-    @abstractmethod
-    def lose(self, lease: Lease, worker_id: str, why: str) -> None:
-        """The worker learned that ``lease`` is gone (the store refused its fence, or it
-        could not be renewed): let go of whatever this process still holds of the shard,
-        so that the shard's next owner gets its messages, and record why."""
-
-    @abstractmethod
-    def bump_fence(self, shard: int, at_least: int) -> int:
-        """Raise the shard's fencing counter to ``at_least`` (after the broker lost data)."""
-
-    @abstractmethod
-    def heartbeat(self, worker_id: str, info: dict[str, Any], member_ttl_ms: int) -> list[str]:
-        """Record this worker as alive and return the live members."""
-
-    @abstractmethod
-    def leave(self, worker_id: str) -> None:
-        """Remove this worker from the members (graceful stop)."""
-
-    # -- records -----------------------------------------------------------------------
+class RecordQueue(ABC):
+    """The shard queues' records as the lanes see them: take, finish, wait, and the
+    doorbell that says where a message just came. Thread-safe: the lanes call it from
+    their blocking pool."""
 
     @abstractmethod
     def take(self, leases: Sequence[Lease]) -> Taken | Idle:
@@ -192,7 +159,55 @@ class LaneBroker(ABC):
         a reply that handed one out and was lost). How many; -1 when the lease is not
         ours."""
 
-    # -- notes kept with an in-flight message ------------------------------------------
+    @abstractmethod
+    def doorbell(self) -> Any:
+        """A subscription to the shards that just got a message: ``get_message(timeout)``
+        gives dicts whose ``data`` is a shard number; the caller closes it."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections."""
+
+
+class ShardLeases(ABC):
+    """The shards' leases and the workers' membership, as the ownership sees them (from its
+    heartbeat thread)."""
+
+    @abstractmethod
+    def acquire(self, shard: int, worker_id: str, ttl_ms: int) -> Acquired:
+        """Take the shard's lease if it is free; a previous owner's in-flight records
+        become due again."""
+
+    @abstractmethod
+    def renew(self, leases: Sequence[Lease], ttl_ms: int) -> list[bool]:
+        """Extend the leases still held; False for each one that was lost."""
+
+    @abstractmethod
+    def release_lease(self, lease: Lease, worker_id: str, reason: str = "released") -> bool:
+        """Give the lease up (only if still ours); logged as ``reason``."""
+
+    @abstractmethod
+    def lose(self, lease: Lease, worker_id: str, why: str) -> None:
+        """The worker learned that ``lease`` is gone (the store refused its fence, or it
+        could not be renewed): let go of whatever this process still holds of the shard,
+        so that the shard's next owner gets its messages, and record why."""
+
+    @abstractmethod
+    def bump_fence(self, shard: int, at_least: int) -> int:
+        """Raise the shard's fencing counter to ``at_least`` (after the broker lost data)."""
+
+    @abstractmethod
+    def heartbeat(self, worker_id: str, info: dict[str, Any], member_ttl_ms: int) -> list[str]:
+        """Record this worker as alive and return the live members."""
+
+    @abstractmethod
+    def leave(self, worker_id: str) -> None:
+        """Remove this worker from the members (graceful stop)."""
+
+
+class MessageNotes(ABC):
+    """Notes kept with an in-flight message, across its deliveries and crashes: why it
+    failed last, a write in doubt, a destination's failed calls."""
 
     @abstractmethod
     def note_failure(self, shard: int, raw: bytes, error: str) -> None:
@@ -220,13 +235,7 @@ class LaneBroker(ABC):
     def retries(self, shard: int, raw: bytes) -> int:
         """Failed calls of the message so far (see :meth:`note_retry`)."""
 
-    # -- the doorbell ------------------------------------------------------------------
 
-    @abstractmethod
-    def doorbell(self) -> Any:
-        """A subscription to the shards that just got a message: ``get_message(timeout)``
-        gives dicts whose ``data`` is a shard number; the caller closes it."""
-
-    @abstractmethod
-    def close(self) -> None:
-        """Release connections."""
+class LaneBroker(RecordQueue, ShardLeases, MessageNotes):
+    """Every role of one broker holding the shard queues (one implementation per broker,
+    in :mod:`keylane.workers.brokers`); code that needs one role names that role."""

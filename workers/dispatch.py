@@ -42,7 +42,7 @@ from ..routing.contract.logcontext import event_context
 from ..routing.contract.settings import Settings
 from ..routing.redis_keys import message_digest
 from .blocking import BlockingPool
-from .broker import LaneBroker, Taken
+from .broker import MessageNotes, Taken
 from .destinations import (
     Conflict,
     Context,
@@ -84,7 +84,7 @@ class Dispatcher:
     def __init__(
         self,
         settings: Settings,
-        broker: LaneBroker,
+        broker: MessageNotes,
         flow: DestinationFlow,
         destinations: dict[str, Destination],
         faults: Faults = NO_FAULTS,

@@ -22,7 +22,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from .broker import LaneBroker
+from .broker import RecordQueue
 
 log = logging.getLogger("keylane.doorbell")
 
@@ -30,7 +30,7 @@ log = logging.getLogger("keylane.doorbell")
 class Doorbell:
     """Shard hints for the lanes of one worker process."""
 
-    def __init__(self, broker: LaneBroker, is_mine: Callable[[int], bool]) -> None:
+    def __init__(self, broker: RecordQueue, is_mine: Callable[[int], bool]) -> None:
         self._broker = broker
         self._is_mine = is_mine
         self._lock = threading.Lock()

@@ -26,7 +26,17 @@ from ..routing.contract.events import Event
 from . import dead_letters
 from .blocking import BlockingPool
 from .results import ApplyResult
-from .store import Commit, CommitRefused, EventWrite, Fence, JournalEntry, Record, Store
+from .store import (
+    Commit,
+    CommitRefused,
+    EventWrite,
+    Fence,
+    JournalEntry,
+    JournalStore,
+    Record,
+    RecordStore,
+    Store,
+)
 
 #: Commits in one transaction at most (a bound on how long its locks are held).
 GROUP_MAX = 64
@@ -113,15 +123,15 @@ class LaneStore:
             self._running = False
 
 
-def _read(store: Store, record_key: str) -> Record:
+def _read(store: RecordStore, record_key: str) -> Record:
     return store.read(record_key)
 
 
-def _commit_group(store: Store, commits: list[Commit]) -> list[int | CommitRefused]:
+def _commit_group(store: RecordStore, commits: list[Commit]) -> list[int | CommitRefused]:
     return store.commit_group(commits)
 
 
-def _journal_entries(store: Store, events: list[Event]) -> list[JournalEntry | None]:
+def _journal_entries(store: JournalStore, events: list[Event]) -> list[JournalEntry | None]:
     return [store.journal(event.source, event.event_id) for event in events]
 
 

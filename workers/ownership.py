@@ -35,8 +35,8 @@ from ..routing.assignment import assign_shards
 from ..routing.contract.errors import BrokerUnavailable, StoreUnavailable
 from ..routing.contract.settings import Settings
 from ..routing.shards import shard_ranges
-from .broker import Acquired, LaneBroker, Lease
-from .store import Store
+from .broker import Acquired, Lease, ShardLeases
+from .store import FenceStore
 from .writer import EXIT_NOT_THE_WRITER, StoreWriter
 
 log = logging.getLogger("keylane.ownership")
@@ -80,8 +80,8 @@ class Ownership:
     def __init__(
         self,
         settings: Settings,
-        broker: LaneBroker,
-        store_factory: Callable[[], Store],
+        broker: ShardLeases,
+        store_factory: Callable[[], FenceStore],
         worker_id: str,
         info: dict[str, object],
         clock: Callable[[], float] = time.monotonic,
@@ -352,7 +352,7 @@ class Ownership:
 
     def _register_all(self) -> None:
         """Register the token of each newly acquired shard with the store, in order."""
-        store: Store | None = None
+        store: FenceStore | None = None
         while (lease := self._unregistered.get()) is not None:
             if self._stop.is_set():
                 break  # stopping: every lease is released anyway
@@ -373,7 +373,7 @@ class Ownership:
         if store is not None:
             store.close()
 
-    def _register(self, store: Store, lease: Lease) -> None:
+    def _register(self, store: FenceStore, lease: Lease) -> None:
         newest = store.advance_fence(lease.shard, lease.token)
         if newest > lease.token:
             # Redis lost its counter (restart without AOF): move it past the store's.

@@ -1,5 +1,8 @@
-"""The record store interface: records with revisions, the applied-events journal,
-shard fences and dead-letter review rows.
+"""The record store interface, by role: records with revisions (:class:`RecordStore`), the
+applied-events journal (:class:`JournalStore`), shard fences (:class:`FenceStore`),
+dead-letter review rows (:class:`DeadLetterStore`), what the prune removes
+(:class:`RetentionStore`) and RabbitMQ's parked and held records (:class:`ParkingStore`);
+:class:`Store` is all of them over one connection.
 
 Every implementation keeps four promises, checked by the shared test suite:
 
@@ -174,29 +177,30 @@ class DeadLetterFilter:
     limit: int | None = None
 
 
-class Store(ABC):
-    """A record store. See the module docstring for the promises."""
+class StoreConnection(ABC):
+    """One connection to keylane's database: what every role below shares."""
 
     @abstractmethod
     def migrate(self) -> None:
         """Create or upgrade the schema (idempotent)."""
 
     @abstractmethod
-    def close(self) -> None:
-        """Release the connection."""
-
-    @abstractmethod
     def has_schema(self) -> bool:
         """Whether keylane's tables are there (:meth:`migrate` has run)."""
 
     @abstractmethod
-    def read(self, record_key: str) -> Record:
-        """The record as it is now (revision 0 and no fields when absent)."""
+    def close(self) -> None:
+        """Release the connection."""
+
+
+class RecordStore(StoreConnection):
+    """Records and the version-checked writes that carry their journal entries: the lanes
+    (:mod:`keylane.workers.lane_store`, :mod:`keylane.workers.apply`), outside edits,
+    repair sweeps and ``keylane records``."""
 
     @abstractmethod
-    def journal(self, source: str, event_id: str) -> JournalEntry | None:
-        """What happened to an event id, if anything (outcome ``archived``, without the
-        record, once its row was archived and while its id is remembered)."""
+    def read(self, record_key: str) -> Record:
+        """The record as it is now (revision 0 and no fields when absent)."""
 
     def commit_event(self, write: EventWrite, fence: Fence | None) -> int:
         """Write an event's effect and its journal entry; return the new revision.
@@ -224,6 +228,76 @@ class Store(ABC):
         when the transaction as a whole fails (nothing written)."""
 
     @abstractmethod
+    def write_outside(self, record_key: str, fields: dict[str, Any], expected_revision: int) -> int:
+        """A write from outside the lanes (a person, another system): same revision
+        check, no journal. Returns the new revision or raises :class:`VersionConflict`."""
+
+    @abstractmethod
+    def record_keys(self, prefix: str = "", limit: int = 100) -> list[str]:
+        """Record keys starting with ``prefix``, in key order."""
+
+    @abstractmethod
+    def scan_records(self, prefix: str = "", after: str = "", limit: int = 500) -> list[Record]:
+        """Up to ``limit`` records whose keys start with ``prefix`` and sort after
+        ``after``, in key order: a repair sweep reads the store page by page."""
+
+
+class JournalStore(StoreConnection):
+    """The applied-events journal, read: the lanes' dedupe, ``keylane journal find``,
+    ``keylane audit``."""
+
+    @abstractmethod
+    def journal(self, source: str, event_id: str) -> JournalEntry | None:
+        """What happened to an event id, if anything (outcome ``archived``, without the
+        record, once its row was archived and while its id is remembered)."""
+
+    @abstractmethod
+    def journal_size(self) -> int:
+        """How many event ids the journal holds."""
+
+    @abstractmethod
+    def journal_entries(self, record_key: str | None = None) -> list[JournalEntry]:
+        """Journal entries (of one record, or all), by record key then revision."""
+
+    @abstractmethod
+    def journal_sources(self) -> list[str]:
+        """The sources the journal holds rows of."""
+
+    @abstractmethod
+    def find_journal(
+        self, event_id: str | None = None, source: str | None = None, record_key: str | None = None
+    ) -> list[JournalEntry]:
+        """Journal rows in the table with this event id (of any source unless
+        ``source`` is given) or of this record, by recorded time."""
+
+
+class FenceStore(StoreConnection):
+    """Shard fencing tokens: the ownership (a new owner's token), the RabbitMQ broker
+    (one token per change of consumer), ``keylane check``."""
+
+    @abstractmethod
+    def advance_fence(self, shard: int, token: int) -> int:
+        """Record ``token`` as the shard's newest if it is newer; return the newest."""
+
+    @abstractmethod
+    def claim_fence(self, shard: int) -> int:
+        """Advance the shard's token by one and return it: a token no other claim got
+        (brokers without a counter of their own, RabbitMQ, claim one per change of
+        consumer)."""
+
+    @abstractmethod
+    def fence_of(self, shard: int) -> int:
+        """The newest fencing token the store has seen for ``shard`` (0 if none)."""
+
+    @abstractmethod
+    def fences(self) -> dict[int, int]:
+        """The newest fencing token of every shard the store has seen one for."""
+
+
+class DeadLetterStore(StoreConnection):
+    """Dead-letter review rows: the lanes write them, triage works through them."""
+
+    @abstractmethod
     def commit_dead_letter(
         self, draft: DeadLetterDraft, fence: Fence | None, close_event: bool = True
     ) -> int:
@@ -235,13 +309,85 @@ class Store(ABC):
         """
 
     @abstractmethod
-    def write_outside(self, record_key: str, fields: dict[str, Any], expected_revision: int) -> int:
-        """A write from outside the lanes (a person, another system): same revision
-        check, no journal. Returns the new revision or raises :class:`VersionConflict`."""
+    def dead_letters(self, flt: DeadLetterFilter) -> list[DeadLetter]:
+        """Review rows matching ``flt``, oldest first."""
 
     @abstractmethod
-    def advance_fence(self, shard: int, token: int) -> int:
-        """Record ``token`` as the shard's newest if it is newer; return the newest."""
+    def dead_letter(self, dead_letter_id: int) -> DeadLetter | None:
+        """One review row."""
+
+    @abstractmethod
+    def set_dead_letter_status(
+        self,
+        dead_letter_id: int,
+        to: DeadLetterStatus,
+        allowed_from: tuple[str, ...],
+        by: str,
+        note: str | None = None,
+    ) -> bool:
+        """Move a row to ``to`` if its status is one of ``allowed_from``; False if not."""
+
+    @abstractmethod
+    def dead_letter_stats(self) -> list[dict[str, Any]]:
+        """Counts by status, reason and source, with the oldest row's time."""
+
+
+class RetentionStore(StoreConnection):
+    """What the prune reads and removes (:mod:`keylane.ops.retention`), and the tables'
+    ages ``keylane status`` shows."""
+
+    @abstractmethod
+    def old_rows(
+        self, table: PrunedTable, before: float, limit: int, source: str = ""
+    ) -> list[ArchiveRow]:
+        """Up to ``limit`` rows due for the archive, oldest first: journal rows of
+        ``source`` recorded before ``before`` (but not those of a dead-lettered event whose
+        review row is open, or was closed after ``before``: a retry must still find them);
+        dead-letter rows closed (retried, discarded, resolved) before ``before``."""
+
+    @abstractmethod
+    def count_old_rows(self, table: PrunedTable, before: float, source: str = "") -> int:
+        """How many rows :meth:`old_rows` would give without a limit."""
+
+    @abstractmethod
+    def remove_archived(self, table: PrunedTable, rows: Sequence[ArchiveRow]) -> Removal:
+        """Delete ``rows`` (as :meth:`old_rows` gave them, now in a complete archive file)
+        in one transaction, each only if it has not changed since; a journal row leaves
+        its id in ``archived_ids``. The rows now in the archive alone are those deleted,
+        and those already gone (an earlier, interrupted run deleted them); a row that
+        changed (a dead letter retried meanwhile) stays in the table and is left out.
+        Running it twice has the effect of running it once. ``held_s`` is the time from
+        the moment the transaction held the write lock (SQLite; the rows' locks on
+        PostgreSQL) to its commit: the most a lane could have waited on it."""
+
+    @abstractmethod
+    def forget_archived_ids(self, before: float, limit: int) -> Removal:
+        """Forget up to ``limit`` archived event ids recorded before ``before`` (their
+        replays are then new events); ``held_s`` as for :meth:`remove_archived`."""
+
+    @abstractmethod
+    def reclaim_space(self) -> list[str]:
+        """After removals: make the space of the removed rows reusable where the
+        database leaves that to a later job (PostgreSQL: a plain ``VACUUM`` of each table
+        the prune removes from, once its dead rows are a tenth of its live ones; SQLite
+        reuses freed pages by itself). The tables it did that for."""
+
+    @abstractmethod
+    def table_ages(self) -> dict[str, TableAge]:
+        """Rows and oldest row of ``journal``, ``dead_letters`` (closed rows, by when
+        they were closed) and ``archived_ids``."""
+
+    @abstractmethod
+    def maintenance_lock(self) -> AbstractContextManager[bool]:
+        """Held by one process of the deployment at a time, for the prune: yields True
+        when taken (released on exit, or when the process dies), False when another
+        process holds it."""
+
+
+class ParkingStore(StoreConnection):
+    """Parked and held records on RabbitMQ: its shard consumers park a record's messages
+    here when they cannot keep them in memory, and hold a record behind a dead letter
+    (:mod:`keylane.workers.brokers.rabbitmq.parking`, ``.holding``); triage reads them."""
 
     @abstractmethod
     def park(
@@ -304,116 +450,8 @@ class Store(ABC):
         like :meth:`park`. Whether it was released (False: nothing, or another row,
         holds it; nothing written)."""
 
-    @abstractmethod
-    def claim_fence(self, shard: int) -> int:
-        """Advance the shard's token by one and return it: a token no other claim got
-        (brokers without a counter of their own, RabbitMQ, claim one per change of
-        consumer)."""
 
-    @abstractmethod
-    def fence_of(self, shard: int) -> int:
-        """The newest fencing token the store has seen for ``shard`` (0 if none)."""
-
-    @abstractmethod
-    def fences(self) -> dict[int, int]:
-        """The newest fencing token of every shard the store has seen one for."""
-
-    @abstractmethod
-    def dead_letters(self, flt: DeadLetterFilter) -> list[DeadLetter]:
-        """Review rows matching ``flt``, oldest first."""
-
-    @abstractmethod
-    def dead_letter(self, dead_letter_id: int) -> DeadLetter | None:
-        """One review row."""
-
-    @abstractmethod
-    def set_dead_letter_status(
-        self,
-        dead_letter_id: int,
-        to: DeadLetterStatus,
-        allowed_from: tuple[str, ...],
-        by: str,
-        note: str | None = None,
-    ) -> bool:
-        """Move a row to ``to`` if its status is one of ``allowed_from``; False if not."""
-
-    @abstractmethod
-    def dead_letter_stats(self) -> list[dict[str, Any]]:
-        """Counts by status, reason and source, with the oldest row's time."""
-
-    @abstractmethod
-    def record_keys(self, prefix: str = "", limit: int = 100) -> list[str]:
-        """Record keys starting with ``prefix``, in key order."""
-
-    @abstractmethod
-    def scan_records(self, prefix: str = "", after: str = "", limit: int = 500) -> list[Record]:
-        """Up to ``limit`` records whose keys start with ``prefix`` and sort after
-        ``after``, in key order: a repair sweep reads the store page by page."""
-
-    @abstractmethod
-    def journal_size(self) -> int:
-        """How many event ids the journal holds."""
-
-    @abstractmethod
-    def journal_entries(self, record_key: str | None = None) -> list[JournalEntry]:
-        """Journal entries (of one record, or all), by record key then revision."""
-
-    # -- retention: what the prune reads and removes (see ops/retention.py) ----------------
-
-    @abstractmethod
-    def journal_sources(self) -> list[str]:
-        """The sources the journal holds rows of."""
-
-    @abstractmethod
-    def old_rows(
-        self, table: PrunedTable, before: float, limit: int, source: str = ""
-    ) -> list[ArchiveRow]:
-        """Up to ``limit`` rows due for the archive, oldest first: journal rows of
-        ``source`` recorded before ``before`` (but not those of a dead-lettered event whose
-        review row is open, or was closed after ``before``: a retry must still find them);
-        dead-letter rows closed (retried, discarded, resolved) before ``before``."""
-
-    @abstractmethod
-    def count_old_rows(self, table: PrunedTable, before: float, source: str = "") -> int:
-        """How many rows :meth:`old_rows` would give without a limit."""
-
-    @abstractmethod
-    def remove_archived(self, table: PrunedTable, rows: Sequence[ArchiveRow]) -> Removal:
-        """Delete ``rows`` (as :meth:`old_rows` gave them, now in a complete archive file)
-        in one transaction, each only if it has not changed since; a journal row leaves
-        its id in ``archived_ids``. The rows now in the archive alone are those deleted,
-        and those already gone (an earlier, interrupted run deleted them); a row that
-        changed (a dead letter retried meanwhile) stays in the table and is left out.
-        Running it twice has the effect of running it once. ``held_s`` is the time from
-        the moment the transaction held the write lock (SQLite; the rows' locks on
-        PostgreSQL) to its commit: the most a lane could have waited on it."""
-
-    @abstractmethod
-    def forget_archived_ids(self, before: float, limit: int) -> Removal:
-        """Forget up to ``limit`` archived event ids recorded before ``before`` (their
-        replays are then new events); ``held_s`` as for :meth:`remove_archived`."""
-
-    @abstractmethod
-    def reclaim_space(self) -> list[str]:
-        """After removals: make the space of the removed rows reusable where the
-        database leaves that to a later job (PostgreSQL: a plain ``VACUUM`` of each table
-        the prune removes from, once its dead rows are a tenth of its live ones; SQLite
-        reuses freed pages by itself). The tables it did that for."""
-
-    @abstractmethod
-    def table_ages(self) -> dict[str, TableAge]:
-        """Rows and oldest row of ``journal``, ``dead_letters`` (closed rows, by when
-        they were closed) and ``archived_ids``."""
-
-    @abstractmethod
-    def find_journal(
-        self, event_id: str | None = None, source: str | None = None, record_key: str | None = None
-    ) -> list[JournalEntry]:
-        """Journal rows in the table with this event id (of any source unless
-        ``source`` is given) or of this record, by recorded time."""
-
-    @abstractmethod
-    def maintenance_lock(self) -> AbstractContextManager[bool]:
-        """Held by one process of the deployment at a time, for the prune: yields True
-        when taken (released on exit, or when the process dies), False when another
-        process holds it."""
+class Store(RecordStore, JournalStore, FenceStore, DeadLetterStore, RetentionStore, ParkingStore):
+    """Every role of one connection to keylane's database (one SQL implementation,
+    :class:`keylane.workers.stores.sql.SqlStore`, over SQLite or PostgreSQL). See the
+    module docstring for the promises; code that needs one role names that role."""
