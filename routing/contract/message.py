@@ -16,9 +16,9 @@ import functools
 import hashlib
 import json
 import os
+import platform
 import random
 import re
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +29,7 @@ from ..router import EVENT_TASK, UNHOLD_TASK
 from .errors import MalformedMessage
 from .events import Event
 
-_ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
+_ORIGIN = f"{os.getpid()}@{platform.node()}"
 
 #: Headers keylane's scripts read (the lane broker decodes a message's headers, never its
 #: text): the record a message belongs to, which decides the list it waits in.
