@@ -39,6 +39,7 @@ from ..routing.contract.faults import NO_FAULTS, Faults
 from ..routing.contract.sources import SourceConfig
 from .blocking import BlockingPool
 from .changes import apply_changes
+from .dead_letters import Failure
 from .lane_store import LaneStore, event_write
 from .results import ApplyResult
 from .store import EventWrite, Fence, Record, RecordStore
@@ -77,15 +78,25 @@ def load_source_handler(source: SourceConfig) -> SourceHandler | None:
     return SourceHandler(fn, batched=source.batch_handler is not None)
 
 
+@dataclass(frozen=True)
+class ApplyRules:
+    """How a deployment applies its events (from its settings)."""
+
+    #: Attempts (a fresh read each) before a conflict on every one makes a dead letter.
+    max_attempts: int
+    #: The most one attempt's handler calls may take together.
+    handler_time_limit_s: float = 10.0
+    #: Faults injected at named points (crash tests only).
+    faults: Faults = NO_FAULTS
+
+
 async def apply_events(
     store: LaneStore,
     events: Sequence[Event],
     fence: Fence | None,
     source: SourceConfig | None,
-    max_attempts: int,
-    faults: Faults = NO_FAULTS,
+    rules: ApplyRules,
     handler: SourceHandler | None = None,
-    handler_time_limit_s: float = 10.0,
     read: Record | None = None,
 ) -> list[ApplyResult]:
     """Apply ``events`` (one, or a record's batch: see :func:`apply_batch`) once each (see
@@ -99,10 +110,8 @@ async def apply_events(
         return [await store.review(event, fence)]
     if source is None:
         error = f"source {event.source!r} is not configured"
-        return [await store.dead_letter(event, fence, "unknown_source", 1, error)]
-    return await apply_batch(
-        store, events, fence, source, max_attempts, faults, handler, handler_time_limit_s, read
-    )
+        return [await store.dead_letter(event, fence, Failure("unknown_source", 1, error))]
+    return await apply_batch(store, events, fence, source, rules, handler, read)
 
 
 async def apply_batch(
@@ -110,10 +119,8 @@ async def apply_batch(
     events: Sequence[Event],
     fence: Fence | None,
     source: SourceConfig,
-    max_attempts: int,
-    faults: Faults = NO_FAULTS,
+    rules: ApplyRules,
     handler: SourceHandler | None = None,
-    handler_time_limit_s: float = 10.0,
     read: Record | None = None,
 ) -> list[ApplyResult]:
     """Apply consecutive events of one record of ``source`` as one: each attempt reads the
@@ -131,6 +138,7 @@ async def apply_batch(
     first attempt (one blocking call fewer); every other attempt reads it again.
     """
     first = events[0]
+    max_attempts, faults = rules.max_attempts, rules.faults
     revision_read = found = 0
     for attempt in range(1, max_attempts + 1):
         if attempt == 1 and read is not None and read.key == first.record_key:
@@ -138,7 +146,7 @@ async def apply_batch(
         else:
             record = await store.read(first.record_key)
         revision_read = record.revision
-        changes_of = _ChangesOf(store.io, handler, handler_time_limit_s, events, record)
+        changes_of = _ChangesOf(store.io, handler, rules.handler_time_limit_s, events, record)
         writes = await _attempt_writes(store, fence, source, changes_of, attempt)
         if isinstance(writes, ApplyResult):
             return [writes]
@@ -151,29 +159,13 @@ async def apply_batch(
             continue
         except AlreadyApplied:
             if len(events) > 1:  # which one is unknown: settle the first alone
-                return await apply_batch(
-                    store,
-                    events[:1],
-                    fence,
-                    source,
-                    max_attempts,
-                    faults,
-                    handler,
-                    handler_time_limit_s,
-                )
+                return await apply_batch(store, events[:1], fence, source, rules, handler)
             return [ApplyResult("duplicate", attempts=attempt, conflicts=attempt - 1)]
         done = ApplyResult("applied", attempts=attempt, conflicts=attempt - 1, revision=revision)
         return [done] * len(writes)
-    row = await store.dead_letter(
-        first,
-        fence,
-        "conflict",
-        max_attempts,
-        f"revision moved from {revision_read} to {found} on each of {max_attempts} attempts",
-        revision_read,
-        found,
-        conflicts=max_attempts,
-    )
+    error = f"revision moved from {revision_read} to {found} on each of {max_attempts} attempts"
+    failure = Failure("conflict", max_attempts, error, revision_read, found, max_attempts)
+    row = await store.dead_letter(first, fence, failure)
     return [row]
 
 
@@ -203,7 +195,8 @@ async def _attempt_writes(
             if writes:
                 break  # the events so far go in; this one is taken again on its own
             reason = next(r for kind, r in _REFUSALS.items() if isinstance(exc, kind))
-            return await store.dead_letter(event, fence, reason, attempt, str(exc), record.revision)
+            failure = Failure(reason, attempt, str(exc), record.revision)
+            return await store.dead_letter(event, fence, failure)
         writes.append(event_write(event, after, record.revision, attempt))
         fields = fields if after is None else after
     return writes

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import sentry_sdk
 from pydantic import ValidationError
@@ -36,17 +37,22 @@ REVIEW_ERRORS = {
 }
 
 
+@dataclass(frozen=True)
+class Failure:
+    """Why an event becomes a dead letter, and what its attempts saw."""
+
+    reason: str
+    attempts: int
+    error: str
+    #: The record's revision the attempts read, and the one they found at the write
+    #: (None: the one read).
+    revision_read: int | None = None
+    revision_found: int | None = None
+    conflicts: int = 0
+
+
 def dead_letter(
-    store: Store,
-    event: Event,
-    fence: Fence | None,
-    reason: str,
-    attempts: int,
-    error: str,
-    revision_read: int | None = None,
-    revision_found: int | None = None,
-    conflicts: int = 0,
-    close_event: bool = True,
+    store: Store, event: Event, fence: Fence | None, failure: Failure, close_event: bool = True
 ) -> ApplyResult:
     """Record ``event`` for review and (unless ``close_event`` is false) close it in the
     journal, in one transaction; a ``duplicate`` when the journal already closed it."""
@@ -55,49 +61,42 @@ def dead_letter(
         event_id=event.event_id,
         record_key=event.record_key,
         shard=event.shard,
-        reason=reason,
+        reason=failure.reason,
         event=event.model_dump(mode="json"),
         attempted_change=event.changes_wire(),
-        revision_read=revision_read,
-        revision_found=revision_found if revision_found is not None else revision_read,
-        attempts=attempts,
-        error=error,
+        revision_read=failure.revision_read,
+        revision_found=(
+            failure.revision_found if failure.revision_found is not None else failure.revision_read
+        ),
+        attempts=failure.attempts,
+        error=failure.error,
         retry_of=event.retry_of,
     )
     try:
         row = store.commit_dead_letter(draft, fence, close_event=close_event)
     except AlreadyApplied:
-        return ApplyResult("duplicate", attempts=attempts, conflicts=conflicts)
+        return ApplyResult("duplicate", attempts=failure.attempts, conflicts=failure.conflicts)
     return ApplyResult(
-        "dead_lettered", attempts=attempts, conflicts=conflicts, dead_letter_id=row, reason=reason
+        "dead_lettered",
+        attempts=failure.attempts,
+        conflicts=failure.conflicts,
+        dead_letter_id=row,
+        reason=failure.reason,
     )
 
 
 def dead_letters(
-    store: Store,
-    events: Sequence[Event],
-    fence: Fence | None,
-    reason: str,
-    attempts: int,
-    error: str,
-    revision_read: int | None = None,
-    revision_found: int | None = None,
-    conflicts: int = 0,
+    store: Store, events: Sequence[Event], fence: Fence | None, failure: Failure
 ) -> list[ApplyResult]:
-    """A dead letter for each of ``events`` (one call's batch: the same reason and error)."""
-    return [
-        dead_letter(
-            store, e, fence, reason, attempts, error, revision_read, revision_found, conflicts
-        )
-        for e in events
-    ]
+    """A dead letter for each of ``events`` (one call's batch: the same failure)."""
+    return [dead_letter(store, e, fence, failure) for e in events]
 
 
 def review(store: Store, event: Event, fence: Fence | None) -> ApplyResult:
     """The review row of an event the receiver flagged (``event.review``), not applied."""
     assert event.review is not None
     error = REVIEW_ERRORS.get(event.review, event.review)
-    return dead_letter(store, event, fence, event.review, 1, error, close_event=False)
+    return dead_letter(store, event, fence, Failure(event.review, 1, error), close_event=False)
 
 
 def malformed(store: Store, shard: int, raw: bytes, error: str, fence: Fence | None) -> int:
@@ -171,4 +170,4 @@ def past_delivery_limit(store: Store, raw: bytes, deliveries: int) -> ApplyResul
     except (MalformedMessage, ValidationError, TypeError, ValueError) as exc:
         return malformed(store, -1, raw, str(exc), None)
     error = f"handed out {deliveries} times and never finished (the worker died each time)"
-    return dead_letter(store, event, None, "poison", deliveries, error)
+    return dead_letter(store, event, None, Failure("poison", deliveries, error))

@@ -43,6 +43,7 @@ from ..routing.contract.settings import Settings
 from ..routing.redis_keys import message_digest
 from .blocking import BlockingPool
 from .broker import MessageNotes, Taken
+from .dead_letters import Failure
 from .destinations import (
     Conflict,
     Context,
@@ -110,7 +111,8 @@ class Dispatcher:
         destination = self.destinations.get(event.destination or "")
         if destination is None:
             error = f"no destination named {event.destination!r} on this worker"
-            return [await store.dead_letter(event, fence, "unknown_destination", 1, error)]
+            failure = Failure("unknown_destination", 1, error)
+            return [await store.dead_letter(event, fence, failure)]
         io = store.io
         entries = await store.journal(events)
         entry = entries[0]
@@ -162,13 +164,9 @@ class Dispatcher:
             if config.versioned:
                 notes = await io.call(self._write_notes, config, taken)
         runs = self.settings.max_attempts
+        error = f"{config.name} reported a conflict on each of {runs} runs"
         return await store.dead_letters(
-            events,
-            fence,
-            "conflict",
-            runs,
-            f"{config.name} reported a conflict on each of {runs} runs",
-            conflicts=runs,
+            events, fence, Failure("conflict", runs, error, conflicts=runs)
         )
 
     def _write_notes(self, config: DestinationConfig, taken: Taken) -> dict[str, Any]:
@@ -240,15 +238,10 @@ class Dispatcher:
         if isinstance(outcome, GiveUp):
             reason = outcome.reason or destination.give_up_reason
             error = describe_failure(destination, events, ctx, outcome, f"{reason} after")
-            return await store.dead_letters(
-                events,
-                fence,
-                reason,
-                ctx.attempt,
-                error,
-                outcome.revision_read,
-                outcome.revision_found,
+            failure = Failure(
+                reason, ctx.attempt, error, outcome.revision_read, outcome.revision_found
             )
+            return await store.dead_letters(events, fence, failure)
         assert isinstance(outcome, RetryLater)
         config = destination.config
         retries, failing_s = await store.io.call(self.broker.note_retry, taken.shard, taken.raw)
@@ -256,7 +249,8 @@ class Dispatcher:
             error = describe_failure(
                 destination, events, ctx, outcome, f"still failing after {failing_s:.0f}s and"
             )
-            return await store.dead_letters(events, fence, "retries_exhausted", ctx.attempt, error)
+            failure = Failure("retries_exhausted", ctx.attempt, error)
+            return await store.dead_letters(events, fence, failure)
         delay_s = outcome.delay_s
         if delay_s is None:
             delay_s = retry_delay_s(retries, config.max_backoff_s, random.random())

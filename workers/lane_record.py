@@ -46,9 +46,10 @@ from ..routing.contract.settings import Settings
 from ..routing.contract.sources import SourceConfig, Sources
 from ..routing.router import EVENT_TASKS
 from . import dead_letters
-from .apply import SourceHandler, apply_events, load_source_handler
+from .apply import ApplyRules, SourceHandler, apply_events, load_source_handler
 from .blocking import BlockingPool
 from .broker import Ack, Counts, Idle, LaneBroker, Lease, Taken
+from .dead_letters import Failure
 from .dispatch import Dispatcher, Wait
 from .doorbell import Doorbell
 from .lane_store import LaneStore
@@ -133,6 +134,9 @@ class RecordLane:
         self._stop = stopping
         self._events = events
         self._handlers: dict[str, SourceHandler | None] = {}
+        self._rules = ApplyRules(
+            settings.max_attempts, settings.handler_time_limit_ms / 1000, faults
+        )
 
     def take(self, store: Store, leases: list[Lease]) -> Step | Idle:
         """(In a pool thread.) Take the first due record of ``leases``' shards and read it
@@ -332,7 +336,8 @@ class RecordLane:
             reason = "handler_error" if last_error else "poison"
             detail = last_error or "the worker died each time (killed, crashed or stuck)"
             error = f"started {deliveries - 1} times without finishing; last: {detail}"
-            return [await self.store.dead_letter(event, fence, reason, deliveries - 1, error)]
+            failure = Failure(reason, deliveries - 1, error)
+            return [await self.store.dead_letter(event, fence, failure)]
         if not self.ownership.valid(lease):
             return None
         events = [queued.event for queued in batch]
@@ -340,15 +345,7 @@ class RecordLane:
             return await self.dispatcher.send(self.store, fence, taken, events)
         source = self.sources.get(event.source)
         return await apply_events(
-            self.store,
-            events,
-            fence,
-            source,
-            self.settings.max_attempts,
-            self.faults,
-            self._handler(source),
-            self.settings.handler_time_limit_ms / 1000,
-            record,
+            self.store, events, fence, source, self._rules, self._handler(source), record
         )
 
     def _handler(self, source: SourceConfig | None) -> SourceHandler | None:

@@ -25,6 +25,7 @@ from ..routing.contract.errors import AlreadyApplied
 from ..routing.contract.events import Event
 from . import dead_letters
 from .blocking import BlockingPool
+from .dead_letters import Failure
 from .results import ApplyResult
 from .store import (
     Commit,
@@ -80,17 +81,15 @@ class LaneStore:
         own when one of them already has an outcome."""
         return await self.io.store(_journal_delivered, list(events), fence, attempts)
 
-    async def dead_letter(
-        self, event: Event, fence: Fence | None, *args: Any, **kw: Any
-    ) -> ApplyResult:
+    async def dead_letter(self, event: Event, fence: Fence | None, failure: Failure) -> ApplyResult:
         """:func:`keylane.workers.dead_letters.dead_letter`."""
-        return await self.io.store(dead_letters.dead_letter, event, fence, *args, **kw)
+        return await self.io.store(dead_letters.dead_letter, event, fence, failure)
 
     async def dead_letters(
-        self, events: Sequence[Event], fence: Fence | None, *args: Any, **kw: Any
+        self, events: Sequence[Event], fence: Fence | None, failure: Failure
     ) -> list[ApplyResult]:
         """:func:`keylane.workers.dead_letters.dead_letters`."""
-        return await self.io.store(dead_letters.dead_letters, list(events), fence, *args, **kw)
+        return await self.io.store(dead_letters.dead_letters, list(events), fence, failure)
 
     async def review(self, event: Event, fence: Fence | None) -> ApplyResult:
         """:func:`keylane.workers.dead_letters.review`."""
