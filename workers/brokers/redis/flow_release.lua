@@ -3,8 +3,9 @@
 -- * a throttled call (429, or a Retry-After pause) lowers the rate to 0.9 x the calls the
 --   destination admitted in the last second (what it takes), at most 0.9 x the rate in
 --   force (half of it when nothing was admitted), never below 0.1/s. Only a call started
---   after the last cut cuts again: the calls in flight when the destination began to
---   refuse all answer for the same excess.
+--   after the last cut's millisecond cuts again: the calls in flight when the destination
+--   began to refuse all answer for the same excess (one started in the cut's millisecond
+--   is taken for one of them: Redis's clock cannot order the two).
 -- * each call that succeeds raises the adapted rate a little: by max(0.05, 1 % of the rate
 --   of the last cut) calls/s over a second of successful calls, so a 10 % cut is made up in
 --   about 10 s; past the configured rate (or, with none, twice the rate of the last cut)
@@ -29,7 +30,7 @@ local configured = tonumber(redis.call('HGET', KEYS[2], 'rate') or '0')
 local adapted = tonumber(redis.call('HGET', KEYS[2], 'adapted') or '0')
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - 1000)
 if ARGV[4] == '1' then
-  if started < tonumber(redis.call('HGET', KEYS[2], 'cut_at') or '0') then return '' end
+  if started <= tonumber(redis.call('HGET', KEYS[2], 'cut_at') or '0') then return '' end
   local current = configured
   if adapted > 0 and (current == 0 or adapted < current) then current = adapted end
   local admitted = redis.call('ZCARD', KEYS[4])
