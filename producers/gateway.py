@@ -14,6 +14,7 @@ event that survives a Redis crash.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ class EnqueueResult:
 
     verdict: Verdict
     detail: str
+    #: A duplicate's told outcome, once its lane decided it (``routing/contract/outcomes.py``).
+    told: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,7 @@ class ReceiverGateway:
             self.keys.queue(queue),
             self.keys.counters,
             self.keys.depth,
+            self.keys.outcome(source, event_id),
         ]
         result = await self._run(
             self._accept_event if lease is None else self._accept_fenced,
@@ -141,8 +145,9 @@ class ReceiverGateway:
                 *([] if lease is None else [lease.value]),
             ],
         )
-        verdict, detail = (reply_text(x) for x in result)
-        return EnqueueResult(verdict, detail)  # type: ignore[arg-type]
+        verdict, detail = reply_text(result[0]), reply_text(result[1])
+        told = result[2] if len(result) > 2 and result[2] else None
+        return EnqueueResult(verdict, detail, told)  # type: ignore[arg-type]
 
     async def record_reuse(
         self,
@@ -170,7 +175,9 @@ class ReceiverGateway:
         ``reused``, with the first delivery's answer), or None: the accept of a broker
         whose publish and mark are two steps (RabbitMQ, :mod:`keylane.producers.amqp`)."""
         with broker_errors():
-            value = await self.client.get(self.keys.dedupe(source, event_id))
+            value, told = await self.client.mget(
+                self.keys.dedupe(source, event_id), self.keys.outcome(source, event_id)
+            )
         if value is None:
             return None
         digest, _, answer = reply_text(value).partition("\n")
@@ -180,7 +187,7 @@ class ReceiverGateway:
         pipe.hincrby(self.keys.counters, counter, 1)
         with broker_errors():
             await pipe.execute()
-        return EnqueueResult(verdict, answer)
+        return EnqueueResult(verdict, answer, _bytes(told) if verdict == "duplicate" else None)
 
     async def mark_seen(
         self,
@@ -201,6 +208,20 @@ class ReceiverGateway:
             pipe.hincrby(self.keys.counters, "keyless", 1)
         with broker_errors():
             await pipe.execute()
+
+    async def outcome_of(self, source: str, event_id: str) -> tuple[bytes | None, bool]:
+        """The told outcome of an event (None until its lane decided it), and whether it
+        was accepted (its dedupe mark is there), read together."""
+        with broker_errors():
+            told, mark = await self.client.mget(
+                self.keys.outcome(source, event_id), self.keys.dedupe(source, event_id)
+            )
+        return _bytes(told), mark is not None or told is not None
+
+    def outcome_feed(self) -> OutcomeFeed:
+        """A new subscription to the told outcomes (the receiver's one, see
+        :mod:`keylane.producers.outcome_waits`); connected by :meth:`OutcomeFeed.open`."""
+        return OutcomeFeed(self.client, self.keys.outcomes)
 
     async def ping(self) -> bool:
         """Whether Redis answers."""
@@ -268,6 +289,36 @@ class ReceiverGateway:
 
     async def _run(self, script: LoadedScript, keys: list[str], args: list[Any]) -> Any:
         return await run_script(self.client, script, keys, args)
+
+
+class OutcomeFeed:
+    """One subscription to the channel the lanes publish told outcomes on: one
+    connection of its own (pub/sub holds it), whatever the number of waiters."""
+
+    def __init__(self, client: aioredis.Redis, channel: str) -> None:
+        self._pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self._channel = channel
+
+    async def open(self) -> None:
+        """Subscribe (the caller waits for nothing it may have missed before this)."""
+        with broker_errors():
+            await self._pubsub.subscribe(self._channel)
+
+    async def next(self, timeout_s: float) -> bytes | None:
+        """The next told outcome heard, or None after ``timeout_s`` without one;
+        :class:`BrokerUnavailable` once the subscription is lost (outcomes may have been
+        missed)."""
+        with broker_errors():
+            message = await self._pubsub.get_message(timeout=timeout_s)
+        if message is None or message.get("type") != "message":
+            return None
+        data: bytes = message["data"]
+        return data
+
+    async def close(self) -> None:
+        """Unsubscribe and release the connection."""
+        with contextlib.suppress(RedisError):  # already lost
+            await self._pubsub.aclose()
 
 
 class LoadedScript(AsyncScript):
@@ -409,6 +460,10 @@ class ScheduleGateway:
 
     async def _run(self, script: LoadedScript, keys: list[str], args: list[Any]) -> Any:
         return await run_script(self.client, script, keys, args)
+
+
+def _bytes(value: bytes | str | None) -> bytes | None:
+    return value.encode() if isinstance(value, str) else value
 
 
 def broker_errors() -> AbstractContextManager[None]:

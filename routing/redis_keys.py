@@ -104,6 +104,17 @@ class RedisKeys:
         """The first answer given for a sender's event id."""
         return f"{self.prefix}seen:{source}:{event_id}"
 
+    def outcome(self, source: str, event_id: str) -> str:
+        """An event's told outcome (JSON, ``routing/contract/outcomes.py``), written by the
+        lane that decided it, kept as long as its dedupe mark."""
+        return f"{self.prefix}outcome:{source}:{event_id}"
+
+    @property
+    def outcomes(self) -> str:
+        """The channel every told outcome is published on (the receivers' one
+        subscription each, ``producers/outcome_waits.py``)."""
+        return f"{self.prefix}outcomes"
+
     def reused(self, source: str, event_id: str, body_hash: str) -> str:
         """Marker that one reuse of an event id with another body was already recorded."""
         return f"{self.prefix}reused:{source}:{event_id}:{body_hash}"

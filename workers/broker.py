@@ -86,14 +86,30 @@ class Idle:
 
 
 @dataclass(frozen=True)
+class Tell:
+    """A decided event's outcome, told with its acknowledgement: ``body`` (a told
+    outcome's JSON, ``routing/contract/outcomes.py``) is kept under the event's outcome
+    key for ``ttl_ms`` (its dedupe retention) and published to whoever waits for it. A
+    key already there is kept (the first tell stands) and published again, unless
+    ``replace`` (an operator's retry decided the event anew)."""
+
+    source: str
+    event_id: str
+    body: bytes
+    ttl_ms: int
+    replace: bool = False
+
+
+@dataclass(frozen=True)
 class Ack:
-    """A message done with: its outcome and counts."""
+    """A message done with: its outcome and counts, and what to tell about it."""
 
     raw: bytes
     outcome: str = ""
     conflicts: int = 0
     attempts: int = 0
     latency_s: float | None = None
+    tell: Tell | None = None
 
 
 #: What becomes of a waiting record's delivery counts: ``uncount`` (the attempt was not

@@ -45,10 +45,10 @@ from ..routing.contract.message import TaskMessage, parse_message
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import SourceConfig, Sources
 from ..routing.router import EVENT_TASKS
-from . import dead_letters
+from . import dead_letters, lane_tells
 from .apply import ApplyRules, SourceHandler, apply_events, load_source_handler
 from .blocking import BlockingPool
-from .broker import Ack, Counts, Idle, LaneBroker, Lease, Taken
+from .broker import Ack, Counts, Idle, LaneBroker, Lease, Taken, Tell
 from .dead_letters import Failure
 from .dispatch import Dispatcher, Wait
 from .doorbell import Doorbell
@@ -248,7 +248,10 @@ class RecordLane:
                 await self.io.call(self.faults.hit, "worker.before_ack", queued.event.record_key)
             applied = result.outcome == "applied"
             latency = max(0.0, time.time() - queued.event.accepted_at) if applied else None
-            acks.append(Ack(queued.raw, result.outcome, result.conflicts, result.attempts, latency))
+            tell = await self._tell(queued.event, result)
+            acks.append(
+                Ack(queued.raw, result.outcome, result.conflicts, result.attempts, latency, tell)
+            )
         keep = not self._stop.is_set() and self.ownership.keep(lane, lease)
         finished = await self.io.store(self._finish, lease, taken, acks, hold, keep)
         if finished is False:
@@ -354,6 +357,20 @@ class RecordLane:
         if source.name not in self._handlers:
             self._handlers[source.name] = load_source_handler(source)
         return self._handlers[source.name]
+
+    async def _tell(self, event: Event, result: ApplyResult) -> Tell | None:
+        """What to tell with the acknowledgement (:mod:`keylane.workers.lane_tells`): a
+        duplicate is told again from the journal. Never in the acknowledgement's way: a
+        journal that cannot be read now tells nothing (the waiter gets a 202)."""
+        if not lane_tells.tells(event):
+            return None
+        told = lane_tells.told_of(event, result, time.time())
+        if result.outcome == "duplicate":
+            try:
+                told = await self.io.store(lane_tells.journal_told, event)
+            except Exception as exc:
+                log.warning("could not read the outcome of a duplicate to tell it: %s", exc)
+        return lane_tells.tell_of(told, event, self.settings, self.sources)
 
     async def _after(self, event: Event, result: ApplyResult) -> int | None:
         """Alert on a new dead letter; the dead letter that holds the record when the

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from .store import JournalOutcome
 
 #: ``applied`` and ``dead_lettered`` are journaled; ``duplicate``: the journal already had
 #: the event, so this delivery had no effect.
-ApplyOutcome = JournalOutcome | Literal["duplicate"]
+ApplyOutcome = JournalOutcome | Literal["duplicate", "refused"]
 
 
 @dataclass(frozen=True)
@@ -22,3 +22,4 @@ class ApplyResult:
     revision: int | None = None
     dead_letter_id: int | None = None
     reason: str | None = None
+    result: dict[str, Any] | None = None

@@ -27,7 +27,9 @@ from typing import Any, Literal, get_args
 
 from ..routing.contract.errors import AlreadyApplied, StaleFence, VersionConflict
 
-JournalOutcome = Literal["applied", "dead_lettered"]
+#: ``refused``: a condition on the record did not hold (or a task refused): an answer,
+#: not a failure; never retried.
+JournalOutcome = Literal["applied", "dead_lettered", "refused"]
 #: The outcome :meth:`Store.journal` gives an event whose row was archived.
 ARCHIVED: Literal["archived"] = "archived"
 DeadLetterStatus = Literal["open", "retried", "discarded", "resolved"]
@@ -104,6 +106,7 @@ class JournalEntry:
     attempts: int
     recorded_at: float
     fence: int | None = None
+    result: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,19 @@ class EventWrite:
     expected_revision: int
     attempts: int
     retry_of: int | None = None
+    #: ``refused``: journal a refusal (``fields`` is then None).
+    outcome: JournalOutcome = "applied"
+    #: The journal entry's result; an applied write that changes the record gets the new
+    #: revision added as ``"revision"`` (see :func:`with_revision`).
+    result: dict[str, Any] | None = None
+    #: Decided on the record as read at ``expected_revision`` (a refusal by its
+    #: conditions): written only if the record is still there, as a change would be.
+    decided_on_read: bool = False
+
+
+def with_revision(result: dict[str, Any] | None, revision: int) -> dict[str, Any] | None:
+    """An applied write's result as journaled: its revision first, then the rest."""
+    return None if result is None else {"revision": revision, **result}
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,15 @@
 -- Dedupe on the sender's event id and push to the shard queue, or neither (invariant 1):
--- KEYS = (dedupe mark, queue, counters, depth); ARGV = (body hash, message, answer,
--- retention ms, high-water mark, doorbell channel, shard, keyless flag). The shard's depth
--- is its queue and what its owner admitted into records' lists (held records apart).
+-- KEYS = (dedupe mark, queue, counters, depth, told outcome); ARGV = (body hash, message,
+-- answer, retention ms, high-water mark, doorbell channel, shard, keyless flag). The
+-- shard's depth is its queue and what its owner admitted into records' lists (held
+-- records apart). A duplicate gets the first answer and, once its lane decided the event,
+-- the told outcome (read in this same step; '' while undecided).
 local seen = redis.call('GET', KEYS[1])
 if seen then
   local sep = string.find(seen, '\n', 1, true)
   if string.sub(seen, 1, sep - 1) == ARGV[1] then
     redis.call('HINCRBY', KEYS[3], 'duplicate_deliveries', 1)
-    return {'duplicate', string.sub(seen, sep + 1)}
+    return {'duplicate', string.sub(seen, sep + 1), redis.call('GET', KEYS[5]) or ''}
   end
   redis.call('HINCRBY', KEYS[3], 'reused_ids', 1)
   return {'reused', string.sub(seen, sep + 1)}

@@ -37,6 +37,12 @@ from .errors import BrokerUnavailable
 SHARD_KEYS = ("lease", "queue", "rec_prefix", "ready", "busy", "waits", "deliveries")
 #: The deployment's keys a lane script is given at the end of its ``KEYS``, in this order.
 COMMON_KEYS = ("depth", "held", "counters")
+#: The values of one acknowledged message in ``finish.lua``'s ``ARGV``, in this order:
+#: ``ARGV[i + ACK.<name>]`` there, ``i`` the message's first (``told_key`` '': nothing told).
+ACK_ARGS = (
+    *("message", "outcome", "conflicts", "attempts", "latency_bucket", "latency_s"),
+    *("told_key", "told", "told_ttl_ms", "told_replace"),
+)
 #: The first line by which a script includes a helper of its folder.
 INCLUDE = "-- include: "
 
@@ -44,13 +50,16 @@ INCLUDE = "-- include: "
 def lua_constants() -> str:
     """The Lua definitions of the layouts Python names: ``NOTES`` (note name -> the suffix
     of its field in a shard's deliveries hash), ``SHARD_KEYS`` and ``COMMON_KEYS`` (the key
-    names, by position)."""
+    names, by position), ``ACK`` (an acknowledged message's values: name -> offset,
+    see :data:`ACK_ARGS`)."""
     notes = ", ".join(f"{note} = ':{note}'" for note in MESSAGE_NOTES)
+    ack = ", ".join(f"{name} = {i}" for i, name in enumerate(ACK_ARGS))
     return (
         "-- Generated from keylane.routing.contract.redis_scripts (do not spell these by hand).\n"
         f"local NOTES = {{{notes}}}\n"
         f"local SHARD_KEYS = {_lua_list(SHARD_KEYS)}\n"
         f"local COMMON_KEYS = {_lua_list(COMMON_KEYS)}\n"
+        f"local ACK = {{{ack}}}\n"
     )
 
 

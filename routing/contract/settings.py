@@ -68,6 +68,9 @@ class Settings(BaseSettings):
     shard_count: int = Field(DEFAULT_SHARD_COUNT, ge=1, le=MAX_SHARD_COUNT)
     max_attempts: int = Field(3, ge=1, le=100)
     max_deliveries: int = Field(5, ge=1, le=1000)
+    # The most a task's result (what it returned, as JSON) may take in its journal entry;
+    # past it the event is still applied, its result replaced by a note (docs: conditions.md)
+    result_max_bytes: int = Field(65_536, ge=256, le=16 * 1_048_576)
     # Records in flight at once per worker process (coroutines: an async task or an HTTP
     # forward waits without a thread) and the threads for blocking calls (store
     # transactions, Redis scripts, plain ``def`` handlers and tasks).
@@ -106,6 +109,11 @@ class Settings(BaseSettings):
     shard_high_water: int = Field(10_000, ge=1)
     global_high_water: int = Field(200_000, ge=1)
     sources_file: Path | None = None
+    # Outcomes (ops/docs/outcomes.md): the longest a request may wait for its event's
+    # outcome (`Prefer: wait=N` is capped by it), and the bearer token that opens
+    # `GET /outcomes/...` for every source (none: closed, unless a source sets its own)
+    outcome_wait_max_s: int = Field(30, ge=0, le=600)
+    outcomes_token: SecretStr | None = None
 
     # Operations
     sentry_dsn: SecretStr | None = Field(

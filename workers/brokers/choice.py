@@ -41,7 +41,8 @@ def open_lane_broker(
         redis = RedisLaneBroker.from_settings(settings)
         return redis, redis
     helper = RedisLaneBroker.from_settings(settings) if settings.redis_url is not None else None
-    return RabbitLaneBroker(settings, open_store, past_delivery_limit), helper
+    teller = helper.tell if helper is not None else None
+    return RabbitLaneBroker(settings, open_store, past_delivery_limit, teller), helper
 
 
 def writer_claim_broker(settings: Settings) -> RedisLaneBroker | None:

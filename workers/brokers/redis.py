@@ -53,7 +53,7 @@ from ...routing.redis_keys import (
     latency_bucket,
     message_digest,
 )
-from ..broker import Ack, Acquired, Counts, Idle, LaneBroker, Lease, Taken
+from ..broker import Ack, Acquired, Counts, Idle, LaneBroker, Lease, Taken, Tell
 from ..flow import DestinationFlow
 
 LEASE_LOG_MAXLEN = 100_000
@@ -252,9 +252,11 @@ class RedisLaneBroker(LaneBroker):
             "" if hold is None else hold,
             "1" if then_take else "0",
             ADMIT_MAX,
+            k.outcomes,
         ]
         for ack in acks:
             latency_s = ack.latency_s
+            tell = ack.tell
             args += [
                 ack.raw,
                 ack.outcome,
@@ -262,6 +264,7 @@ class RedisLaneBroker(LaneBroker):
                 ack.attempts,
                 "" if latency_s is None else latency_bucket(latency_s),
                 f"{latency_s or 0.0:.6f}",
+                *(("", "", 0, "0") if tell is None else self._told(tell)),
             ]
         reply = self._run("finish", keys, args)
         if isinstance(reply, list) and len(reply) == 1:  # then_take: nothing due
@@ -270,6 +273,25 @@ class RedisLaneBroker(LaneBroker):
         if isinstance(reply, list):
             return _taken(lease.shard, reply)
         return bool(reply)
+
+    def _told(self, tell: Tell) -> tuple[str, bytes, int, str]:
+        key = self.keys.outcome(tell.source, tell.event_id)
+        return key, tell.body, tell.ttl_ms, "1" if tell.replace else "0"
+
+    def tell(self, tells: Sequence[Tell]) -> None:
+        """Keep and publish decided outcomes (a key already there stands, and is published
+        again): the RabbitMQ broker's tell through this Redis helper, after its ack. On
+        Redis the lanes' :meth:`finish` tells in the same step as the acknowledgement."""
+        pipe = self.client.pipeline(transaction=False)
+        for tell in tells:
+            key = self.keys.outcome(tell.source, tell.event_id)
+            pipe.set(key, tell.body, px=tell.ttl_ms, nx=not tell.replace)
+            pipe.get(key)
+        replies = _do(pipe.execute)
+        pipe = self.client.pipeline(transaction=False)
+        for tell, stored in zip(tells, replies[1::2], strict=True):
+            pipe.publish(self.keys.outcomes, stored or tell.body)
+        _do(pipe.execute)
 
     def wait(
         self,

@@ -64,7 +64,7 @@ from typing import Any
 from ....routing.contract.amqp_names import dead_queue
 from ....routing.contract.errors import StaleFence
 from ....routing.contract.settings import Settings
-from ...broker import Ack, Counts, Idle, LaneBroker, Lease, Taken
+from ...broker import Ack, Counts, Idle, LaneBroker, Lease, Taken, Tell
 from ...store import Store
 from .consumers import ShardConsumer, batch_limit
 from .link import ack, message_body
@@ -83,8 +83,11 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
         settings: Settings,
         store_factory: Callable[[], Store],
         on_dead: Callable[[bytes, dict[str, Any]], None] | None = None,
+        teller: Callable[[Sequence[Tell]], None] | None = None,
     ) -> None:
         self.settings = settings
+        #: Where decided outcomes are told after their ack (the Redis helper), if anywhere.
+        self._teller = teller
         self.urls = settings.amqp_urls()
         self._store_factory = store_factory
         self._store: Store | None = None
@@ -217,6 +220,25 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
         acks: Sequence[Ack],
         hold: int | None = None,
         then_take: bool = False,
+    ) -> Taken | bool:
+        done = self._finish(lease, taken, acks, hold, then_take)
+        tells = [ack.tell for ack in acks if ack.tell is not None]
+        if done is not False and tells and self._teller is not None:
+            # After the ack, through the Redis helper: a tell lost here (the helper
+            # down) leaves the waiter a 202 and the outcome in the journal alone.
+            try:
+                self._teller(tells)
+            except Exception as exc:
+                log.warning("could not tell %d outcome(s): %s", len(tells), exc)
+        return done
+
+    def _finish(
+        self,
+        lease: Lease,
+        taken: Taken,
+        acks: Sequence[Ack],
+        hold: int | None,
+        then_take: bool,
     ) -> Taken | bool:
         with self._lock:
             consumer = self._current(lease)

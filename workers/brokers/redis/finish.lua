@@ -5,8 +5,12 @@
 -- KEYS: SHARD_KEYS of the shard (see _shared.lua), then latency, drained, depth, held,
 -- counters.
 -- ARGV: shard, lease value, record key, hold (dead letter id, '' for none), then_take
--- ('1'/'0'), admit, then per acknowledged message 6 values: message, outcome counter
--- ('' counts nothing), conflicts, attempts, latency bucket ('' none), latency seconds.
+-- ('1'/'0'), admit, the outcomes channel, then per acknowledged message the values ACK
+-- names (generated): message, outcome counter ('' counts nothing), conflicts, attempts,
+-- latency bucket ('' none), latency seconds, and the told outcome: its key ('' nothing
+-- told), its JSON, its TTL in ms and whether it replaces ('1') a tell before it. A told
+-- outcome is kept under its key (unless replacing, a key already there stands: the first
+-- tell) and published on the channel, in this same step.
 -- Returns 0 when the lease is not ours (nothing done), else 1, or with then_take the
 -- record handed out (see take.lua), or {wait}: nothing is due, wait = ms until the
 -- shard's first waiting record is due (-1: none waits).
@@ -18,8 +22,10 @@ if redis.call('GET', K.lease) ~= lease then return 0 end
 local now = now_ms()
 local rec = K.rec_prefix .. key
 local was_held = redis.call('HEXISTS', K.held, key) == 1
-for i = 7, #ARGV, 6 do
-  local m, outcome = ARGV[i], ARGV[i + 1]
+local channel, width = ARGV[7], 0
+for _ in pairs(ACK) do width = width + 1 end
+for i = 8, #ARGV, width do
+  local m, outcome = ARGV[i + ACK.message], ARGV[i + ACK.outcome]
   if redis.call('LREM', rec, 1, m) == 1 and not was_held then
     redis.call('HINCRBY', K.depth, shard, -1)
   end
@@ -27,13 +33,25 @@ for i = 7, #ARGV, 6 do
   redis.call('HINCRBY', drained, shard, 1)
   if outcome ~= '' then
     redis.call('HINCRBY', K.counters, outcome, 1)
-    if tonumber(ARGV[i + 2]) > 0 then redis.call('HINCRBY', K.counters, 'conflicts', ARGV[i + 2]) end
-    if tonumber(ARGV[i + 3]) > 0 then redis.call('HINCRBY', K.counters, 'attempts', ARGV[i + 3]) end
-    if ARGV[i + 4] ~= '' then
-      redis.call('HINCRBY', latency, ARGV[i + 4], 1)
+    local conflicts, attempts = ARGV[i + ACK.conflicts], ARGV[i + ACK.attempts]
+    if tonumber(conflicts) > 0 then redis.call('HINCRBY', K.counters, 'conflicts', conflicts) end
+    if tonumber(attempts) > 0 then redis.call('HINCRBY', K.counters, 'attempts', attempts) end
+    local bucket = ARGV[i + ACK.latency_bucket]
+    if bucket ~= '' then
+      redis.call('HINCRBY', latency, bucket, 1)
       redis.call('HINCRBY', latency, 'count', 1)
-      redis.call('HINCRBYFLOAT', latency, 'sum', ARGV[i + 5])
+      redis.call('HINCRBYFLOAT', latency, 'sum', ARGV[i + ACK.latency_s])
     end
+  end
+  local told_key = ARGV[i + ACK.told_key]
+  if told_key ~= '' then
+    local told, ttl = ARGV[i + ACK.told], ARGV[i + ACK.told_ttl_ms]
+    if ARGV[i + ACK.told_replace] == '1' then
+      redis.call('SET', told_key, told, 'PX', ttl)
+    elseif not redis.call('SET', told_key, told, 'PX', ttl, 'NX') then
+      told = redis.call('GET', told_key) or told
+    end
+    redis.call('PUBLISH', channel, told)
   end
 end
 redis.call('HDEL', K.busy, key)
