@@ -71,7 +71,7 @@ from .routing.contract.errors import (
 )
 from .routing.contract.events import Change, Event
 from .routing.contract.sources import FieldOwnership
-from .workers.destinations import Conflict, Context, Done, GiveUp, Outcome, RetryLater
+from .workers.destinations import Conflict, Context, Done, GiveUp, Outcome, Refuse, RetryLater
 from .workers.resource import Review, Snapshot, VersionedResource, Written, apply_versioned
 from .workers.store import Record
 
@@ -95,6 +95,7 @@ __all__ = [
     "LeaseLost",
     "Outcome",
     "Record",
+    "Refuse",
     "RepairCheck",
     "ResourceError",
     "ResourceRefused",

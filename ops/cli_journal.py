@@ -3,6 +3,8 @@ what is past its retention."""
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from ..routing.contract.errors import StoreMissing
@@ -59,8 +61,11 @@ def journal_find(
         emit_json(rows)
     else:
         columns = ["where", "source", "event_id", "record_key", "outcome", "revision"]
-        cells = [[r.get(c) for c in columns] + [when(r.get("recorded_at"))] for r in rows]
-        click.echo(render_table([*columns, "recorded"], cells))
+        cells = [
+            [r.get(c) for c in columns] + [when(r.get("recorded_at")), _result(r.get("result"))]
+            for r in rows
+        ]
+        click.echo(render_table([*columns, "recorded", "result"], cells))
         click.echo(f"{len(rows)} row(s); {lookup.files_read} archive file(s) read", err=True)
     raise SystemExit(0 if rows else 1)
 
@@ -83,6 +88,14 @@ def journal_prune(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     else:
         _print_report(report)
     raise SystemExit(3 if report.skipped else 0)
+
+
+def _result(result: object, most: int = 80) -> str:
+    """An event's result on one line (its whole JSON with --json)."""
+    if result is None:
+        return ""
+    text = json.dumps(result, separators=(",", ":"), default=str)
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def _progress(table: str, done: int, due: int) -> None:

@@ -69,10 +69,13 @@ def new_event(
     key_missing: bool = False,
     destination: str | None = None,
     body: str | None = None,
+    conditions: dict[str, dict[str, Any]] | None = None,
+    if_revision: int | None = None,
 ) -> NewEvent:
     """The event to accept; :class:`InvalidEvent` if an id, key or type cannot be
-    stored. ``changes`` come checked (``wire_changes``); ``body`` is the JSON text a
-    task or destination gets (a lane reads the payload from it)."""
+    stored. ``changes`` and ``conditions`` come checked (``wire_changes``,
+    ``check_conditions``); ``body`` is the JSON text a task or destination gets (a lane
+    reads the payload from it)."""
     try:
         check_event_id(event_id)
         check_record_key(record_key)
@@ -96,6 +99,8 @@ def new_event(
         "destination": destination,
         "payload": None,
         "body": body,
+        "conditions": conditions,
+        "if_revision": if_revision,
     }
     answer = accepted_answer(source, event_id, record_key, shard, queue, key_missing)
     return NewEvent(

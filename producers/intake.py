@@ -16,14 +16,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from ..routing.contract.conditions import WireConditions
 from ..routing.contract.errors import ConfigError, InvalidEvent
 from ..routing.contract.events import (
     Envelope,
     check_event_id,
     check_record_key,
+    read_conditions,
     wire_changes,
 )
-from ..routing.contract.mapping import MISSING, Delivery, render, resolve
+from ..routing.contract.mapping import MISSING, Delivery, is_reference, render, resolve
 from ..routing.contract.sources import Hook, SourceConfig
 from .signatures import Verified
 
@@ -39,6 +41,8 @@ class Intake:
     event_type: str
     record_key: str
     changes: dict[str, dict[str, Any]]  # checked, in their wire form (``wire_changes``)
+    conditions: WireConditions | None = None  # checked (``check_conditions``)
+    if_revision: int | None = None
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,15 @@ def _keylane(payload: Any, event_id: str, key_missing: bool) -> Intake:
         envelope = Envelope.read(payload)
     except ValueError as exc:
         raise InvalidEvent(str(exc)) from None
-    return Intake(event_id, key_missing, envelope.type, envelope.record_key, envelope.changes)
+    return Intake(
+        event_id,
+        key_missing,
+        envelope.type,
+        envelope.record_key,
+        envelope.changes,
+        envelope.conditions,
+        envelope.if_revision,
+    )
 
 
 def _mapped(
@@ -122,7 +134,27 @@ def _mapped(
             raw[field] = {rule.op: value}
     if not raw:
         return Ignored(event_type, "none of the mapped fields is present in the delivery")
-    return Intake(event_id, key_missing, event_type, record_key, _changes(raw))
+    conditions = _mapped_conditions(source, delivery, event_type)
+    return Intake(event_id, key_missing, event_type, record_key, _changes(raw), conditions)
+
+
+def _mapped_conditions(
+    source: SourceConfig, delivery: Delivery, event_type: str
+) -> WireConditions | None:
+    """The source's conditions for ``event_type``, each reference read from the delivery
+    (a reference the delivery lacks is a 400: a condition is never dropped silently)."""
+    table = source.conditions.get(event_type) or source.conditions.get("*")
+    if not table:
+        return None
+    raw: dict[str, dict[str, Any]] = {}
+    for field, condition in table.items():
+        raw[field] = {}
+        for op, operand in condition.items():
+            value = resolve(operand, delivery) if is_reference(operand) else operand
+            if value is MISSING:
+                raise InvalidEvent(f"conditions: field {field!r}: {op}: nothing at {operand}")
+            raw[field][op] = value
+    return _conditions({"conditions": raw})[0]
 
 
 def _hooked(
@@ -138,7 +170,9 @@ def _hooked(
         return Ignored(event_type, "the source's hook maps nothing for this delivery")
     record_key = _record_key(result.get("record_key"), "the hook's record_key")
     event_type = str(result.get("event_type") or event_type)
-    return Intake(event_id, key_missing, event_type, record_key, _changes(result.get("changes")))
+    conditions, if_revision = _conditions(result)
+    changes = _changes(result.get("changes"))
+    return Intake(event_id, key_missing, event_type, record_key, changes, conditions, if_revision)
 
 
 def _forwarded(
@@ -182,6 +216,13 @@ def _changes(raw: object) -> dict[str, dict[str, Any]]:
         return wire_changes(raw)
     except ValueError as exc:
         raise InvalidEvent(f"changes: {exc}") from None
+
+
+def _conditions(raw: Mapping[str, Any]) -> tuple[WireConditions | None, int | None]:
+    try:
+        return read_conditions(dict(raw))
+    except ValueError as exc:
+        raise InvalidEvent(str(exc)) from None
 
 
 def load_hook(source: SourceConfig) -> Hook | None:

@@ -149,6 +149,11 @@ REDIS_COUNTERS = (
         "Deliveries the lanes found already applied (journal).",
     ),
     ("dead_lettered", "keylane_dead_letters_total", "Events that became dead-letter rows."),
+    (
+        "refused",
+        "keylane_refusals_total",
+        "Events refused: a condition on the record unmet, or a task's keylane.Refuse.",
+    ),
     ("conflicts", "keylane_conflicts_total", "Conditional writes refused (revision moved)."),
     ("attempts", "keylane_attempts_total", "Write attempts of events that finished."),
     ("parked", "keylane_parked_total", "Events parked behind an open dead letter."),

@@ -227,6 +227,8 @@ class Receiver:
             key_missing=intake.key_missing,
             destination=source.destination_name,
             body=text,
+            conditions=intake.conditions,
+            if_revision=intake.if_revision,
         )
 
     async def _accept(self, source: SourceConfig, event: NewEvent) -> Answer:

@@ -22,7 +22,7 @@ import inspect
 import pkgutil
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..routing.contract.errors import (
@@ -39,10 +39,11 @@ from ..routing.contract.faults import NO_FAULTS, Faults
 from ..routing.contract.sources import SourceConfig
 from .blocking import BlockingPool
 from .changes import apply_changes
+from .conditions import check_conditions
 from .dead_letters import Failure
 from .lane_store import LaneStore, event_write
 from .results import ApplyResult
-from .store import EventWrite, Fence, Record, RecordStore
+from .store import EventWrite, Fence, Record, RecordStore, with_revision
 
 #: A source's lane-side handler: (event, record as freshly read) -> the change to apply,
 #: or None for none; a plain function or an ``async def``. It runs on every attempt, so it
@@ -161,8 +162,9 @@ async def apply_batch(
             if len(events) > 1:  # which one is unknown: settle the first alone
                 return await apply_batch(store, events[:1], fence, source, rules, handler)
             return [ApplyResult("duplicate", attempts=attempt, conflicts=attempt - 1)]
-        done = ApplyResult("applied", attempts=attempt, conflicts=attempt - 1, revision=revision)
-        return [done] * len(writes)
+        if writes[0].outcome == "refused":
+            return [await _refused(store, fence, source, first, writes[0], attempt)]
+        return [_applied(write, revision, attempt) for write in writes]
     error = f"revision moved from {revision_read} to {found} on each of {max_attempts} attempts"
     failure = Failure("conflict", max_attempts, error, revision_read, found, max_attempts)
     row = await store.dead_letter(first, fence, failure)
@@ -184,6 +186,14 @@ async def _attempt_writes(
     writes: list[EventWrite] = []
     fields = record.fields
     for index, event in enumerate(changes_of.events):
+        if event.conditional:
+            if writes:
+                break  # checked on a fresh read of its own: it is taken again alone
+            unmet = check_conditions(event.conditions, event.if_revision, fields, record.revision)
+            if unmet is not None:
+                refusal = unmet.as_result()
+                refused = event_write(event, None, record.revision, attempt, "refused", refusal)
+                return [replace(refused, decided_on_read=True)]
         try:
             changes = await changes_of.next(index, event, fields)
             after = (
@@ -197,9 +207,46 @@ async def _attempt_writes(
             reason = next(r for kind, r in _REFUSALS.items() if isinstance(exc, kind))
             failure = Failure(reason, attempt, str(exc), record.revision)
             return await store.dead_letter(event, fence, failure)
-        writes.append(event_write(event, after, record.revision, attempt))
+        result = None if changes is None or after is None else changed_values(changes, after)
+        writes.append(event_write(event, after, record.revision, attempt, result=result))
         fields = fields if after is None else after
     return writes
+
+
+def changed_values(changes: Mapping[str, Change], after: Mapping[str, Any]) -> dict[str, Any]:
+    """An applied change's result (before its revision is known): the new value of each
+    field it changed (None: removed)."""
+    return {"fields": {name: after.get(name) for name in changes}}
+
+
+def _applied(write: EventWrite, revision: int, attempt: int) -> ApplyResult:
+    result = with_revision(write.result, revision) if write.fields is not None else write.result
+    return ApplyResult(
+        "applied", attempts=attempt, conflicts=attempt - 1, revision=revision, result=result
+    )
+
+
+async def _refused(
+    store: LaneStore,
+    fence: Fence | None,
+    source: SourceConfig,
+    event: Event,
+    write: EventWrite,
+    attempt: int,
+) -> ApplyResult:
+    """A refusal, journaled (under the revision its conditions were checked on); a review
+    row too when the source asks for one (``on_refusal = "review"``)."""
+    refused = ApplyResult(
+        "refused",
+        attempts=attempt,
+        conflicts=attempt - 1,
+        revision=write.expected_revision,
+        reason="condition_unmet",
+        result=write.result,
+    )
+    if source.on_refusal == "review":
+        return await store.review_refusal(event, fence, refused)
+    return refused
 
 
 def _before_write(store: RecordStore, faults: Faults, event: Event) -> None:

@@ -55,7 +55,7 @@ def _increment(name: str, current: Any, by: int | float) -> int | float:
         return by
     if isinstance(current, bool) or not isinstance(current, int | float):
         raise ChangeNotApplicable(
-            name, "increment", f"current value is {_kind(current)}, not a number"
+            name, "increment", f"current value is {kind_of(current)}, not a number"
         )
     try:
         total = current + by
@@ -70,7 +70,9 @@ def _list_op(name: str, current: Any, change: Change) -> list[Any]:
     if current is None:
         current = []
     if not isinstance(current, list):
-        raise ChangeNotApplicable(name, change.op, f"current value is {_kind(current)}, not a list")
+        raise ChangeNotApplicable(
+            name, change.op, f"current value is {kind_of(current)}, not a list"
+        )
     items = list(current)
     if change.op == "append":
         items.append(copy.deepcopy(change.value))
@@ -82,7 +84,8 @@ def _list_op(name: str, current: Any, change: Change) -> list[Any]:
     return items
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
+    """A value's kind in words ("text", "a number", ...), for errors and refusals."""
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, str):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sentry_sdk
 from pydantic import ValidationError
@@ -97,6 +97,19 @@ def review(store: Store, event: Event, fence: Fence | None) -> ApplyResult:
     assert event.review is not None
     error = REVIEW_ERRORS.get(event.review, event.review)
     return dead_letter(store, event, fence, Failure(event.review, 1, error), close_event=False)
+
+
+def review_refusal(
+    store: Store, event: Event, fence: Fence | None, refused: ApplyResult
+) -> ApplyResult:
+    """A review row for a refusal already journaled (a source's ``on_refusal = "review"``):
+    ``refused`` with the row's id. The refusal stands: the row is for a person to see."""
+    result = refused.result or {}
+    why = str(result.get("why") or refused.reason or "refused")
+    revision = refused.revision
+    failure = Failure(refused.reason or "refused", refused.attempts, why, revision, revision)
+    row = dead_letter(store, event, fence, failure, close_event=False)
+    return replace(refused, dead_letter_id=row.dead_letter_id)
 
 
 def malformed(store: Store, shard: int, raw: bytes, error: str, fence: Fence | None) -> int:

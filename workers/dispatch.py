@@ -40,6 +40,7 @@ from ..routing.contract.events import Event
 from ..routing.contract.faults import NO_FAULTS, Faults
 from ..routing.contract.logcontext import event_context
 from ..routing.contract.settings import Settings
+from ..routing.contract.sources import Sources
 from ..routing.redis_keys import message_digest
 from .blocking import BlockingPool
 from .broker import MessageNotes, Taken
@@ -51,12 +52,14 @@ from .destinations import (
     Done,
     GiveUp,
     Outcome,
+    Refuse,
     RetryLater,
 )
 from .flow import DestinationFlow
 from .lane_store import LaneStore
 from .results import ApplyResult
 from .store import Fence
+from .stores.dialect import dump_json
 
 log = logging.getLogger("keylane.dispatch")
 
@@ -89,8 +92,10 @@ class Dispatcher:
         flow: DestinationFlow,
         destinations: dict[str, Destination],
         faults: Faults = NO_FAULTS,
+        sources: Sources | None = None,
     ) -> None:
         self.settings = settings
+        self.sources = sources  # for a source's on_refusal
         self.broker = broker
         self.flow = flow
         self.destinations = destinations
@@ -234,7 +239,21 @@ class Dispatcher:
             what = f"{len(events)} events" if len(events) > 1 else "delivered"
             detail = f": {outcome.detail}" if outcome.detail else ""
             ctx.log.info("%s to %s%s", what, ctx.destination, detail)
-            return await store.journal_delivered(events, fence, ctx.attempt)
+            result = capped_result(outcome.result, self.settings.result_max_bytes)
+            return await store.journal_delivered(events, fence, ctx.attempt, result=result)
+        if isinstance(outcome, Refuse):
+            ctx.log.info("refused by %s: %s", ctx.destination, outcome.reason)
+            result = capped_result(outcome.result, self.settings.result_max_bytes)
+            refused = await store.journal_delivered(
+                events, fence, ctx.attempt, "refused", result, outcome.reason
+            )
+            source = None if self.sources is None else self.sources.get(events[0].source)
+            if source is None or source.on_refusal != "review":
+                return refused
+            return [
+                await store.review_refusal(e, fence, r) if r.outcome == "refused" else r
+                for e, r in zip(events, refused, strict=True)
+            ]
         if isinstance(outcome, GiveUp):
             reason = outcome.reason or destination.give_up_reason
             error = describe_failure(destination, events, ctx, outcome, f"{reason} after")
@@ -271,6 +290,20 @@ class Dispatcher:
                 await destination.aclose()
             except Exception as exc:
                 log.debug("closing %s: %s", destination.config.name, exc)
+
+
+def capped_result(result: dict[str, Any] | None, max_bytes: int) -> dict[str, Any] | None:
+    """``result`` as its journal entry keeps it: itself when it is JSON of at most
+    ``max_bytes``; else a note saying why it was dropped (the effect still happened)."""
+    if result is None:
+        return None
+    try:
+        size = len(dump_json(result).encode())
+    except (TypeError, ValueError) as exc:
+        return {"dropped": "not_json", "error": str(exc)[:200]}
+    if size > max_bytes:
+        return {"dropped": "result_too_large", "bytes": size, "max_bytes": max_bytes}
+    return result
 
 
 def _throttled(outcome: Outcome) -> bool:

@@ -33,6 +33,7 @@ from .store import (
     EventWrite,
     Fence,
     JournalEntry,
+    JournalOutcome,
     JournalStore,
     Record,
     RecordStore,
@@ -75,11 +76,18 @@ class LaneStore:
         return await self.io.store(_journal_entries, list(events))
 
     async def journal_delivered(
-        self, events: Sequence[Event], fence: Fence, attempts: int
+        self,
+        events: Sequence[Event],
+        fence: Fence,
+        attempts: int,
+        outcome: JournalOutcome = "applied",
+        result: dict[str, Any] | None = None,
+        reason: str | None = None,
     ) -> list[ApplyResult]:
-        """Journal events a destination took (no record change): together, or each on its
-        own when one of them already has an outcome."""
-        return await self.io.store(_journal_delivered, list(events), fence, attempts)
+        """Journal events a destination took, or refused (no record change), each with
+        ``result``: together, or each on its own when one of them already has an outcome."""
+        done = ApplyResult(outcome, attempts=attempts, reason=reason, result=result)
+        return await self.io.store(_journal_delivered, list(events), fence, done)
 
     async def dead_letter(self, event: Event, fence: Fence | None, failure: Failure) -> ApplyResult:
         """:func:`keylane.workers.dead_letters.dead_letter`."""
@@ -90,6 +98,12 @@ class LaneStore:
     ) -> list[ApplyResult]:
         """:func:`keylane.workers.dead_letters.dead_letters`."""
         return await self.io.store(dead_letters.dead_letters, list(events), fence, failure)
+
+    async def review_refusal(
+        self, event: Event, fence: Fence | None, refused: ApplyResult
+    ) -> ApplyResult:
+        """:func:`keylane.workers.dead_letters.review_refusal`."""
+        return await self.io.store(dead_letters.review_refusal, event, fence, refused)
 
     async def review(self, event: Event, fence: Fence | None) -> ApplyResult:
         """:func:`keylane.workers.dead_letters.review`."""
@@ -135,27 +149,37 @@ def _journal_entries(store: JournalStore, events: list[Event]) -> list[JournalEn
 
 
 def _journal_delivered(
-    store: Store, events: list[Event], fence: Fence, attempts: int
+    store: Store, events: list[Event], fence: Fence, done: ApplyResult
 ) -> list[ApplyResult]:
-    writes = [event_write(event, None, 0, attempts) for event in events]
+    attempts = done.attempts
+    outcome: JournalOutcome = "refused" if done.outcome == "refused" else "applied"
+    writes = [event_write(e, None, 0, attempts, outcome, done.result) for e in events]
     try:
         store.commit_events(writes, fence)
-        return [ApplyResult("applied", attempts=attempts)] * len(events)
+        return [done] * len(events)
     except AlreadyApplied:
         results = []
         for write in writes:
             try:
                 store.commit_event(write, fence)
-                results.append(ApplyResult("applied", attempts=attempts))
+                results.append(done)
             except AlreadyApplied:
                 results.append(ApplyResult("duplicate", attempts=attempts))
         return results
 
 
 def event_write(
-    event: Event, fields: dict[str, Any] | None, expected_revision: int, attempts: int
+    event: Event,
+    fields: dict[str, Any] | None,
+    expected_revision: int,
+    attempts: int,
+    outcome: JournalOutcome = "applied",
+    result: dict[str, Any] | None = None,
+    decided_on_read: bool = False,
 ) -> EventWrite:
-    """The store write of ``event``'s effect (``fields`` None: journal it, no record change)."""
+    """The store write of ``event``'s effect (``fields`` None: journal it, no record change;
+    ``outcome`` ``refused`` with ``decided_on_read``: journal its refusal, written only if
+    the record is still at ``expected_revision``)."""
     return EventWrite(
         source=event.source,
         event_id=event.event_id,
@@ -165,4 +189,7 @@ def event_write(
         expected_revision=expected_revision,
         attempts=attempts,
         retry_of=event.retry_of,
+        outcome=outcome,
+        result=result,
+        decided_on_read=decided_on_read,
     )

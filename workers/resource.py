@@ -36,9 +36,10 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..routing.contract.conditions import WireConditions
 from ..routing.contract.errors import (
     ChangeNotApplicable,
     FieldNotOwned,
@@ -52,6 +53,7 @@ from ..routing.contract.errors import (
 from ..routing.contract.events import Change
 from ..routing.contract.sources import ALL_FIELDS, FieldOwnership
 from .changes import apply_changes
+from .conditions import Unmet, check_conditions
 
 #: A resource's version of a record: an integer revision, an ETag, a timestamp, a digest.
 Version = int | str
@@ -101,6 +103,22 @@ class Written:
     conflicts: int
     created: bool = False
     changed: bool = True
+    #: The fields written, with their new values (None: removed).
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The event's conditions did not hold on the record as read: nothing was written."""
+
+    unmet: Unmet
+    version: Version | None
+    attempts: int
+    conflicts: int
+
+    def result(self) -> dict[str, Any]:
+        """The refusal's journal result (with the resource's version beside the revision)."""
+        return {**self.unmet.as_result(), "version": self.version}
 
 
 @dataclass(frozen=True)
@@ -144,6 +162,9 @@ def revision_of(version: Version | None) -> int | None:
     return version if isinstance(version, int) and not isinstance(version, bool) else None
 
 
+#: An event's conditions on its record: ``(conditions, if_revision)``.
+Conditions = tuple[WireConditions | None, int | None]
+
 #: A change computed from the record as freshly read (a source's handler), or None.
 ChangeFor = Callable[[Snapshot], "Mapping[str, Change] | None"]
 
@@ -162,8 +183,13 @@ def apply_versioned(
     max_attempts: int = 3,
     in_doubt: Snapshot | None = None,
     note_write: WriteNote | None = None,
-) -> Written | Review:
+    conditions: Conditions | None = None,
+) -> Written | Review | Refused:
     """Apply ``changes`` to the record ``key`` of ``resource`` (see the module docstring).
+
+    ``conditions`` (an event's ``(conditions, if_revision)``) are checked on every fresh
+    read; unmet, nothing is written (:class:`Refused`); met, the write is conditional on
+    that read's version, so a record that moved is read and checked again.
 
     ``in_doubt``: the read an earlier run's write was conditional on when that run ended
     without an answer (its process was killed): only an unmoved version proves that write
@@ -176,6 +202,7 @@ def apply_versioned(
     """
     run = _Apply(resource, key, changes, ownership, source, note_write)
     run.sent = in_doubt
+    run.conditions = conditions
     return run.run(max_attempts)
 
 
@@ -200,8 +227,9 @@ class _Apply:
         self.wire: dict[str, Any] = {} if callable(changes) else _wire(changes)
         self.conflicts = 0
         self.sent: Snapshot | None = None  # the read under a write whose answer was lost
+        self.conditions: Conditions | None = None
 
-    def run(self, max_attempts: int) -> Written | Review:
+    def run(self, max_attempts: int) -> Written | Review | Refused:
         if not callable(self.changes):
             stray = self.ownership.not_owned(self.changes)
             if stray:
@@ -219,8 +247,14 @@ class _Apply:
                 return done
         return self.exhausted(read, max_attempts)
 
-    def attempt(self, read: Snapshot, attempt: int) -> Written | Review | None:
+    def attempt(self, read: Snapshot, attempt: int) -> Written | Review | Refused | None:
         """One read-change-write; None: the record moved, try again."""
+        if self.conditions is not None:
+            fields_if, if_revision = self.conditions
+            revision = revision_of(read.version) if read.exists else 0
+            unmet = check_conditions(fields_if, if_revision, read.fields, revision or 0)
+            if unmet is not None:
+                return Refused(unmet, read.version, attempt, self.conflicts)
         try:
             changes = self.changes_for(read)
             after = (
@@ -254,7 +288,7 @@ class _Apply:
                 return self.unknown(self.sent, attempt, self.found())
             self.note_write(None)
             raise
-        return Written(version, attempt, self.conflicts, created=not read.exists)
+        return Written(version, attempt, self.conflicts, created=not read.exists, fields=changed)
 
     def changes_for(self, read: Snapshot) -> Mapping[str, Change] | None:
         if not callable(self.changes):

@@ -98,7 +98,7 @@ class LaneService:
             self.sources,
             self.open_store,
             faults,
-            Dispatcher(settings, self.broker, flow, self.destinations, faults),
+            Dispatcher(settings, self.broker, flow, self.destinations, faults, self.sources),
             events,
         )
 

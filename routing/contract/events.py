@@ -11,18 +11,25 @@ Operations: ``set``, ``unset``, ``increment``, ``append``, ``add`` and ``remove`
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from .conditions import WireConditions, check_conditions, check_if_revision
+
+# The value rules live in .values; they are named here too, where changes have used them.
+from .values import MAX_FIELD_CHARS as MAX_FIELD_CHARS
+from .values import check_field_name as check_field_name
+from .values import check_json_value as check_json_value
+from .values import check_text as check_text
+from .values import is_number
 
 Op = Literal["set", "unset", "increment", "append", "add", "remove"]
 OPS: tuple[str, ...] = get_args(Op)
 
 MAX_ID_CHARS = 255
 MAX_KEY_CHARS = 512
-MAX_FIELD_CHARS = 128
 MAX_FIELDS = 256
 
 
@@ -54,7 +61,7 @@ def check_change(field: str, raw: object) -> tuple[str, Any]:
     ((op, value),) = raw.items()
     if op not in OPS:
         raise ValueError(f"field {field!r}: unknown operation {op!r} (known: {', '.join(OPS)})")
-    if op == "increment" and not _is_number(value):
+    if op == "increment" and not is_number(value):
         raise ValueError(f"field {field!r}: increment needs a finite number")
     if op == "unset":
         if value not in (True, None):
@@ -63,44 +70,6 @@ def check_change(field: str, raw: object) -> tuple[str, Any]:
     if type(value) is not int:  # the common case, a plain number, needs no walk
         check_json_value(value, f"field {field!r}")
     return op, value
-
-
-def _is_number(value: object) -> bool:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    return not (isinstance(value, float) and not math.isfinite(value))
-
-
-def check_text(text: str, what: str, allow_nul: bool = False) -> str:
-    """``text`` if every store can keep it: no lone surrogate (not encodable as UTF-8) and,
-    for what is stored as a text column (ids, keys, field names), no NUL, which PostgreSQL
-    refuses. Inside JSON values a NUL is fine: JSON writes it as ``\u0000``. Raises
-    ``ValueError`` naming ``what``."""
-    if not allow_nul and "\x00" in text:
-        raise ValueError(f"{what} contains a NUL character")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"{what} is not valid Unicode (a lone surrogate)") from None
-    return text
-
-
-def check_json_value(value: Any, what: str) -> None:
-    """Refuse what JSON cannot carry faithfully: NaN/Infinity anywhere (``json.loads``
-    reads them, JSON has no such numbers) and text that is not valid Unicode."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            raise ValueError(f"{what}: numbers must be finite (no NaN or Infinity)")
-        if isinstance(item, str):
-            check_text(item, what, allow_nul=True)
-        elif isinstance(item, dict):
-            for key, inner in item.items():
-                check_text(str(key), what, allow_nul=True)
-                stack.append(inner)
-        elif isinstance(item, list):
-            stack.extend(item)
 
 
 def check_changes(raw: object) -> dict[str, tuple[str, Any]]:
@@ -150,28 +119,22 @@ def _bounded_text(text: object, what: str, most: int) -> str:
     return check_text(text, what)
 
 
-def check_field_name(field: object) -> None:
-    """Field names are short, printable and non-empty."""
-    if not isinstance(field, str) or not field or len(field) > MAX_FIELD_CHARS:
-        raise ValueError(f"field names are 1..{MAX_FIELD_CHARS} characters")
-    if any(ord(c) < 32 for c in field):
-        raise ValueError(f"field name {field!r} has control characters")
-    check_text(field, "a field name")
-
-
 #: The keys of keylane's own envelope.
-ENVELOPE_KEYS = frozenset({"id", "type", "record_key", "changes"})
+ENVELOPE_KEYS = frozenset({"id", "type", "record_key", "changes", "conditions", "if_revision"})
 
 
 @dataclass(frozen=True)
 class Envelope:
     """keylane's own delivery format (the ``demo`` source and ``format = "keylane"``):
-    ``{"id", "type", "record_key", "changes"}``, ``id`` and ``type`` optional."""
+    ``{"id", "type", "record_key", "changes"}``, ``id`` and ``type`` optional, and the
+    optional ``conditions`` and ``if_revision`` (:mod:`.conditions`)."""
 
     id: str | None
     type: str
     record_key: str
     changes: dict[str, dict[str, Any]]  # as :func:`wire_changes` gives them
+    conditions: WireConditions | None = None
+    if_revision: int | None = None
 
     @classmethod
     def read(cls, payload: object) -> Envelope:
@@ -194,10 +157,26 @@ class Envelope:
             changes = wire_changes(payload["changes"])
         except ValueError as exc:
             raise ValueError(f"changes: {exc}") from None
-        return cls(event_id, event_type, record_key, changes)
+        conditions, if_revision = read_conditions(payload)
+        return cls(event_id, event_type, record_key, changes, conditions, if_revision)
 
 
-_ENVELOPE_HELP = "id, type, record_key and changes"
+def read_conditions(payload: dict[str, Any]) -> tuple[WireConditions | None, int | None]:
+    """The ``conditions`` and ``if_revision`` of an envelope (or a hook's result), each
+    None when absent; ``ValueError`` names the field and operator that are wrong."""
+    conditions = payload.get("conditions")
+    if conditions is not None:
+        try:
+            conditions = check_conditions(conditions)
+        except ValueError as exc:
+            raise ValueError(f"conditions: {exc}") from None
+    if_revision = payload.get("if_revision")
+    if if_revision is not None:
+        if_revision = check_if_revision(if_revision)
+    return conditions, if_revision
+
+
+_ENVELOPE_HELP = "id, type, record_key, changes, conditions and if_revision"
 
 
 class Event(BaseModel):
@@ -221,6 +200,16 @@ class Event(BaseModel):
     #: A forwarded delivery's body as it came (JSON text): what an HTTP forward sends.
     #: A message that carries it carries no ``payload``: it is read from the body.
     body: str | None = None
+    #: What must hold on the record for the change to apply (:mod:`.conditions`), as
+    #: checked; unmet, the event is refused.
+    conditions: WireConditions | None = None
+    #: The record's revision the sender read: the change applies only at that revision.
+    if_revision: int | None = None
+
+    @property
+    def conditional(self) -> bool:
+        """Whether the event carries conditions (or an ``if_revision``)."""
+        return self.conditions is not None or self.if_revision is not None
 
     @property
     def idempotency_key(self) -> str:

@@ -50,6 +50,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .conditions import check_condition
 from .destinations import (
     DestinationConfig,
     check_task_name,
@@ -164,6 +165,12 @@ class SourceConfig(BaseModel):
     retention_s: int | None = Field(None, ge=1)
     journal_retention_s: int | None = Field(None, ge=1)
     on_dead_letter: Literal["continue", "hold"] = "continue"
+    #: Conditions per event type, as ``on`` maps changes: field -> {operator: operand},
+    #: an operand a literal or a ``body:``/``header:`` reference (:mod:`.conditions`).
+    conditions: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict)
+    #: What a refusal (a condition unmet, a task's ``keylane.Refuse``) leaves besides its
+    #: journal entry: nothing more (``"answer"``), or a review row (``"review"``).
+    on_refusal: Literal["answer", "review"] = "answer"
 
     @field_validator("name")
     @classmethod
@@ -197,6 +204,20 @@ class SourceConfig(BaseModel):
                 check_field_name(field)
         return on
 
+    @field_validator("conditions")
+    @classmethod
+    def _check_conditions(
+        cls, conditions: dict[str, dict[str, dict[str, Any]]]
+    ) -> dict[str, dict[str, dict[str, Any]]]:
+        for by_field in conditions.values():
+            for field, condition in by_field.items():
+                check_field_name(field)
+                literal = {
+                    op: value for op, value in dict(condition).items() if not is_reference(value)
+                }
+                check_condition(field, literal or {"present": True})
+        return conditions
+
     @field_validator("hook", "handler", "batch_handler")
     @classmethod
     def _check_hook(cls, hook: str | None) -> str | None:
@@ -224,6 +245,8 @@ class SourceConfig(BaseModel):
             raise ValueError("a mapped source needs record_key and an `on` table, or a hook")
         if self.format == "keylane" and (self.on or self.hook or self.record_key):
             raise ValueError('record_key, on and hook apply to format = "mapped" only')
+        if self.conditions and (self.format != "mapped" or self.hook is not None):
+            raise ValueError('a conditions table applies to format = "mapped" with an `on` table')
         if self.event_id_rule == "signature" and _scheme(self) not in (
             "standard_webhooks",
             "github",

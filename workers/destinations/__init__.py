@@ -16,7 +16,8 @@ a logger bound to the event) and ends in one :class:`Outcome`:
 * :class:`RetryLater` — not now: the event waits *in place* (its record's later events
   wait behind it) for a delay, a ``Retry-After``, or exponential back-off;
 * :class:`Conflict` — run again from a fresh read, at most ``max_attempts`` times;
-* :class:`GiveUp` — a dead-letter row with the reason.
+* :class:`GiveUp` — a dead-letter row with the reason;
+* :class:`Refuse` — a business answer: journaled ``refused`` with its reason, not retried.
 
 Outcomes may be returned or raised. Anything else raised is an error of the call: it is
 retried with back-off and then dead-lettered, as a handler's errors are.
@@ -50,7 +51,37 @@ class Outcome(Exception):
 
 
 class Done(Outcome):
-    """The effect happened."""
+    """The effect happened. ``result`` (JSON-ready) is kept with its journal entry: what a
+    task returned, a forward's status, what a version-checked write wrote."""
+
+    def __init__(
+        self,
+        detail: str = "",
+        status: int | None = None,
+        response: str = "",
+        result: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(detail, status, response)
+        self.result = result
+
+
+class Refuse(Outcome):
+    """A business answer, not a failure: the event is journaled as ``refused`` with
+    ``reason`` and ``details`` (JSON values), never retried, not a dead letter (unless its
+    source asks for a review row of each refusal)."""
+
+    def __init__(self, reason: str, **details: Any) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.details = details
+        self.result: dict[str, Any] = {
+            "condition": None,
+            "field": None,
+            "seen": None,
+            "revision": None,
+            "why": reason,
+            "details": details,
+        }
 
 
 class RetryLater(Outcome):

@@ -135,7 +135,7 @@ def outcome_of(answer: httpx.Response) -> Outcome:
     excerpt = answer.text[:EXCERPT_CHARS]
     detail = f"HTTP {status}"
     if 200 <= status < 300:
-        return Done(detail, status, excerpt)
+        return Done(detail, status, excerpt, result={"status": status})
     retry_after = retry_after_s(answer.headers.get("retry-after"))
     if status in (429, 503) and retry_after is not None:
         return RetryLater(

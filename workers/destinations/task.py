@@ -79,7 +79,9 @@ class TaskDestination(Destination):
 def _outcome(result: Any) -> Outcome:
     if isinstance(result, Outcome):
         return result
-    return Done(response="" if result is None else repr(result)[:EXCERPT_CHARS])
+    if result is None:
+        return Done()
+    return Done(response=repr(result)[:EXCERPT_CHARS], result={"returned": result})
 
 
 def _task(destination: str, name: str) -> TaskSpec:

@@ -18,6 +18,7 @@ from ...routing.contract.errors import ResourceUnavailable
 from ...routing.contract.events import Event
 from ...routing.contract.sources import ALL_FIELDS, FieldOwnership, Sources
 from ..resource import (
+    Refused,
     Review,
     Snapshot,
     VersionedResource,
@@ -27,7 +28,7 @@ from ..resource import (
     revision_of,
 )
 from ..resources import open_resource
-from . import Context, Destination, Done, GiveUp, Outcome, RetryLater
+from . import Context, Destination, Done, GiveUp, Outcome, Refuse, RetryLater
 
 #: How much of a review's two bodies is kept in the dead letter's error text.
 DETAIL_CHARS = 8000
@@ -76,6 +77,7 @@ class ResourceDestination(Destination):
                 self.max_attempts,
                 _in_doubt(context.write_in_doubt),
                 _noting(context.note_write),
+                (event.conditions, event.if_revision) if event.conditional else None,
             )
         except ResourceUnavailable as exc:
             retry_after = exc.retry_after_s
@@ -84,7 +86,12 @@ class ResourceDestination(Destination):
             )
         if isinstance(result, Written):
             verb = "created" if result.created else "wrote" if result.changed else "unchanged"
-            return Done(f"{verb} version {result.version} after {result.attempts} attempt(s)")
+            detail = f"{verb} version {result.version} after {result.attempts} attempt(s)"
+            return Done(detail, result={"version": result.version, "fields": result.fields})
+        if isinstance(result, Refused):
+            refuse = Refuse("condition_unmet")
+            refuse.result = result.result()
+            return refuse
         return _review(result)
 
     def describe(self, event: Event, context: Context) -> dict[str, Any]:

@@ -58,6 +58,10 @@ class Dialect(Protocol):
         """Run the schema's DDL."""
         ...
 
+    def add_column(self, table: str, column: str, ddl: str) -> None:
+        """Add ``column`` (``ddl``: its definition) to ``table`` unless it is there."""
+        ...
+
     def has_table(self, name: str) -> bool:
         """Whether the table ``name`` exists (where the connection looks for tables)."""
 

@@ -60,6 +60,11 @@ class PostgresDialect:
             cur.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
             cur.execute(ddl)
 
+    def add_column(self, table: str, column: str, ddl: str) -> None:
+        with self.transaction() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
+            cur.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {ddl}")
+
     def has_table(self, name: str) -> bool:
         # to_regclass resolves the name on the connection's search_path, as every
         # statement of the store does.

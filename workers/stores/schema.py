@@ -49,6 +49,7 @@ CREATE TABLE IF NOT EXISTS journal (
     attempts INTEGER NOT NULL,
     recorded_at {real} NOT NULL,
     fence {bigint},
+    result TEXT,
     PRIMARY KEY (source, event_id)
 );
 CREATE INDEX IF NOT EXISTS journal_record ON journal (record_key);
@@ -104,6 +105,12 @@ CREATE TABLE IF NOT EXISTS held (
     PRIMARY KEY (shard, record_key)
 );
 """
+
+
+#: Columns added since a table was first created: (table, column, its DDL). ``migrate()``
+#: adds each one a database lacks (``CREATE TABLE IF NOT EXISTS`` leaves an old table as
+#: it is). ``journal.result``: an event's result as JSON text, or NULL.
+ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (("journal", "result", "result TEXT"),)
 
 
 def schema_ddl(types: ColumnTypes) -> str:

@@ -30,10 +30,11 @@ from ..store import (
     Removal,
     Store,
     TableAge,
+    with_revision,
 )
 from . import sql_retention as retention
 from .dialect import Cursor, Dialect
-from .schema import schema_ddl
+from .schema import ADDED_COLUMNS, schema_ddl
 from .sql_dead_letters import (
     count_dead_letters,
     find_dead_letter,
@@ -60,7 +61,13 @@ from .sql_parked import (
     release_record,
     unpark_messages,
 )
-from .sql_records import keys_with_prefix, read_record, records_after, write_record
+from .sql_records import (
+    check_revision,
+    keys_with_prefix,
+    read_record,
+    records_after,
+    write_record,
+)
 
 
 class SqlStore(Store):
@@ -73,6 +80,8 @@ class SqlStore(Store):
 
     def migrate(self) -> None:
         self.dialect.migrate(schema_ddl(self.dialect.column_types))
+        for table, column, ddl in ADDED_COLUMNS:
+            self.dialect.add_column(table, column, ddl)
 
     def close(self) -> None:
         self.dialect.close()
@@ -104,19 +113,23 @@ class SqlStore(Store):
         revision = first.expected_revision
         if fields is not None:
             revision = write_record(d, cur, first.record_key, fields, revision)
+        elif first.decided_on_read:  # a refusal decided on that revision: still there?
+            check_revision(cur, first.record_key, revision)
         # After the record: a duplicate is then refused here and rolls the write back.
         for write in writes:
+            changed = write.fields is not None
             record_outcome(
                 cur,
                 source=write.source,
                 event_id=write.event_id,
                 record_key=write.record_key,
                 shard=write.shard,
-                outcome="applied",
+                outcome=write.outcome,
                 attempts=write.attempts,
                 fence=commit.fence,
                 retry_of=write.retry_of,
-                revision=revision if write.fields is not None else None,
+                revision=revision if changed or write.outcome == "refused" else None,
+                result=with_revision(write.result, revision) if changed else write.result,
             )
         return revision
 

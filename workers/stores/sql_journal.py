@@ -14,24 +14,35 @@ logged by the lane as a duplicate, and ``keylane journal find`` shows the archiv
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from ...routing.contract.errors import AlreadyApplied
 from ..store import ARCHIVED, Fence, JournalEntry, JournalOutcome
-from .dialect import Cursor
+from .dialect import Cursor, dump_json
 
 JOURNAL_COLUMNS = (
-    "source, event_id, record_key, shard, outcome, revision, attempts, recorded_at, fence"
+    "source, event_id, record_key, shard, outcome, revision, attempts, recorded_at, fence, result"
 )
 _SELECT = f"SELECT {JOURNAL_COLUMNS} FROM journal"
 
 
 def entry_of(row: Sequence[Any]) -> JournalEntry:
     """A journal entry from a row of :data:`JOURNAL_COLUMNS`."""
+    result = json.loads(row[9]) if row[9] is not None else None
     return JournalEntry(
-        row[0], row[1], row[2], int(row[3]), row[4], row[5], int(row[6]), float(row[7]), row[8]
+        row[0],
+        row[1],
+        row[2],
+        int(row[3]),
+        row[4],
+        row[5],
+        int(row[6]),
+        float(row[7]),
+        row[8],
+        result,
     )
 
 
@@ -93,6 +104,7 @@ def record_outcome(
     fence: Fence | None,
     retry_of: int | None,
     revision: int | None = None,
+    result: dict[str, Any] | None = None,
 ) -> None:
     """Journal the event's outcome, or raise :class:`AlreadyApplied`.
 
@@ -104,22 +116,26 @@ def record_outcome(
     """
     now = time.time()
     token = fence.token if fence else None
+    stored = None if result is None else dump_json(result)
     if retry_of is not None:
         cur.execute(
             "UPDATE journal SET outcome = ?, revision = ?, attempts = ?, fence = ?, "
-            "recorded_at = ? WHERE source = ? AND event_id = ? "
+            "recorded_at = ?, result = ? WHERE source = ? AND event_id = ? "
             "AND outcome = 'dead_lettered' AND EXISTS (SELECT 1 FROM dead_letters "
             "WHERE id = ? AND status IN ('open', 'retried') AND id = (SELECT MAX(id) "
             "FROM dead_letters WHERE source = ? AND event_id = ? AND reason <> 'id_reused'))",
-            (outcome, revision, attempts, token, now, source, event_id, retry_of, source, event_id),
+            (
+                *(outcome, revision, attempts, token, now, stored),
+                *(source, event_id, retry_of, source, event_id),
+            ),
         )
         if cur.rowcount == 1:
             return
     cur.execute(
         "INSERT INTO journal (source, event_id, record_key, shard, outcome, revision, "
-        "attempts, recorded_at, fence) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "attempts, recorded_at, fence, result) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (source, event_id) DO NOTHING",
-        (source, event_id, record_key, shard, outcome, revision, attempts, now, token),
+        (source, event_id, record_key, shard, outcome, revision, attempts, now, token, stored),
     )
     if cur.rowcount == 1:
         if archived_at(cur, source, event_id) is None:

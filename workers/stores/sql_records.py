@@ -50,6 +50,16 @@ def write_record(
     return int(row[0])
 
 
+def check_revision(cur: Cursor, record_key: str, expected: int) -> None:
+    """In a write transaction: :class:`VersionConflict` unless the record is at
+    ``expected`` (0: absent). What a refusal decided on that revision is written under."""
+    cur.execute("SELECT revision FROM records WHERE key = ?", (record_key,))
+    found = cur.fetchone()
+    revision = int(found[0]) if found else 0
+    if revision != expected:
+        raise VersionConflict(record_key, expected, revision)
+
+
 def keys_with_prefix(cur: Cursor, prefix: str, limit: int) -> list[str]:
     """Record keys starting with ``prefix`` (literally: no wildcards), in key order."""
     cur.execute(

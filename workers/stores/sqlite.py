@@ -57,6 +57,17 @@ class SqliteDialect:
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot create schema in {self.path}: {exc}") from exc
 
+    def add_column(self, table: str, column: str, ddl: str) -> None:
+        with self.cursor() as cur:
+            cur.execute(f"PRAGMA table_info({table})")
+            if any(row[1] == column for row in cur.fetchall()):
+                return
+        try:
+            self._conn.execute(f"ALTER TABLE {table} ADD COLUMN {ddl}")
+        except sqlite3.OperationalError as exc:
+            if "duplicate column" not in str(exc):  # another process added it first
+                raise StoreUnavailable(f"cannot add {table}.{column}: {exc}") from exc
+
     def has_table(self, name: str) -> bool:
         with self.cursor() as cur:
             cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
