@@ -52,6 +52,7 @@ from starlette.routing import Route
 from ..routing.contract.errors import BrokerUnavailable, InvalidEvent, SignatureError
 from ..routing.contract.faults import Faults
 from ..routing.contract.logcontext import event_context
+from ..routing.contract.outcomes import http_status_of, outcome_path, preferred_wait_s
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import SourceConfig, Sources, load_sources
 from .accept import Acceptor, NewEvent, body_sha256, new_event
@@ -60,6 +61,8 @@ from .broker import EventQueue, open_event_queue
 from .faults import crash
 from .gateway import EnqueueResult
 from .intake import Ignored, Intake, load_hook, take_in
+from .outcome_reads import OUTCOME_ROUTE, OutcomeReads
+from .outcome_waits import OutcomeWaits
 from .queue_watch import QueueWatch, ReceiverMetrics
 from .signatures import verifiers_of
 
@@ -79,7 +82,7 @@ _REPLAYED = (b"keylane-replayed", b"true")
 class Answer:
     """An HTTP answer: status, JSON body and extra headers."""
 
-    __slots__ = ("body", "headers", "status")
+    __slots__ = ("body", "headers", "status", "told")
 
     def __init__(
         self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
@@ -87,6 +90,8 @@ class Answer:
         self.status = status
         self.body = body
         self.headers = headers or []
+        #: Whether the body is a told outcome (``routing/contract/outcomes.py``).
+        self.told = False
 
     async def send(self, send: Send) -> None:
         """Send it on an ASGI channel."""
@@ -115,6 +120,8 @@ class Receiver:
         self.sources = sources
         self.queue = queue
         self.acceptor = Acceptor(settings, queue)
+        self.waits = OutcomeWaits(queue.redis.outcome_feed)
+        self.outcomes = OutcomeReads(settings, queue.redis, self.waits)
         self.watch = QueueWatch(queue.redis)
         self.metrics = ReceiverMetrics(self.watch, queue.redis)
         self.faults = Faults(settings.faults, crash)
@@ -157,7 +164,10 @@ class Receiver:
             shard=event.shard,
         ):
             try:
-                return await self._accept(source, event)
+                wait_s = preferred_wait_s(headers.get("prefer"))
+                if wait_s is None:
+                    return await self._accept(source, event)
+                return await self._accept_waiting(source, event, wait_s)
             except Exception as exc:
                 sentry_sdk.capture_exception(exc)  # here, with the event's tags
                 raise
@@ -257,9 +267,27 @@ class Receiver:
         self.faults.hit("receiver.after_enqueue", event.record_key)
         return self._answer(result, event)
 
+    async def _accept_waiting(self, source: SourceConfig, event: NewEvent, wait_s: int) -> Answer:
+        """:meth:`_accept` for a delivery that asks to wait ``wait_s`` for its outcome
+        (``Prefer: wait``, capped by ``KEYLANE_OUTCOME_WAIT_MAX_S``): registered before
+        the accept, so an outcome told after it is heard (see
+        :mod:`keylane.producers.outcome_waits`)."""
+        applied_s = min(wait_s, self.settings.outcome_wait_max_s)
+        async with self.waits.waiting_for(event.source, event.event_id) as waiter:
+            answer = await self._accept(source, event)
+            if answer.status not in (200, 202) or answer.told:
+                return answer
+            told = await waiter.outcome(applied_s)
+        return told_answer(told, answer, applied_s, event.source, event.event_id)
+
     def _answer(self, result: EnqueueResult, event: NewEvent) -> Answer:
         if result.verdict == "accepted":
             return Answer(202, result.detail.encode())
+        if result.verdict == "duplicate" and result.told is not None:
+            # Decided already: the stored outcome, not only the first 202.
+            answer = Answer(http_status_of(result.told), result.told, [_REPLAYED])
+            answer.told = True
+            return answer
         if result.verdict == "duplicate":
             return Answer(200, result.detail.encode(), [_REPLAYED])
         if result.verdict == "reused":
@@ -288,6 +316,21 @@ def error_answer(status: int, code: str, detail: str, retry_after: int | None = 
     """keylane's error body, with ``Retry-After`` when the sender should come back."""
     headers = [(b"retry-after", str(retry_after).encode())] if retry_after is not None else None
     return Answer(status, _ENCODE({"error": code, "detail": detail}), headers)
+
+
+def told_answer(
+    told: bytes | None, accepted: Answer, wait_s: int, source: str, event_id: str
+) -> Answer:
+    """The answer to a request that waited up to ``wait_s``: its told outcome, or (not
+    known in time) the accept's answer as without waiting, with where to ask later."""
+    applied = (b"preference-applied", b"wait=%d" % wait_s)
+    if told is None:
+        location = (b"location", outcome_path(source, event_id).encode())
+        headers = [*accepted.headers, applied, location]
+        return Answer(accepted.status, accepted.body, headers)
+    answer = Answer(http_status_of(told), told, [*accepted.headers, applied])
+    answer.told = True
+    return answer
 
 
 class ReceiverApp:
@@ -381,6 +424,7 @@ def create_receiver(
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+            await receiver.waits.close()
             await queue.close()
 
     async def webhook_elsewhere(request: Request) -> Response:
@@ -395,6 +439,7 @@ def create_receiver(
             Route("/healthz", receiver.healthz, methods=["GET"]),
             Route("/readyz", receiver.readyz, methods=["GET"]),
             Route("/metrics", receiver.prometheus, methods=["GET"]),
+            Route(OUTCOME_ROUTE, receiver.outcomes.get, methods=["GET"]),
         ],
     )
     app.state.receiver = receiver
