@@ -77,6 +77,7 @@ def test_if_revision_holds_only_at_the_revision_the_sender_read() -> None:
     unmet = check_conditions(None, 3, {}, 4)
     assert unmet is not None
     assert unmet.as_result() == {
+        "reason": "condition_unmet",
         "condition": {"if_revision": 3},
         "field": None,
         "seen": 4,

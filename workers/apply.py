@@ -39,7 +39,7 @@ from ..routing.contract.faults import NO_FAULTS, Faults
 from ..routing.contract.sources import SourceConfig
 from .blocking import BlockingPool
 from .changes import apply_changes
-from .conditions import check_conditions
+from .conditions import REFUSED_BY_CONDITION, check_conditions
 from .dead_letters import Failure
 from .lane_store import LaneStore, event_write
 from .results import ApplyResult
@@ -241,7 +241,7 @@ async def _refused(
         attempts=attempt,
         conflicts=attempt - 1,
         revision=write.expected_revision,
-        reason="condition_unmet",
+        reason=REFUSED_BY_CONDITION,
         result=write.result,
     )
     if source.on_refusal == "review":

@@ -18,6 +18,10 @@ from .changes import kind_of
 _ABSENT = object()
 
 
+#: The reason of a refusal by an event's own conditions (a task names its own).
+REFUSED_BY_CONDITION = "condition_unmet"
+
+
 @dataclass(frozen=True)
 class Unmet:
     """The first condition that did not hold: what a refusal's journal entry keeps."""
@@ -31,6 +35,7 @@ class Unmet:
     def as_result(self) -> dict[str, Any]:
         """The refusal's result, JSON-ready."""
         return {
+            "reason": REFUSED_BY_CONDITION,
             "condition": self.condition,
             "field": self.field,
             "seen": self.seen,

@@ -75,6 +75,7 @@ class Refuse(Outcome):
         self.reason = reason
         self.details = details
         self.result: dict[str, Any] = {
+            "reason": reason,
             "condition": None,
             "field": None,
             "seen": None,

@@ -17,6 +17,7 @@ from ...routing.contract.destinations import DestinationConfig
 from ...routing.contract.errors import ResourceUnavailable
 from ...routing.contract.events import Event
 from ...routing.contract.sources import ALL_FIELDS, FieldOwnership, Sources
+from ..conditions import REFUSED_BY_CONDITION
 from ..resource import (
     Refused,
     Review,
@@ -89,7 +90,7 @@ class ResourceDestination(Destination):
             detail = f"{verb} version {result.version} after {result.attempts} attempt(s)"
             return Done(detail, result={"version": result.version, "fields": result.fields})
         if isinstance(result, Refused):
-            refuse = Refuse("condition_unmet")
+            refuse = Refuse(REFUSED_BY_CONDITION)
             refuse.result = result.result()
             return refuse
         return _review(result)
