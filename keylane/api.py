@@ -82,17 +82,34 @@ class Task:
         """The destination its events go to: its own, or ``task:<name>``."""
         return self.spec.destination or f"{TASK_PREFIX}{self.name}"
 
-    def send(self, payload: Any, *, event_id: str | None = None, event_type: str = "event") -> Sent:
+    def send(
+        self,
+        payload: Any,
+        *,
+        event_id: str | None = None,
+        event_type: str = "event",
+        wait: float | None = None,
+    ) -> Sent:
         """Queue ``payload`` for this task, on the lane of its record key. With an
         ``event_id``, a second send of the same id is a duplicate and runs nothing (the
-        receiver's dedupe); ``InvalidEvent`` if that id came with another payload."""
-        return _get_sender().send(**self.event_fields(payload, event_id, event_type))
+        receiver's dedupe); ``InvalidEvent`` if that id came with another payload. With
+        ``wait`` (seconds), the task's outcome once its lane decided it: ``applied`` with
+        what it returned (``result``), ``refused`` (``keylane.Refuse``: ``reason``) or
+        ``dead_lettered``; ``accepted`` if not decided in time (ops/docs/outcomes.md)."""
+        fields = self.event_fields(payload, event_id, event_type)
+        return _get_sender().send(wait=wait, **fields)
 
     async def send_async(
-        self, payload: Any, *, event_id: str | None = None, event_type: str = "event"
+        self,
+        payload: Any,
+        *,
+        event_id: str | None = None,
+        event_type: str = "event",
+        wait: float | None = None,
     ) -> Sent:
         """:meth:`send` for async code."""
-        return await _get_sender().send_async(**self.event_fields(payload, event_id, event_type))
+        fields = self.event_fields(payload, event_id, event_type)
+        return await _get_sender().send_async(wait=wait, **fields)
 
     def event_fields(self, payload: Any, event_id: str | None, event_type: str) -> dict[str, Any]:
         """The fields of the event that carries ``payload`` to this task (what
@@ -110,6 +127,43 @@ class Task:
             "event_type": event_type,
             "batch": self.spec.batch,
         }
+
+
+def change(
+    source: str,
+    record_key: str,
+    changes: dict[str, Any],
+    *,
+    event_id: str | None = None,
+    conditions: dict[str, Any] | None = None,
+    if_revision: int | None = None,
+    wait: float | None = None,
+) -> Sent:
+    """Change one of keylane's records through its lane, as ``source`` (a source of the
+    sources file, whose fields it must own; ``demo`` without one), as a delivery of
+    keylane's envelope would: ``changes`` (``{"owner": {"set": "ada"}}``), and
+    ``conditions`` / ``if_revision`` that must hold for it to apply (ops/docs/conditions.md;
+    a malformed one is ``InvalidEvent``). With ``wait`` (seconds), its outcome: ``applied``
+    (``revision``, ``result``), ``refused`` (``reason`` ``condition_unmet``, ``result``
+    saying which condition and the value seen) or ``dead_lettered``; ``accepted`` if not
+    decided in time. Deduplicated on ``(source, event_id)``, as deliveries are::
+
+        booked = keylane.change("demo", "slot:7", {"owner": {"set": "ada"}},
+                                event_id="book-7-ada",
+                                conditions={"owner": {"absent": True}}, wait=10)
+        booked.status  # "applied", or "refused" when another owner was there first
+    """
+    return _get_sender().send(
+        source=source,
+        destination=None,
+        payload=None,
+        record_key=record_key,
+        event_id=event_id,
+        changes=changes,
+        conditions=conditions,
+        if_revision=if_revision,
+        wait=wait,
+    )
 
 
 _resources = threading.local()

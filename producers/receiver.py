@@ -61,7 +61,7 @@ from .broker import EventQueue, open_event_queue
 from .faults import crash
 from .gateway import EnqueueResult
 from .intake import Ignored, Intake, load_hook, take_in
-from .outcome_reads import OUTCOME_ROUTE, OutcomeReads
+from .outcome_reads import OUTCOME_ROUTE, OutcomeReads, source_tokens
 from .outcome_waits import OutcomeWaits
 from .queue_watch import QueueWatch, ReceiverMetrics
 from .signatures import verifiers_of
@@ -120,12 +120,14 @@ class Receiver:
         self.sources = sources
         self.queue = queue
         self.acceptor = Acceptor(settings, queue)
+        environ = os.environ if environ is None else environ
         self.waits = OutcomeWaits(queue.redis.outcome_feed)
-        self.outcomes = OutcomeReads(settings, queue.redis, self.waits)
+        tokens = source_tokens(sources, environ)
+        self.outcomes = OutcomeReads(settings, queue.redis, self.waits, tokens)
         self.watch = QueueWatch(queue.redis)
         self.metrics = ReceiverMetrics(self.watch, queue.redis)
         self.faults = Faults(settings.faults, crash)
-        self.verifiers = verifiers_of(sources, os.environ if environ is None else environ)
+        self.verifiers = verifiers_of(sources, environ)
         self.hooks = {s.name: load_hook(s) for s in sources.all()}
         self._keyless_seen: set[str] = set()
         built_in = settings.sources_file is None

@@ -1200,3 +1200,41 @@ def _elected(cluster: RabbitCluster, s: Settings, without: str) -> bool:
     assert isinstance(rows, list)
     leaders = {str(row["name"]): str(row["leader"]) for row in rows if row["name"] in names}
     return len(leaders) == len(names) and without not in leaders.values()
+
+
+def test_on_rabbitmq_a_waiting_sender_is_told_applied_and_a_duplicate_its_outcome(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given a receiver and a worker on the cluster (the Redis helper keeps the tells)
+    stack: Stack = deploy()
+    stack.receiver()
+    worker = stack.worker(lanes=4)
+    wait_consuming(rabbitmq, stack, {worker.pid})
+    delivery = event("rw-1", "told:rabbit", n={"increment": 3})
+    # When a sender posts with Prefer: wait, Then it is told applied, at revision 1
+    first = stack.post(delivery, prefer="wait=20")
+    assert first.status_code == 200, first.text + stack.logs()
+    told = first.json()
+    assert (told["status"], told["revision"]) == ("applied", 1)
+    # And the same delivery again is replayed that outcome
+    again = stack.post(delivery)
+    assert again.status_code == 200
+    assert again.headers["keylane-replayed"] == "true"
+    assert again.json() == told
+    # And a Python sender waiting on the same deployment is told too
+    sender = Sender(stack.settings)
+    try:
+        sent = sender.send(
+            wait=20,
+            source="demo",
+            destination=None,
+            payload=None,
+            record_key="told:rabbit",
+            event_id="rw-2",
+            changes={"n": {"increment": 1}},
+            conditions={"n": {"gte": 3}},
+        )
+    finally:
+        sender.close()
+    assert (sent.status, sent.revision) == ("applied", 2)
+    assert stack.open_store().read("told:rabbit").fields == {"n": 4}

@@ -31,7 +31,10 @@ README "Sources" for a complete example. Per source:
   (default: the provider's longest retry window); ``journal_retention_s``: how long its
   journal rows stay in the store's table (never less than ``retention_s`` plus the
   journal margin); ``on_dead_letter``: ``continue`` or
-  ``hold`` (later events of the key wait until the review row is closed).
+  ``hold`` (later events of the key wait until the review row is closed);
+  ``outcomes_token_env``: the environment variable holding a bearer token that reads this
+  source's told outcomes (``GET /outcomes/<source>/...``, beside the global
+  ``KEYLANE_OUTCOMES_TOKEN``), named as signing secrets are, never written in the file.
 
 The file may also declare scheduled jobs (``[schedules.<name>]``) and repairs
 (``[repairs.<name>]``), see :mod:`keylane.routing.contract.schedules`; each job or repair
@@ -59,7 +62,7 @@ from .destinations import (
 from .errors import ConfigError
 from .events import OPS, check_field_name
 from .mapping import check_reference, check_template, is_reference
-from .names import TABLE_NAME
+from .names import ENV_NAME, TABLE_NAME
 from .schedules import JobSpec, RepairConfig, ScheduleConfig
 from .settings import MAX_BATCH, Settings
 from .signing import NoneConfig, VerifyConfig
@@ -171,6 +174,16 @@ class SourceConfig(BaseModel):
     #: What a refusal (a condition unmet, a task's ``keylane.Refuse``) leaves besides its
     #: journal entry: nothing more (``"answer"``), or a review row (``"review"``).
     on_refusal: Literal["answer", "review"] = "answer"
+    #: The environment variable holding this source's own outcomes token (read at the
+    #: receiver's start-up): it reads this source's outcomes only (ops/docs/outcomes.md).
+    outcomes_token_env: str | None = None
+
+    @field_validator("outcomes_token_env")
+    @classmethod
+    def _check_outcomes_token_env(cls, name: str | None) -> str | None:
+        if name is not None and not ENV_NAME.fullmatch(name):
+            raise ValueError(f"outcomes_token_env: not an environment variable name: {name!r}")
+        return name
 
     @field_validator("name")
     @classmethod
