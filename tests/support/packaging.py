@@ -89,12 +89,13 @@ def declared_packages() -> tuple[list[str], dict[str, str]]:
 
 
 def package_folders() -> set[str]:
-    """The import names of the tree's package folders (those with ``__init__.py``),
-    benchmarks excluded: what the package list must name."""
+    """The import names of the tree's package folders (those with ``__init__.py``, and
+    the folders of Lua scripts, data only), benchmarks excluded: what the package list
+    must name."""
     found = {"keylane"}
     for folder in FOLDERS:
-        for init in (REPO / folder).rglob("__init__.py"):
-            relative = init.parent.relative_to(REPO)
+        for marker in [*(REPO / folder).rglob("__init__.py"), *(REPO / folder).rglob("*.lua")]:
+            relative = marker.parent.relative_to(REPO)
             if relative.parts[:2] == ("ops", "bench"):
                 continue
             found.add(".".join(("keylane", *relative.parts)))
