@@ -126,12 +126,6 @@ def test_malformed_bytes_are_a_row_named_by_their_digest_with_text_and_error_cut
     assert row.error == "E" * EXCERPT_CHARS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="malformed() promises that a redelivery adds no second row (the event id is the "
-    "bytes' digest), but commit_dead_letter(close_event=False) inserts a row each time: no "
-    "unique index on dead_letters (source, event_id) and no look-up first",
-)
 def test_malformed_bytes_delivered_twice_make_one_row(store: Store) -> None:
     first = malformed(store, 4, b"not a message", "bad", FENCE)
     second = malformed(store, 4, b"not a message", "bad", FENCE)

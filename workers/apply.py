@@ -154,6 +154,8 @@ async def apply_batch(
         if faults:
             await store.io.store(_before_write, faults, first)
         try:
+            if writes[0].outcome == "refused":
+                return [await _refuse(store, fence, source, first, writes[0], attempt)]
             revision = await store.commit(writes, fence)
         except VersionConflict as exc:
             found = exc.found
@@ -162,8 +164,6 @@ async def apply_batch(
             if len(events) > 1:  # which one is unknown: settle the first alone
                 return await apply_batch(store, events[:1], fence, source, rules, handler)
             return [ApplyResult("duplicate", attempts=attempt, conflicts=attempt - 1)]
-        if writes[0].outcome == "refused":
-            return [await _refused(store, fence, source, first, writes[0], attempt)]
         return [_applied(write, revision, attempt) for write in writes]
     error = f"revision moved from {revision_read} to {found} on each of {max_attempts} attempts"
     failure = Failure("conflict", max_attempts, error, revision_read, found, max_attempts)
@@ -226,7 +226,7 @@ def _applied(write: EventWrite, revision: int, attempt: int) -> ApplyResult:
     )
 
 
-async def _refused(
+async def _refuse(
     store: LaneStore,
     fence: Fence | None,
     source: SourceConfig,
@@ -234,8 +234,9 @@ async def _refused(
     write: EventWrite,
     attempt: int,
 ) -> ApplyResult:
-    """A refusal, journaled (under the revision its conditions were checked on); a review
-    row too when the source asks for one (``on_refusal = "review"``)."""
+    """Journal a refusal (under the revision its conditions were checked on; raises as a
+    commit does), with its review row in the same transaction when the source asks for one
+    (``on_refusal = "review"``)."""
     refused = ApplyResult(
         "refused",
         attempts=attempt,
@@ -245,7 +246,8 @@ async def _refused(
         result=write.result,
     )
     if source.on_refusal == "review":
-        return await store.review_refusal(event, fence, refused)
+        return await store.refuse_with_review(event, write, fence, refused)
+    await store.commit([write], fence)
     return refused
 
 

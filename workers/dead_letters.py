@@ -26,7 +26,7 @@ from ..routing.contract.errors import AlreadyApplied, MalformedMessage
 from ..routing.contract.events import Event
 from ..routing.contract.message import parse_message
 from .results import ApplyResult
-from .store import DeadLetterDraft, DeadLetterFilter, Fence, Store
+from .store import DeadLetterDraft, DeadLetterFilter, EventWrite, Fence, Store
 
 log = logging.getLogger("keylane.alerts")
 
@@ -56,7 +56,22 @@ def dead_letter(
 ) -> ApplyResult:
     """Record ``event`` for review and (unless ``close_event`` is false) close it in the
     journal, in one transaction; a ``duplicate`` when the journal already closed it."""
-    draft = DeadLetterDraft(
+    try:
+        row = store.commit_dead_letter(draft_of(event, failure), fence, close_event=close_event)
+    except AlreadyApplied:
+        return ApplyResult("duplicate", attempts=failure.attempts, conflicts=failure.conflicts)
+    return ApplyResult(
+        "dead_lettered",
+        attempts=failure.attempts,
+        conflicts=failure.conflicts,
+        dead_letter_id=row,
+        reason=failure.reason,
+    )
+
+
+def draft_of(event: Event, failure: Failure) -> DeadLetterDraft:
+    """The review row of ``event`` that ``failure`` describes."""
+    return DeadLetterDraft(
         source=event.source,
         event_id=event.event_id,
         record_key=event.record_key,
@@ -71,17 +86,6 @@ def dead_letter(
         attempts=failure.attempts,
         error=failure.error,
         retry_of=event.retry_of,
-    )
-    try:
-        row = store.commit_dead_letter(draft, fence, close_event=close_event)
-    except AlreadyApplied:
-        return ApplyResult("duplicate", attempts=failure.attempts, conflicts=failure.conflicts)
-    return ApplyResult(
-        "dead_lettered",
-        attempts=failure.attempts,
-        conflicts=failure.conflicts,
-        dead_letter_id=row,
-        reason=failure.reason,
     )
 
 
@@ -99,22 +103,25 @@ def review(store: Store, event: Event, fence: Fence | None) -> ApplyResult:
     return dead_letter(store, event, fence, Failure(event.review, 1, error), close_event=False)
 
 
-def review_refusal(
-    store: Store, event: Event, fence: Fence | None, refused: ApplyResult
+def refuse_with_review(
+    store: Store, event: Event, write: EventWrite, fence: Fence | None, refused: ApplyResult
 ) -> ApplyResult:
-    """A review row for a refusal already journaled (a source's ``on_refusal = "review"``):
-    ``refused`` with the row's id. The refusal stands: the row is for a person to see."""
+    """Journal a refusal (``write``) and its review row in one transaction (a source's
+    ``on_refusal = "review"``): ``refused`` with the row's id. The refusal stands: the row
+    is for a person to see. A crash cannot leave one without the other. Raises as
+    :meth:`Store.commit_dead_letter` does (``VersionConflict``: decide it again)."""
     result = refused.result or {}
     why = str(result.get("why") or refused.reason or "refused")
     revision = refused.revision
     failure = Failure(refused.reason or "refused", refused.attempts, why, revision, revision)
-    row = dead_letter(store, event, fence, failure, close_event=False)
-    return replace(refused, dead_letter_id=row.dead_letter_id)
+    row = store.commit_dead_letter(draft_of(event, failure), fence, closed_by=write)
+    return replace(refused, dead_letter_id=row)
 
 
 def malformed(store: Store, shard: int, raw: bytes, error: str, fence: Fence | None) -> int:
-    """The review row of bytes in a shard queue that are not a keylane message (the event
-    id is the bytes' digest, so a redelivery adds no second row)."""
+    """The review row of bytes in a shard queue that are not a keylane message. The
+    bytes' digest is closed in the journal (source ``""``) in the same transaction, so a
+    redelivery adds no second row: it gets the first row's id."""
     digest = hashlib.sha256(raw).hexdigest()
     draft = DeadLetterDraft(
         source="",
@@ -129,7 +136,15 @@ def malformed(store: Store, shard: int, raw: bytes, error: str, fence: Fence | N
         attempts=1,
         error=error[:EXCERPT_CHARS],
     )
-    return store.commit_dead_letter(draft, fence, close_event=False)
+    try:
+        return store.commit_dead_letter(draft, fence)
+    except AlreadyApplied:
+        flt = DeadLetterFilter(sources=("",), reasons=("malformed",), record_key="")
+        first = [row.id for row in store.dead_letters(flt) if row.event_id == draft.event_id]
+        if first:
+            return first[0]
+        # Its first row was archived, its id still remembered: a row to see again.
+        return store.commit_dead_letter(draft, fence, close_event=False)
 
 
 def open_dead_letter(store: Store, event: Event) -> int | None:

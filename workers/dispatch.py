@@ -244,16 +244,14 @@ class Dispatcher:
         if isinstance(outcome, Refuse):
             ctx.log.info("refused by %s: %s", ctx.destination, outcome.reason)
             result = capped_result(outcome.result, self.settings.result_max_bytes)
-            refused = await store.journal_delivered(
+            source = None if self.sources is None else self.sources.get(events[0].source)
+            if source is not None and source.on_refusal == "review":
+                return await store.journal_refused_with_review(
+                    events, fence, ctx.attempt, result, outcome.reason
+                )
+            return await store.journal_delivered(
                 events, fence, ctx.attempt, "refused", result, outcome.reason
             )
-            source = None if self.sources is None else self.sources.get(events[0].source)
-            if source is None or source.on_refusal != "review":
-                return refused
-            return [
-                await store.review_refusal(e, fence, r) if r.outcome == "refused" else r
-                for e, r in zip(events, refused, strict=True)
-            ]
         if isinstance(outcome, GiveUp):
             reason = outcome.reason or destination.give_up_reason
             error = describe_failure(destination, events, ctx, outcome, f"{reason} after")

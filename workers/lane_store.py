@@ -99,11 +99,24 @@ class LaneStore:
         """:func:`keylane.workers.dead_letters.dead_letters`."""
         return await self.io.store(dead_letters.dead_letters, list(events), fence, failure)
 
-    async def review_refusal(
-        self, event: Event, fence: Fence | None, refused: ApplyResult
+    async def refuse_with_review(
+        self, event: Event, write: EventWrite, fence: Fence | None, refused: ApplyResult
     ) -> ApplyResult:
-        """:func:`keylane.workers.dead_letters.review_refusal`."""
-        return await self.io.store(dead_letters.review_refusal, event, fence, refused)
+        """:func:`keylane.workers.dead_letters.refuse_with_review`."""
+        return await self.io.store(dead_letters.refuse_with_review, event, write, fence, refused)
+
+    async def journal_refused_with_review(
+        self,
+        events: Sequence[Event],
+        fence: Fence,
+        attempts: int,
+        result: dict[str, Any] | None,
+        reason: str | None,
+    ) -> list[ApplyResult]:
+        """Journal events a destination refused, each with its review row in the same
+        transaction (a ``duplicate`` for one the journal already closed)."""
+        refused = ApplyResult("refused", attempts=attempts, reason=reason, result=result)
+        return await self.io.store(_refused_with_review, list(events), fence, refused)
 
     async def review(self, event: Event, fence: Fence | None) -> ApplyResult:
         """:func:`keylane.workers.dead_letters.review`."""
@@ -166,6 +179,19 @@ def _journal_delivered(
             except AlreadyApplied:
                 results.append(ApplyResult("duplicate", attempts=attempts))
         return results
+
+
+def _refused_with_review(
+    store: Store, events: list[Event], fence: Fence, refused: ApplyResult
+) -> list[ApplyResult]:
+    results = []
+    for event in events:
+        write = event_write(event, None, 0, refused.attempts, "refused", refused.result)
+        try:
+            results.append(dead_letters.refuse_with_review(store, event, write, fence, refused))
+        except AlreadyApplied:
+            results.append(ApplyResult("duplicate", attempts=refused.attempts))
+    return results
 
 
 def event_write(

@@ -315,13 +315,20 @@ class DeadLetterStore(StoreConnection):
 
     @abstractmethod
     def commit_dead_letter(
-        self, draft: DeadLetterDraft, fence: Fence | None, close_event: bool = True
+        self,
+        draft: DeadLetterDraft,
+        fence: Fence | None,
+        close_event: bool = True,
+        closed_by: EventWrite | None = None,
     ) -> int:
         """Store a review row and, unless ``close_event`` is false, close its event in the
         journal (outcome ``dead_lettered``) in the same transaction; return the row id.
+        ``closed_by``: the event is closed by that write instead (a refusal its source
+        wants reviewed), checked as :meth:`commit_event` checks it.
 
-        Raises :class:`AlreadyApplied` (the event already has an effect) or
-        :class:`StaleFence`; in each case nothing was written.
+        Raises :class:`AlreadyApplied` (the event already has an effect),
+        :class:`StaleFence` or (``closed_by`` decided on a read the record moved from)
+        :class:`VersionConflict`; in each case nothing was written.
         """
 
     @abstractmethod

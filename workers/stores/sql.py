@@ -22,6 +22,7 @@ from ..store import (
     DeadLetterDraft,
     DeadLetterFilter,
     DeadLetterStatus,
+    EventWrite,
     Fence,
     JournalEntry,
     Parked,
@@ -134,10 +135,17 @@ class SqlStore(Store):
         return revision
 
     def commit_dead_letter(
-        self, draft: DeadLetterDraft, fence: Fence | None, close_event: bool = True
+        self,
+        draft: DeadLetterDraft,
+        fence: Fence | None,
+        close_event: bool = True,
+        closed_by: EventWrite | None = None,
     ) -> int:
         d = self.dialect
         with d.transaction() as cur:
+            if closed_by is not None:
+                self._commit(cur, Commit((closed_by,), fence))
+                return insert_dead_letter(d, cur, draft)
             check_fence(d, cur, fence)
             if close_event:
                 record_outcome(
