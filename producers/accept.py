@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -35,7 +35,7 @@ from ..routing.contract.message import event_message
 from ..routing.contract.schedules import RunLease
 from ..routing.contract.settings import Settings
 from .broker import EventQueue
-from .gateway import EnqueueResult
+from .gateway import Enqueue, EnqueueResult
 
 _ENCODE = msgspec.json.Encoder().encode
 
@@ -140,19 +140,15 @@ class Acceptor:
         many of its record's waiting events a lane may take with it (see
         :func:`~keylane.routing.contract.message.event_message`); ``lease``: a scheduled
         run's, which must still hold its job's lease (else ``fenced``, nothing done)."""
+        item = _enqueue(event, event_message(event.wire, event.queue, batch), retention_s)
         return await self.queue.accept(
-            source=event.source,
-            event_id=event.event_id,
-            body_sha256=event.body_sha256,
-            queue=event.queue,
-            shard=event.shard,
-            message=event_message(event.wire, event.queue, batch),
-            record_key=event.record_key,
-            answer=event.answer,
-            retention_ms=retention_s * 1000,
-            high_water=self.settings.shard_high_water,
-            key_missing=event.key_missing,
-            lease=lease,
+            replace(
+                item,
+                answer=event.answer,
+                high_water=self.settings.shard_high_water,
+                key_missing=event.key_missing,
+                lease=lease,
+            )
         )
 
     async def record_reuse(self, event: NewEvent, retention_s: int) -> bool:
@@ -160,15 +156,22 @@ class Acceptor:
         another body (once per distinct body: senders retry a 409)."""
         review = {**event.wire, "review": "id_reused"}
         return await self.queue.record_reuse(
-            source=event.source,
-            event_id=event.event_id,
-            body_sha256=event.body_sha256,
-            queue=event.queue,
-            shard=event.shard,
-            message=event_message(review, event.queue),
-            record_key=event.record_key,
-            retention_ms=retention_s * 1000,
+            _enqueue(event, event_message(review, event.queue), retention_s)
         )
+
+
+def _enqueue(event: NewEvent, message: bytes, retention_s: int) -> Enqueue:
+    """``message`` for ``event``'s shard queue, its mark kept ``retention_s``."""
+    return Enqueue(
+        source=event.source,
+        event_id=event.event_id,
+        body_sha256=event.body_sha256,
+        queue=event.queue,
+        shard=event.shard,
+        message=message,
+        record_key=event.record_key,
+        retention_ms=retention_s * 1000,
+    )
 
 
 def payload_body(payload: Any) -> str:

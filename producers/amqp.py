@@ -55,7 +55,7 @@ from ..routing.contract.message import RECORD_HEADER
 from ..routing.contract.replies import reply_text
 from ..routing.contract.schedules import RunLease
 from ..routing.contract.settings import Settings
-from .gateway import EnqueueResult, ReceiverGateway, broker_errors
+from .gateway import Enqueue, EnqueueResult, ReceiverGateway, broker_errors
 
 log = logging.getLogger("keylane.receiver")
 
@@ -228,41 +228,32 @@ class AmqpEventQueue:
         self.redis = ReceiverGateway.from_settings(settings)
         self.publisher = AmqpPublisher(settings)
 
-    async def accept(
-        self,
-        *,
-        source: str,
-        event_id: str,
-        body_sha256: str,
-        queue: str,
-        shard: int,
-        message: bytes,
-        record_key: str,
-        answer: bytes,
-        retention_ms: int,
-        high_water: int,
-        key_missing: bool = False,
-        lease: RunLease | None = None,
-    ) -> EnqueueResult:
+    async def accept(self, item: Enqueue) -> EnqueueResult:
         """Answer a duplicate from its mark; else publish, wait for the confirm, then
-        mark (see the module docstring). ``high_water`` is the shard queue's own
-        ``x-max-length`` here. ``lease``: a scheduled run's, checked in Redis (where the
+        mark (see the module docstring). The high-water mark is the shard queue's own
+        ``x-max-length`` here. A scheduled run's lease is checked in Redis (where the
         scheduler keeps it) before the publish: ``fenced``, nothing published, once the
         run lost it (see :meth:`holds`)."""
-        if lease is not None and not await self.holds(lease):
+        if item.lease is not None and not await self.holds(item.lease):
             return EnqueueResult("fenced", "")
-        earlier = await self._seen(source, event_id, body_sha256)
+        earlier = await self._seen(item.source, item.event_id, item.body_sha256)
         if earlier is not None:
             return earlier
-        name = shard_queue(self.settings.namespace, self.shards, shard)
-        await self.publisher.publish(name, message, record_key)
+        name = shard_queue(self.settings.namespace, self.shards, item.shard)
+        await self.publisher.publish(name, item.message, item.record_key)
         try:
             await self.redis.mark_seen(
-                source, event_id, body_sha256, answer, retention_ms, key_missing
+                item.source,
+                item.event_id,
+                item.body_sha256,
+                item.answer,
+                item.retention_ms,
+                item.key_missing,
             )
         except BrokerUnavailable as exc:
-            log.warning("event %s/%s accepted, not marked seen: %s", source, event_id, exc)
-        return EnqueueResult("accepted", answer.decode())
+            ref = f"{item.source}/{item.event_id}"
+            log.warning("event %s accepted, not marked seen: %s", ref, exc)
+        return EnqueueResult("accepted", item.answer.decode())
 
     async def holds(self, lease: RunLease) -> bool:
         """Whether the run still holds its job's lease (a Redis outage raises
@@ -298,22 +289,11 @@ class AmqpEventQueue:
             log.warning("message %s published, marker not written: %s", marker, exc)
         return True
 
-    async def record_reuse(
-        self,
-        *,
-        source: str,
-        event_id: str,
-        body_sha256: str,
-        queue: str,
-        shard: int,
-        message: bytes,
-        record_key: str,
-        retention_ms: int,
-    ) -> bool:
+    async def record_reuse(self, item: Enqueue) -> bool:
         """Publish the review message of a reused id (a repeat of it adds a second review
         row only when the mark of the first could not be read)."""
-        name = shard_queue(self.settings.namespace, self.shards, shard)
-        await self.publisher.publish(name, message, record_key)
+        name = shard_queue(self.settings.namespace, self.shards, item.shard)
+        await self.publisher.publish(name, item.message, item.record_key)
         return True
 
     async def _seen(self, source: str, event_id: str, body_sha256: str) -> EnqueueResult | None:

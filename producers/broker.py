@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..routing.contract.schedules import RunLease
 from ..routing.contract.settings import Settings
 from .amqp import AmqpEventQueue
-from .gateway import EnqueueResult, ReceiverGateway
+from .gateway import Enqueue, EnqueueResult, ReceiverGateway
 
 
 class EventQueue(Protocol):
@@ -29,38 +28,13 @@ class EventQueue(Protocol):
         """The Redis behind the dedupe marks, counters and queue reads."""
         ...
 
-    async def accept(
-        self,
-        *,
-        source: str,
-        event_id: str,
-        body_sha256: str,
-        queue: str,
-        shard: int,
-        message: bytes,
-        record_key: str,
-        answer: bytes,
-        retention_ms: int,
-        high_water: int,
-        key_missing: bool = False,
-        lease: RunLease | None = None,
-    ) -> EnqueueResult:
-        """Queue ``message`` and mark ``event_id`` seen, unless seen before (the first
-        answer), reused with another body, the shard is full, or ``lease`` was lost."""
+    async def accept(self, item: Enqueue) -> EnqueueResult:
+        """Queue the item's message and mark its event id seen, unless seen before (the
+        first answer, or the stored outcome), reused with another body, the shard is full,
+        or its lease was lost."""
         ...
 
-    async def record_reuse(
-        self,
-        *,
-        source: str,
-        event_id: str,
-        body_sha256: str,
-        queue: str,
-        shard: int,
-        message: bytes,
-        record_key: str,
-        retention_ms: int,
-    ) -> bool:
+    async def record_reuse(self, item: Enqueue) -> bool:
         """Queue the review message of an id reused with another body (True if queued)."""
         ...
 

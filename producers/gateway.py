@@ -54,6 +54,31 @@ class EnqueueResult:
 
 
 @dataclass(frozen=True)
+class Enqueue:
+    """One message for a shard queue (an accepted event, or the review message of a
+    reused id), with what its dedupe mark keeps."""
+
+    source: str
+    event_id: str
+    body_sha256: str
+    queue: str
+    shard: int
+    #: The message as the lanes read it (:func:`~keylane.routing.contract.message.event_message`).
+    message: bytes
+    #: The event's record key, for a broker that routes by a header (RabbitMQ; the Redis
+    #: script reads it from the message).
+    record_key: str
+    retention_ms: int
+    #: The 202 answer kept with the mark, replayed to duplicates (an accept only).
+    answer: bytes = b""
+    #: The shard's high-water mark (an accept only).
+    high_water: int = 0
+    key_missing: bool = False
+    #: A scheduled run's lease, which must still be held (else ``fenced``, nothing done).
+    lease: RunLease | None = None
+
+
+@dataclass(frozen=True)
 class QueueSnapshot:
     """Every shard queue at one instant: depth and head message by shard, and the drain
     counts the lanes keep."""
@@ -118,46 +143,30 @@ class ReceiverGateway:
         :mod:`keylane.producers.broker`)."""
         return self
 
-    async def accept(
-        self,
-        *,
-        source: str,
-        event_id: str,
-        body_sha256: str,
-        queue: str,
-        shard: int,
-        message: bytes,
-        record_key: str,
-        answer: bytes,
-        retention_ms: int,
-        high_water: int,
-        key_missing: bool = False,
-        lease: RunLease | None = None,
-    ) -> EnqueueResult:
-        """Push ``message`` and mark ``event_id`` seen, unless already seen or the shard
-        is at its high-water mark (its queue and what its owner took in), or (``lease``)
-        the scheduled run that sends it no longer holds its lease (``fenced``).
-        ``record_key`` is the event's, for a broker that routes by a header (RabbitMQ);
-        the script here reads it from the message."""
+    async def accept(self, item: Enqueue) -> EnqueueResult:
+        """Push the message and mark its event id seen, unless already seen or the
+        shard is at its high-water mark (its queue and what its owner took in), or (a
+        ``lease``) the scheduled run that sends it no longer holds its lease (``fenced``)."""
+        lease = item.lease
         keys = [
-            self.keys.dedupe(source, event_id),
-            self.keys.queue(queue),
+            self.keys.dedupe(item.source, item.event_id),
+            self.keys.queue(item.queue),
             self.keys.counters,
             self.keys.depth,
-            self.keys.outcome(source, event_id),
+            self.keys.outcome(item.source, item.event_id),
         ]
         result = await self._run(
             self._accept_event if lease is None else self._accept_fenced,
             keys if lease is None else [*keys, lease.key],
             [
-                body_sha256,
-                message,
-                answer,
-                retention_ms,
-                high_water,
+                item.body_sha256,
+                item.message,
+                item.answer,
+                item.retention_ms,
+                item.high_water,
                 self.keys.doorbell,
-                shard,
-                "1" if key_missing else "0",
+                item.shard,
+                "1" if item.key_missing else "0",
                 *([] if lease is None else [lease.value]),
             ],
         )
@@ -165,24 +174,16 @@ class ReceiverGateway:
         told = result[2] if len(result) > 2 and result[2] else None
         return EnqueueResult(verdict, detail, told)  # type: ignore[arg-type]
 
-    async def record_reuse(
-        self,
-        *,
-        source: str,
-        event_id: str,
-        body_sha256: str,
-        queue: str,
-        shard: int,
-        message: bytes,
-        record_key: str,
-        retention_ms: int,
-    ) -> bool:
+    async def record_reuse(self, item: Enqueue) -> bool:
         """Queue ``message`` (the event, marked for review only) once per distinct body
         sent under a reused id (senders retry a 409)."""
         result = await self._run(
             self._record_id_reuse,
-            [self.keys.reused(source, event_id, body_sha256), self.keys.queue(queue)],
-            [retention_ms, message, self.keys.doorbell, shard],
+            [
+                self.keys.reused(item.source, item.event_id, item.body_sha256),
+                self.keys.queue(item.queue),
+            ],
+            [item.retention_ms, item.message, self.keys.doorbell, item.shard],
         )
         return bool(result)
 
