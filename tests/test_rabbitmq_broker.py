@@ -1238,3 +1238,6 @@ def test_on_rabbitmq_a_waiting_sender_is_told_applied_and_a_duplicate_its_outcom
         sender.close()
     assert (sent.status, sent.revision) == ("applied", 2)
     assert stack.open_store().read("told:rabbit").fields == {"n": 4}
+    # And the Redis helper counted both applied events, as on Redis (status, /metrics)
+    helper = redis.Redis.from_url(stack.settings.redis_dsn())
+    assert int(helper.hget(stack.settings.keys.counters, "applied") or 0) == 2

@@ -41,8 +41,8 @@ def open_lane_broker(
         redis = RedisLaneBroker.from_settings(settings)
         return redis, redis
     helper = RedisLaneBroker.from_settings(settings) if settings.redis_url is not None else None
-    teller = helper.tell if helper is not None else None
-    return RabbitLaneBroker(settings, open_store, past_delivery_limit, teller), helper
+    after_ack = helper.after_ack if helper is not None else None
+    return RabbitLaneBroker(settings, open_store, past_delivery_limit, after_ack), helper
 
 
 def writer_claim_broker(settings: Settings) -> RedisLaneBroker | None:

@@ -278,10 +278,33 @@ class RedisLaneBroker(LaneBroker):
         key = self.keys.outcome(tell.source, tell.event_id)
         return key, tell.body, tell.ttl_ms, "1" if tell.replace else "0"
 
+    def after_ack(self, acks: Sequence[Ack]) -> None:
+        """What :meth:`finish` does beside the acknowledgement, for the RabbitMQ broker
+        through this Redis helper after its ack: count the outcomes (counters and the
+        latency histogram, as ``finish.lua`` does), then keep and publish the told ones."""
+        k = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        for ack in acks:
+            if not ack.outcome:
+                continue
+            pipe.hincrby(k.counters, ack.outcome, 1)
+            if ack.conflicts > 0:
+                pipe.hincrby(k.counters, "conflicts", ack.conflicts)
+            if ack.attempts > 0:
+                pipe.hincrby(k.counters, "attempts", ack.attempts)
+            if ack.latency_s is not None:
+                pipe.hincrby(k.latency, latency_bucket(ack.latency_s), 1)
+                pipe.hincrby(k.latency, "count", 1)
+                pipe.hincrbyfloat(k.latency, "sum", ack.latency_s)
+        _do(pipe.execute)
+        tells = [ack.tell for ack in acks if ack.tell is not None]
+        if tells:
+            self.tell(tells)
+
     def tell(self, tells: Sequence[Tell]) -> None:
         """Keep and publish decided outcomes (a key already there stands, and is published
-        again): the RabbitMQ broker's tell through this Redis helper, after its ack. On
-        Redis the lanes' :meth:`finish` tells in the same step as the acknowledgement."""
+        again). On Redis the lanes' :meth:`finish` tells in the same step as the
+        acknowledgement."""
         pipe = self.client.pipeline(transaction=False)
         for tell in tells:
             key = self.keys.outcome(tell.source, tell.event_id)

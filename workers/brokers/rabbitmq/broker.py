@@ -64,7 +64,7 @@ from typing import Any
 from ....routing.contract.amqp_names import dead_queue
 from ....routing.contract.errors import StaleFence
 from ....routing.contract.settings import Settings
-from ...broker import Ack, Counts, Idle, LaneBroker, Lease, Taken, Tell
+from ...broker import Ack, Counts, Idle, LaneBroker, Lease, Taken
 from ...store import Store
 from .consumers import ShardConsumer, batch_limit
 from .link import ack, message_body
@@ -83,11 +83,12 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
         settings: Settings,
         store_factory: Callable[[], Store],
         on_dead: Callable[[bytes, dict[str, Any]], None] | None = None,
-        teller: Callable[[Sequence[Tell]], None] | None = None,
+        after_ack: Callable[[Sequence[Ack]], None] | None = None,
     ) -> None:
         self.settings = settings
-        #: Where decided outcomes are told after their ack (the Redis helper), if anywhere.
-        self._teller = teller
+        #: Where outcomes are counted and told after their ack (the Redis helper), if
+        #: anywhere.
+        self._after_ack = after_ack
         self.urls = settings.amqp_urls()
         self._store_factory = store_factory
         self._store: Store | None = None
@@ -222,14 +223,14 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
         then_take: bool = False,
     ) -> Taken | bool:
         done = self._finish(lease, taken, acks, hold, then_take)
-        tells = [ack.tell for ack in acks if ack.tell is not None]
-        if done is not False and tells and self._teller is not None:
-            # After the ack, through the Redis helper: a tell lost here (the helper
-            # down) leaves the waiter a 202 and the outcome in the journal alone.
+        if done is not False and acks and self._after_ack is not None:
+            # After the ack, through the Redis helper: counts and tells lost here (the
+            # helper down) leave the counters short, the waiter a 202, and the outcome
+            # in the journal alone.
             try:
-                self._teller(tells)
+                self._after_ack(acks)
             except Exception as exc:
-                log.warning("could not tell %d outcome(s): %s", len(tells), exc)
+                log.warning("could not count or tell %d outcome(s): %s", len(acks), exc)
         return done
 
     def _finish(
