@@ -151,8 +151,13 @@ def wrk_load(
         argv += ["--latency", "-s", str(script), url, "--", tag, prefer]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert proc.stdout is not None
-        text = proc.stdout.read().decode(errors="replace")
-        _pid, status, usage = os.wait4(proc.pid, 0)
+        try:
+            text = proc.stdout.read().decode(errors="replace")
+            _pid, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:  # Ctrl-C, SIGTERM: wrk stops with the run
+            proc.kill()
+            proc.wait()
+            raise
         proc.returncode = os.waitstatus_to_exitcode(status)
     lines = [ln for ln in text.splitlines() if ln.startswith(MARK)]
     if proc.returncode != 0 or not lines:
