@@ -21,8 +21,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 from ..routing.contract.settings import Settings
-from ..workers.brokers.redis import RedisLaneBroker
 from ..workers.store import JournalEntry
+from .views import open_view
 
 
 def audit_lease_log(events: Iterable[dict[str, str]]) -> list[str]:
@@ -77,11 +77,11 @@ def audit_journal(entries: Iterable[JournalEntry]) -> list[str]:
 def admitted_counts(settings: Settings) -> dict[int, tuple[int, int]]:
     """Per shard of the deployment's Redis: admitted messages as the ``depth`` hash counts
     them, and as the records' lists hold them (read only)."""
-    broker = RedisLaneBroker.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+    view = open_view(settings)
     try:
-        return broker.admitted_counts()
+        return view.admitted_counts()
     finally:
-        broker.close()
+        view.close()
 
 
 def audit_depth(counts: Mapping[int, tuple[int, int]]) -> list[str]:

@@ -264,13 +264,14 @@ def audit(ctx: click.Context, as_json: bool) -> None:
 
     Exit code 0 when both are clean, 1 when a problem is found.
     """
-    from .audit import admitted_counts, audit_depth, audit_journal, audit_lease_log
+    from .audit import audit_depth, audit_journal, audit_lease_log
     from .views import open_view
 
     settings = settings_of(ctx)
     view = open_view(settings)
     try:
-        events = view.lease_events()
+        events, counts = view.lease_events(), view.admitted_counts()
+        keeps_lease_log = view.keeps_lease_log
     finally:
         view.close()
     store = cli_store(settings)
@@ -279,7 +280,7 @@ def audit(ctx: click.Context, as_json: bool) -> None:
     finally:
         store.close()
     lease_problems, journal_problems = audit_lease_log(events), audit_journal(entries)
-    depth_problems = [] if settings.broker_is_rabbitmq else audit_depth(admitted_counts(settings))
+    depth_problems = audit_depth(counts)
     problems = lease_problems + journal_problems + depth_problems
     report = {
         "lease_events": len(events),
@@ -293,7 +294,7 @@ def audit(ctx: click.Context, as_json: bool) -> None:
     else:
         leases = (
             "no lease log on RabbitMQ (its single active consumer owns each shard)"
-            if settings.broker_is_rabbitmq
+            if not keeps_lease_log
             else f"lease log: {len(events)} events"
         )
         click.echo(f"{leases}; journal: {len(entries)} entries")

@@ -25,11 +25,14 @@ from ..routing.contract.message import event_of
 from ..routing.contract.replies import reply_int, reply_text
 from ..routing.contract.schedule_state import ScheduleState
 from ..routing.redis_keys import RedisKeys
-from ..workers.brokers.redis import broker_errors
+from ..workers.brokers.redis import RedisLaneBroker, broker_errors
 
 
 class DeploymentView:
     """Snapshots of one namespace's lanes in Redis."""
+
+    #: Whether the broker logs every lease change (``keylane audit`` reads the log).
+    keeps_lease_log = True
 
     def __init__(self, client: redis.Redis, keys: RedisKeys, shards: ShardMap) -> None:
         self.client = client
@@ -184,6 +187,11 @@ class DeploymentView:
             }
             for (member, score), info in zip(entries, infos, strict=True)
         ]
+
+    def admitted_counts(self) -> dict[int, tuple[int, int]]:
+        """Per shard: admitted messages as the ``depth`` hash counts them, and as the
+        records' lists hold them (read only, at one instant per shard)."""
+        return RedisLaneBroker(self.client, self.keys, self.shards).admitted_counts()
 
     def lease_events(self) -> list[dict[str, str]]:
         """The lease log, oldest first (trimmed to about the last 100,000 events)."""

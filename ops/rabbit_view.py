@@ -38,6 +38,8 @@ def unacked(lead: dict[str, int]) -> int:
 class RabbitDeploymentView(DeploymentView):
     """Snapshots of one namespace's lanes on RabbitMQ (one survey per view)."""
 
+    keeps_lease_log = False  # the broker's single active consumer owns each shard
+
     def __init__(
         self, settings: Settings, helper: DeploymentView, store_factory: Callable[[], Store]
     ) -> None:
@@ -153,3 +155,7 @@ class RabbitDeploymentView(DeploymentView):
     def lease_events(self) -> list[dict[str, str]]:
         """None: RabbitMQ keeps no lease log (the broker's single active consumer owns)."""
         return []
+
+    def admitted_counts(self) -> dict[int, tuple[int, int]]:
+        """None: RabbitMQ keeps no depth count beside its queues."""
+        return {}
