@@ -26,6 +26,7 @@ import msgspec
 from ..routing import ShardMap
 from ..routing.contract.errors import InvalidEvent
 from ..routing.contract.events import (
+    WIRE_DEFAULTS,
     check_event_id,
     check_json_value,
     check_record_key,
@@ -85,6 +86,7 @@ def new_event(
     shard = shards.shard_for_key(record_key)
     queue = shards.queue_name(shard)
     wire = {
+        **WIRE_DEFAULTS,
         "source": source,
         "event_id": event_id,
         "event_type": event_type,
@@ -94,10 +96,7 @@ def new_event(
         "accepted_at": time.time(),
         "shard": shard,
         "key_missing": key_missing,
-        "retry_of": None,
-        "review": None,
         "destination": destination,
-        "payload": None,
         "body": body,
         "conditions": conditions,
         "if_revision": if_revision,

@@ -11,7 +11,9 @@ Operations: ``set``, ``unset``, ``increment``, ``append``, ``add`` and ``remove`
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
@@ -232,3 +234,15 @@ class Event(BaseModel):
     def changes_wire(self) -> dict[str, dict[str, Any]]:
         """The changes in envelope form, for review rows and logs."""
         return {field: change.as_wire() for field, change in self.changes.items()}
+
+
+#: Every field of an event's wire form that has a default, at its default (all immutable):
+#: a wire form built from parts (:func:`keylane.producers.accept.new_event`) starts from
+#: these, so a field added to :class:`Event` with a default is never missing from it.
+WIRE_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {
+        name: info.get_default(call_default_factory=True)
+        for name, info in Event.model_fields.items()
+        if not info.is_required()
+    }
+)
