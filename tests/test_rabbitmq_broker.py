@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -1241,3 +1242,96 @@ def test_on_rabbitmq_a_waiting_sender_is_told_applied_and_a_duplicate_its_outcom
     # And the Redis helper counted both applied events, as on Redis (status, /metrics)
     helper = redis.Redis.from_url(stack.settings.redis_dsn())
     assert int(helper.hget(stack.settings.keys.counters, "applied") or 0) == 2
+
+
+def waited(stack: Stack, body: Any, wait_s: int) -> httpx.Response:
+    """Post with ``Prefer: wait`` as a sender does: a 503 (no confirm in time) is sent
+    again, up to 90 s (a copy that landed anyway is a duplicate, told the same outcome)."""
+    answer = stack.post(body, prefer=f"wait={wait_s}")
+    deadline = time.monotonic() + 90
+    while answer.status_code == 503 and time.monotonic() < deadline:
+        time.sleep(1)
+        answer = stack.post(body, prefer=f"wait={wait_s}")
+    return answer
+
+
+def test_on_rabbitmq_a_worker_killed_between_the_write_and_the_ack_leaves_the_retry_told(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given a worker that dies (kill -9) after the store committed, before it acknowledges
+    kill = {"point": "worker.before_ack", "action": "kill", "match": "crash:", "times": 1}
+    stack: Stack = deploy()
+    stack.receiver()
+    doomed = stack.worker(lanes=4, faults=[kill])
+    wait_consuming(rabbitmq, stack, {doomed.pid})
+    delivery = event("rk-1", "crash:rabbit", n={"increment": 7})
+    # When a sender waits for the outcome of an event whose worker dies at that point
+    first = waited(stack, delivery, wait_s=3)
+    # Then it is told the true outcome or "not known in time" (202), never another
+    assert first.status_code in (200, 202), first.text + stack.logs()
+    if first.status_code == 200:
+        assert (first.json()["status"], first.json()["revision"]) == ("applied", 1)
+    else:
+        assert first.headers["location"] == "/outcomes/demo/rk-1"
+    wait_until(lambda: not doomed.alive(), 30, "the worker to die", on_timeout=stack.logs)
+    # And once another worker takes the shard over, the retry of the same delivery is told
+    # the stored outcome (the redelivery found the event journaled and told it again)
+    second = stack.worker(lanes=4)
+    wait_consuming(rabbitmq, stack, {second.pid})
+    retry = waited(stack, delivery, wait_s=30)
+    assert retry.status_code == 200, retry.text + stack.logs()
+    assert retry.headers["keylane-replayed"] == "true"
+    assert (retry.json()["status"], retry.json()["revision"]) == ("applied", 1)
+    # And the record was changed once
+    store = stack.open_store()
+    assert store.read("crash:rabbit").fields == {"n": 7}
+    assert store.journal_size() == 1
+
+
+def test_on_rabbitmq_two_clients_racing_for_each_slot_are_told_one_booked_one_refused(
+    deploy: Any, rabbitmq: RabbitCluster
+) -> None:
+    # Given a receiver and two workers on the cluster
+    stack: Stack = deploy()
+    stack.receiver()
+    workers = {stack.worker(lanes=4).pid for _ in range(2)}
+    wait_consuming(rabbitmq, stack, workers)
+    slots = 20
+
+    def book(slot: int, who: str) -> tuple[int, str, httpx.Response]:
+        body = {
+            "id": f"book-{slot}-{who}",
+            "record_key": f"slot:{slot}",
+            "changes": {"owner": {"set": who}},
+            "conditions": {"owner": {"absent": True}},
+        }
+        return slot, who, waited(stack, body, wait_s=30)
+
+    # When two clients race for each slot, each waiting for its outcome
+    asked = [(slot, who) for slot in range(slots) for who in ("ada", "bob")]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda a: book(*a), asked))
+    # Then each slot has one client told applied and the other refused, seeing the winner
+    store = stack.open_store()
+    told: dict[int, dict[str, httpx.Response]] = {}
+    for slot, who, answer in answers:
+        told.setdefault(slot, {})[who] = answer
+    for slot, pair in told.items():
+        codes = {who: a.status_code for who, a in pair.items()}
+        assert sorted(codes.values()) == [200, 409], (slot, codes, stack.logs())
+        winner = next(who for who, code in codes.items() if code == 200)
+        loser = next(who for who, code in codes.items() if code == 409)
+        assert pair[winner].json()["status"] == "applied"
+        refusal = pair[loser].json()
+        assert refusal["status"] == "refused"
+        assert (refusal["result"]["seen"], refusal["result"]["field"]) == (winner, "owner")
+        # And the slot's owner is the winner the journal names
+        entry = store.journal("demo", f"book-{slot}-{winner}")
+        assert entry is not None
+        assert entry.outcome == "applied"
+        record = store.read(f"slot:{slot}")
+        assert (record.fields, record.revision) == ({"owner": winner}, 1)
+    assert len(told) == slots
+    # And refusals are no dead letters
+    assert store.dead_letters(DeadLetterFilter()) == []
+    assert store.journal_size() == 2 * slots
