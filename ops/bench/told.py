@@ -45,6 +45,7 @@ from pathlib import Path
 
 import click
 
+from ...routing.contract.replies import reply_int
 from ...routing.redis_keys import LATENCY_BUCKETS_S, RedisKeys
 from ...workers.store import Store
 from ...workers.stores import open_store
@@ -260,8 +261,7 @@ class Phase:
 
 def accepted_count(bench: Bench) -> int:
     """The accept script's count of accepted events, all of this run."""
-    value = bench.redis.hget(RedisKeys(bench.namespace).counters, "accepted")
-    return int(value or 0)
+    return reply_int(bench.redis.hget(RedisKeys(bench.namespace).counters, "accepted"))
 
 
 def drain(bench: Bench, store: Store) -> None:
