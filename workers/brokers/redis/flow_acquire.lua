@@ -10,6 +10,9 @@
 -- Returns {1, 0, 'ok'} or {0, wait ms, why}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- A slot's expiry to the microsecond (as text: Lua would round a number to 14 digits), so
+-- that FLOW_RELEASE can tell a call started before a rate cut from one started after it.
+local expiry = string.format('%.3f', tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000 + tonumber(ARGV[4]))
 local max, rate = tonumber(ARGV[2]), tonumber(ARGV[3])
 redis.call('SADD', KEYS[4], ARGV[5])
 redis.call('HSET', KEYS[2], 'max', ARGV[2], 'rate', ARGV[3])
@@ -26,7 +29,7 @@ if paused > now then
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[1])
+  redis.call('ZADD', KEYS[1], expiry, ARGV[1])
   redis.call('HINCRBY', KEYS[3], 'calls', 1)
   return {1, 0, 'ok'}
 end
@@ -46,6 +49,6 @@ if rate > 0 then
   end
   redis.call('HSET', KEYS[2], 'tokens', tostring(tokens - 1), 'ts', now)
 end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[1])
+redis.call('ZADD', KEYS[1], expiry, ARGV[1])
 redis.call('HINCRBY', KEYS[3], 'calls', 1)
 return {1, 0, 'ok'}

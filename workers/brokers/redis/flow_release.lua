@@ -3,9 +3,8 @@
 -- * a throttled call (429, or a Retry-After pause) lowers the rate to 0.9 x the calls the
 --   destination admitted in the last second (what it takes), at most 0.9 x the rate in
 --   force (half of it when nothing was admitted), never below 0.1/s. Only a call started
---   after the last cut's millisecond cuts again: the calls in flight when the destination
---   began to refuse all answer for the same excess (one started in the cut's millisecond
---   is taken for one of them: Redis's clock cannot order the two).
+--   after the last cut cuts again (both timed to the microsecond): the calls in flight when
+--   the destination began to refuse all answer for the same excess.
 -- * each call that succeeds raises the adapted rate a little: by max(0.05, 1 % of the rate
 --   of the last cut) calls/s over a second of successful calls, so a 10 % cut is made up in
 --   about 10 s; past the configured rate (or, with none, twice the rate of the last cut)
@@ -15,8 +14,11 @@
 -- adaptive (1/0)). Returns the new rate (text) when it was cut, else ''.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- When the call started and when a cut is made, to the microsecond (a slot's expiry is
+-- kept so by FLOW_ACQUIRE): a whole burst of calls can fit in one millisecond.
+local precise = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local expiry = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '0')
-local started = now
+local started = precise
 if expiry > 0 then started = expiry - tonumber(ARGV[5]) end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
@@ -42,7 +44,8 @@ if ARGV[4] == '1' then
     new = 0.5 * current
   end
   new = math.max(0.1, new)
-  redis.call('HSET', KEYS[2], 'adapted', tostring(new), 'cut_rate', tostring(new), 'cut_at', now)
+  local cut_at = string.format('%.3f', precise)
+  redis.call('HSET', KEYS[2], 'adapted', tostring(new), 'cut_rate', tostring(new), 'cut_at', cut_at)
   redis.call('HINCRBY', KEYS[3], 'rate_cuts', 1)
   return tostring(new)
 end
