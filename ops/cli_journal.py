@@ -132,7 +132,7 @@ def _retention(by_source: dict[str, int]) -> str:
 
 
 def span(seconds: float) -> str:
-    """A duration, briefly (``90s``, ``15m``, ``4h``, ``4d``)."""
+    """A duration, briefly (``45s``, ``1.5m``, ``15m``, ``4h``, ``4d``)."""
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0:
             return f"{seconds / size:.0f}{unit}"
