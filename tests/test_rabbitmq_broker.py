@@ -559,10 +559,12 @@ def test_a_message_past_the_brokers_delivery_limit_is_a_dead_letter_never_droppe
 def test_records_held_too_long_are_parked_in_the_store_and_keep_their_order(
     deploy: Any, rabbitmq: RabbitCluster
 ) -> None:
-    # Given one lane per worker, writes that take 0.1 s, and a hold budget of 2 s: a
-    # record's deliveries waiting behind its shard-mates' for over a second are parked
+    # Given one lane per worker, one event per write (no batches: a record's 12 events
+    # taken as one batch would be written at once, and nothing would wait) that takes
+    # 0.1 s, and a hold budget of 2 s: a record's deliveries waiting behind its
+    # shard-mates' for over the budget are parked
     slow = {"point": "worker.before_write", "action": "sleep", "match": "park:", "sleep_ms": 100}
-    stack: Stack = deploy(shard_count=2, amqp_hold_budget_s=2, faults=[slow])
+    stack: Stack = deploy(shard_count=2, amqp_hold_budget_s=2, faults=[slow], batch_max=1)
     stack.receiver()
     stream = Stream(stack, "park", records=6, senders=6, per_record=12).start()
     stream.wait_total(6 * 12)
