@@ -426,6 +426,7 @@ def test_a_worker_killed_after_a_reviewed_refusal_leaves_it_with_exactly_one_row
     (row,) = store.dead_letters(DeadLetterFilter())
     assert (row.event_id, row.reason) == ("c-2", "condition_unmet")
     assert retry.json()["result"]["seen"] == "ada"
+    assert (retry.json()["dead_letter_id"], retry.json()["reason"]) == (row.id, "condition_unmet")
     entry = store.journal("demo", "c-2")
     assert entry is not None
     assert entry.outcome == "refused"

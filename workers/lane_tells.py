@@ -62,17 +62,18 @@ def journal_told(store: Store, event: Event) -> Told | None:
     if entry is None or entry.outcome not in _TOLD:
         return None
     dead_letter_id, reason = None, None
-    if entry.outcome == "dead_lettered":
+    if entry.result is not None and isinstance(entry.result.get("reason"), str):
+        reason = entry.result["reason"]  # a refusal's
+    if entry.outcome in ("dead_lettered", "refused"):
         # The event's newest row: the one that closed it (a retry that failed again
-        # closed it with a newer row).
+        # closed it with a newer row), or the review row made with its refusal (a
+        # source with on_refusal = "review"; none otherwise).
         rows = store.dead_letters(
             DeadLetterFilter(sources=(event.source,), record_key=event.record_key)
         )
         mine = [row for row in rows if row.event_id == event.event_id]
         if mine:
             dead_letter_id, reason = mine[-1].id, mine[-1].reason
-    elif entry.result is not None and isinstance(entry.result.get("reason"), str):
-        reason = entry.result["reason"]
     return Told(
         status=entry.outcome,  # type: ignore[arg-type]
         source=entry.source,
