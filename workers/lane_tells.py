@@ -74,17 +74,14 @@ def journal_told(store: Store, event: Event) -> Told | None:
         mine = [row for row in rows if row.event_id == event.event_id]
         if mine:
             dead_letter_id, reason = mine[-1].id, mine[-1].reason
-    return Told(
-        status=entry.outcome,  # type: ignore[arg-type]
-        source=entry.source,
-        event_id=entry.event_id,
-        record_key=entry.record_key,
+    kept = ApplyResult(
+        entry.outcome,  # type: ignore[arg-type]
         revision=entry.revision,
-        result=entry.result,
-        reason=reason,
         dead_letter_id=dead_letter_id,
-        decided_at=entry.recorded_at,
+        reason=reason,
+        result=entry.result,
     )
+    return told_of(event, kept, entry.recorded_at)
 
 
 def tell_of(told: Told | None, event: Event, settings: Settings, sources: Sources) -> Tell | None:
