@@ -20,19 +20,28 @@ def records() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def records_get(ctx: click.Context, key: str, as_json: bool) -> None:
-    """Print the record KEY with its revision (exit code 1 if there is none)."""
+    """Print the record KEY with its revision and identities (exit code 1 if there is
+    none). A record merged into another says which, and since when."""
     store = cli_store(settings_of(ctx))
     try:
         record = store.read(key)
+        identities = store.identities_of(key)
     finally:
         store.close()
     if as_json:
-        emit_json(record_json(record))
+        emit_json(record_json(record, identities))
         return
     if not record.exists:
         click.echo(f"{key}: no such record")
         raise SystemExit(1)
     click.echo(f"{key}  revision {record.revision}  updated {when(record.updated_at)}")
+    if record.merged_into is not None:
+        click.echo(
+            f"  merged into {record.merged_into} {when(record.updated_at)}: its events go "
+            "there; the fields below are as they were then"
+        )
+    if identities:
+        click.echo(f"  identities: {', '.join(identities)}")
     for name in sorted(record.fields):
         click.echo(f"  {name} = {json.dumps(record.fields[name])}")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..routing.contract.errors import KeylaneError, VersionConflict
+from ..routing.contract.errors import KeylaneError, RecordMerged, VersionConflict
 from ..workers.store import Record, RecordStore
 
 MAX_EDIT_ATTEMPTS = 20
@@ -42,6 +42,10 @@ def edit_record(
         fields.update(assign)
         try:
             revision = store.write_outside(record_key, fields, record.revision)
+        except RecordMerged as exc:
+            raise KeylaneError(
+                f"record {record_key!r} was merged into {exc.survivor!r}: edit that record"
+            ) from None
         except VersionConflict:
             continue
         return Record(record_key, fields, revision)
@@ -50,12 +54,18 @@ def edit_record(
     )
 
 
-def record_json(record: Record) -> dict[str, Any]:
-    """A record as ``records get --json`` prints it."""
-    return {
+def record_json(record: Record, identities: list[str] | None = None) -> dict[str, Any]:
+    """A record as ``records get --json`` prints it: with ``merged_into`` (the record that
+    absorbed it, and since when: ``updated_at``) and its identities when given."""
+    shown: dict[str, Any] = {
         "key": record.key,
         "exists": record.exists,
         "revision": record.revision,
+        "created_at": record.created_at,
         "updated_at": record.updated_at,
+        "merged_into": record.merged_into,
         "fields": record.fields,
     }
+    if identities is not None:
+        shown["identities"] = identities
+    return shown

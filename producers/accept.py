@@ -72,11 +72,12 @@ def new_event(
     body: str | None = None,
     conditions: dict[str, dict[str, Any]] | None = None,
     if_revision: int | None = None,
+    identities: tuple[str, ...] = (),
 ) -> NewEvent:
     """The event to accept; :class:`InvalidEvent` if an id, key or type cannot be
     stored. ``changes`` and ``conditions`` come checked (``wire_changes``,
-    ``check_conditions``); ``body`` is the JSON text a task or destination gets (a lane
-    reads the payload from it)."""
+    ``check_conditions``), ``identities`` normalised (``check_identities``); ``body`` is
+    the JSON text a task or destination gets (a lane reads the payload from it)."""
     try:
         check_event_id(event_id)
         check_record_key(record_key)
@@ -100,6 +101,7 @@ def new_event(
         "body": body,
         "conditions": conditions,
         "if_revision": if_revision,
+        "identities": list(identities),
     }
     answer = accepted_answer(source, event_id, record_key, shard, queue, key_missing)
     return NewEvent(

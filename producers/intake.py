@@ -25,6 +25,7 @@ from ..routing.contract.events import (
     read_conditions,
     wire_changes,
 )
+from ..routing.contract.identities import check_identities
 from ..routing.contract.mapping import MISSING, Delivery, is_reference, render, resolve
 from ..routing.contract.sources import Hook, SourceConfig
 from .signatures import Verified
@@ -43,6 +44,7 @@ class Intake:
     changes: dict[str, dict[str, Any]]  # checked, in their wire form (``wire_changes``)
     conditions: WireConditions | None = None  # checked (``check_conditions``)
     if_revision: int | None = None
+    identities: tuple[str, ...] = ()  # in their normal form (``check_identities``)
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ def take_in(
         return _keylane(payload, event_id, key_missing)
     event_type = (render(source.event_type, delivery) if source.event_type else None) or "event"
     if hook is not None:
-        return _hooked(hook, payload, headers, event_id, key_missing, event_type)
+        return _hooked(source, hook, payload, headers, event_id, key_missing, event_type)
     return _mapped(source, delivery, event_id, key_missing, event_type)
 
 
@@ -116,6 +118,7 @@ def _keylane(payload: Any, event_id: str, key_missing: bool) -> Intake:
         envelope.changes,
         envelope.conditions,
         envelope.if_revision,
+        envelope.identities,
     )
 
 
@@ -135,7 +138,21 @@ def _mapped(
     if not raw:
         return Ignored(event_type, "none of the mapped fields is present in the delivery")
     conditions = _mapped_conditions(source, delivery, event_type)
-    return Intake(event_id, key_missing, event_type, record_key, _changes(raw), conditions)
+    identities = _identities(source, [render(t, delivery) or "" for t in source.also])
+    return Intake(
+        event_id, key_missing, event_type, record_key, _changes(raw), conditions, None, identities
+    )
+
+
+def _identities(source: SourceConfig, rendered: list[str]) -> tuple[str, ...]:
+    """The identities a delivery names, normalised by the source's rules (a template
+    whose parts the delivery lacks names none); a malformed one is a 400."""
+    try:
+        return check_identities(
+            [text for text in rendered if text.partition(":")[2]], source.normalise
+        )
+    except ValueError as exc:
+        raise InvalidEvent(f"also: {exc}") from None
 
 
 def _mapped_conditions(
@@ -158,6 +175,7 @@ def _mapped_conditions(
 
 
 def _hooked(
+    source: SourceConfig,
     hook: Hook,
     payload: Any,
     headers: Mapping[str, str],
@@ -172,7 +190,13 @@ def _hooked(
     event_type = str(result.get("event_type") or event_type)
     conditions, if_revision = _conditions(result)
     changes = _changes(result.get("changes"))
-    return Intake(event_id, key_missing, event_type, record_key, changes, conditions, if_revision)
+    also = result.get("also") or []
+    if not isinstance(also, list):
+        raise InvalidEvent("the source's hook returned also that is not a list of identities")
+    identities = _identities(source, also)
+    return Intake(
+        event_id, key_missing, event_type, record_key, changes, conditions, if_revision, identities
+    )
 
 
 def _forwarded(

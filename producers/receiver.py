@@ -241,6 +241,7 @@ class Receiver:
             body=text,
             conditions=intake.conditions,
             if_revision=intake.if_revision,
+            identities=intake.identities,
         )
 
     async def _accept(self, source: SourceConfig, event: NewEvent) -> Answer:

@@ -148,6 +148,8 @@ def test_a_command_on_a_postgresql_schema_without_keylane_tables_creates_none(
             "journal",
             "shard_fences",
             "dead_letters",
+            "identities",
+            "kept_apart",
             "archived_ids",
             "parked",
             "held",

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..routing import ShardMap
 from ..routing.contract.errors import (
     AlreadyApplied,
     ChangeNotApplicable,
@@ -37,6 +38,7 @@ from ..routing.contract.errors import (
 from ..routing.contract.events import Change, Event, parse_changes
 from ..routing.contract.faults import NO_FAULTS, Faults
 from ..routing.contract.sources import SourceConfig
+from . import merges
 from .blocking import BlockingPool
 from .changes import apply_changes
 from .conditions import REFUSED_BY_CONDITION, check_conditions
@@ -85,6 +87,8 @@ class ApplyRules:
 
     #: Attempts (a fresh read each) before a conflict on every one makes a dead letter.
     max_attempts: int
+    #: The deployment's shards: where a merge step or a forwarded event goes.
+    shards: ShardMap
     #: The most one attempt's handler calls may take together.
     handler_time_limit_s: float = 10.0
     #: Faults injected at named points (crash tests only).
@@ -109,10 +113,27 @@ async def apply_events(
     event = events[0]
     if event.review is not None:
         return [await store.review(event, fence)]
+    if event.merge is not None:
+        return [await merges.run_step(store, event, fence, rules.shards, rules.max_attempts)]
     if source is None:
         error = f"source {event.source!r} is not configured"
         return [await store.dead_letter(event, fence, Failure("unknown_source", 1, error))]
-    return await apply_batch(store, events, fence, source, rules, handler, read)
+    results = await apply_batch(store, events, fence, source, rules, handler, read)
+    return [
+        await _with_proposals(store, e, r, rules) for e, r in zip(events, results, strict=False)
+    ]
+
+
+async def _with_proposals(
+    store: LaneStore, event: Event, result: ApplyResult, rules: ApplyRules
+) -> ApplyResult:
+    """``result`` with the merges ``event``'s identities propose (applied, or found
+    applied: a redelivery after a crash proposes them again; the merge's event id keeps
+    it to one)."""
+    if not event.identities or result.outcome not in ("applied", "duplicate"):
+        return result
+    proposed = await store.io.store(merges.proposals, event, rules.shards)
+    return replace(result, sends=result.sends + proposed) if proposed else result
 
 
 async def apply_batch(
@@ -146,6 +167,8 @@ async def apply_batch(
             record = read
         else:
             record = await store.read(first.record_key)
+        if record.merged_into is not None:
+            return merges.forward(events, record, rules.shards)
         revision_read = record.revision
         changes_of = _ChangesOf(store.io, handler, rules.handler_time_limit_s, events, record)
         writes = await _attempt_writes(store, fence, source, changes_of, attempt)
@@ -208,7 +231,8 @@ async def _attempt_writes(
             failure = Failure(reason, attempt, str(exc), record.revision)
             return await store.dead_letter(event, fence, failure)
         result = None if changes is None or after is None else changed_values(changes, after)
-        writes.append(event_write(event, after, record.revision, attempt, result=result))
+        write = event_write(event, after, record.revision, attempt, result=result)
+        writes.append(replace(write, identities=event.identities))
         fields = fields if after is None else after
     return writes
 

@@ -112,6 +112,17 @@ class Ack:
     tell: Tell | None = None
 
 
+@dataclass(frozen=True)
+class Outgoing:
+    """A message a lane queues to a shard (a merge's next step, a forwarded event), once
+    per ``marker``: sent again after a crash, it is not queued twice."""
+
+    marker: str
+    shard: int
+    record_key: str
+    raw: bytes
+
+
 #: What becomes of a waiting record's delivery counts: ``uncount`` (the attempt was not
 #: the message's fault), ``forget`` (a batch, to be taken together again) or ``keep``.
 Counts = Literal["uncount", "forget", "keep"]
@@ -163,6 +174,14 @@ class RecordQueue(ABC):
         """``taken``'s record leaves the lane and is due again in ``delay_s``; ``why``
         (reason, error, attempts, ...) is shown by status meanwhile; ``counts`` says what
         becomes of ``messages``' delivery counts. False when the lease is not ours."""
+
+    @abstractmethod
+    def send(self, messages: Sequence[Outgoing]) -> None:
+        """Queue each of ``messages`` at the tail of its shard's queue, in order, and ring
+        the shards. Raises :class:`BrokerUnavailable` when the broker cannot take them
+        (then some may be queued, and are sent again with the delivery's next try: a
+        broker that keeps markers queues a marker's message once; on one that does not,
+        the journal of the lane that takes it keeps it to one effect)."""
 
     @abstractmethod
     def in_flight(self, shard: int) -> list[str]:

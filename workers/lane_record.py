@@ -41,14 +41,14 @@ from ..routing.contract.errors import (
 from ..routing.contract.events import Event
 from ..routing.contract.faults import Faults
 from ..routing.contract.logcontext import event_context
-from ..routing.contract.message import TaskMessage, parse_message
+from ..routing.contract.message import TaskMessage, build_event_message, parse_message
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import SourceConfig, Sources
 from ..routing.router import EVENT_TASKS
 from . import dead_letters, lane_tells
 from .apply import ApplyRules, SourceHandler, apply_events, load_source_handler
 from .blocking import BlockingPool
-from .broker import Ack, Counts, Idle, LaneBroker, Lease, Taken, Tell
+from .broker import Ack, Counts, Idle, LaneBroker, Lease, Outgoing, Taken, Tell
 from .dead_letters import Failure
 from .dispatch import Dispatcher, Wait
 from .doorbell import Doorbell
@@ -135,7 +135,7 @@ class RecordLane:
         self._events = events
         self._handlers: dict[str, SourceHandler | None] = {}
         self._rules = ApplyRules(
-            settings.max_attempts, settings.handler_time_limit_ms / 1000, faults
+            settings.max_attempts, settings.shards, settings.handler_time_limit_ms / 1000, faults
         )
 
     def take(self, store: Store, leases: list[Lease]) -> Step | Idle:
@@ -249,9 +249,8 @@ class RecordLane:
             applied = result.outcome == "applied"
             latency = max(0.0, time.time() - queued.event.accepted_at) if applied else None
             tell = await self._tell(queued.event, result)
-            acks.append(
-                Ack(queued.raw, result.outcome, result.conflicts, result.attempts, latency, tell)
-            )
+            counted = result.counted_as or result.outcome
+            acks.append(Ack(queued.raw, counted, result.conflicts, result.attempts, latency, tell))
         keep = not self._stop.is_set() and self.ownership.keep(lane, lease)
         finished = await self.io.store(self._finish, lease, taken, acks, hold, keep)
         if finished is False:
@@ -347,9 +346,19 @@ class RecordLane:
         if event.destination is not None:
             return await self.dispatcher.send(self.store, fence, taken, events)
         source = self.sources.get(event.source)
-        return await apply_events(
+        results = await apply_events(
             self.store, events, fence, source, self._rules, self._handler(source), record
         )
+        outgoing = [self._outgoing(sent) for result in results for sent in result.sends]
+        if outgoing:  # before the acknowledgement: a crash sends them again
+            await self.io.call(self.broker.send, outgoing)
+        return results
+
+    def _outgoing(self, event: Event) -> Outgoing:
+        """``event`` as a message for its record's shard queue, sent once per hop."""
+        queue = self.settings.shards.queue_name(event.shard)
+        marker = f"{event.source}/{event.event_id}>{event.record_key}"
+        return Outgoing(marker, event.shard, event.record_key, build_event_message(event, queue))
 
     def _handler(self, source: SourceConfig | None) -> SourceHandler | None:
         if source is None:

@@ -33,8 +33,9 @@ _TOLD: tuple[str, ...] = get_args(ToldStatus)
 
 
 def tells(event: Event) -> bool:
-    """Whether a decision about ``event`` is told at all (a review message's is not)."""
-    return event.review is None
+    """Whether a decision about ``event`` is told at all (a review message's is not, nor
+    a merge step's: it is keylane's own)."""
+    return event.review is None and event.merge is None
 
 
 def told_of(event: Event, result: ApplyResult, decided_at: float) -> Told | None:

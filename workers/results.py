@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .store import JournalOutcome
 
-#: ``applied`` and ``dead_lettered`` are journaled; ``duplicate``: the journal already had
-#: the event, so this delivery had no effect.
-ApplyOutcome = JournalOutcome | Literal["duplicate", "refused"]
+if TYPE_CHECKING:
+    from ..routing.contract.events import Event
+
+#: ``applied``, ``refused`` and ``dead_lettered`` are journaled; ``duplicate``: the
+#: journal already had the event, so this delivery had no effect; ``forwarded``: the
+#: record was merged into another, the event went on to that record's lane.
+ApplyOutcome = JournalOutcome | Literal["duplicate", "forwarded"]
 
 
 @dataclass(frozen=True)
@@ -23,3 +27,8 @@ class ApplyResult:
     dead_letter_id: int | None = None
     reason: str | None = None
     result: dict[str, Any] | None = None
+    #: Events the lane queues (each to its record's shard) before it acknowledges this
+    #: delivery: a merge's next step, a proposal, a forwarded event.
+    sends: tuple[Event, ...] = ()
+    #: The counter the acknowledgement adds one to, when not the outcome's own.
+    counted_as: str | None = None

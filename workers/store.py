@@ -1,7 +1,8 @@
 """The record store interface, by role: records with revisions (:class:`RecordStore`), the
 applied-events journal (:class:`JournalStore`), shard fences (:class:`FenceStore`),
 dead-letter review rows (:class:`DeadLetterStore`), what the prune removes
-(:class:`RetentionStore`) and RabbitMQ's parked and held records (:class:`ParkingStore`);
+(:class:`RetentionStore`), RabbitMQ's parked and held records (:class:`ParkingStore`) and
+the identity index (:class:`IdentityStore`);
 :class:`Store` is all of them over one connection.
 
 Every implementation keeps four promises, checked by the shared test suite:
@@ -67,6 +68,10 @@ class Record:
     fields: dict[str, Any]
     revision: int
     updated_at: float | None = None
+    #: When it was first written (None: absent, or written before records kept it).
+    created_at: float | None = None
+    #: The record that absorbed this one: a tombstone, its fields as they were then.
+    merged_into: str | None = None
 
     @property
     def exists(self) -> bool:
@@ -130,6 +135,12 @@ class EventWrite:
     #: Decided on the record as read at ``expected_revision`` (a refusal by its
     #: conditions): written only if the record is still there, as a change would be.
     decided_on_read: bool = False
+    #: Identities the write claims for its record (those no record holds yet).
+    identities: tuple[str, ...] = ()
+    #: The record becomes a tombstone naming this survivor (a merge's close).
+    merged_into: str | None = None
+    #: The identities of this absorbed record now name the written one (a merge's absorb).
+    absorbs: str | None = None
 
 
 def with_revision(result: dict[str, Any] | None, revision: int) -> dict[str, Any] | None:
@@ -474,7 +485,37 @@ class ParkingStore(StoreConnection):
         holds it; nothing written)."""
 
 
-class Store(RecordStore, JournalStore, FenceStore, DeadLetterStore, RetentionStore, ParkingStore):
+class IdentityStore(StoreConnection):
+    """The identity index and the pairs kept apart: the lanes' merges
+    (:mod:`keylane.workers.merges`), ``keylane records``, triage of a merge's review."""
+
+    @abstractmethod
+    def identity_owners(self, identities: Sequence[str]) -> dict[str, str]:
+        """The record each of ``identities`` names (those the index has)."""
+
+    @abstractmethod
+    def identities_of(self, record_key: str) -> list[str]:
+        """The identities that name ``record_key``."""
+
+    @abstractmethod
+    def kept_apart(self, a: str, b: str) -> bool:
+        """Whether a person said records ``a`` and ``b`` are two (never merged)."""
+
+    @abstractmethod
+    def keep_apart(self, a: str, b: str, by: str) -> None:
+        """Remember that ``a`` and ``b`` are two records: no merge of them is proposed
+        again."""
+
+
+class Store(
+    RecordStore,
+    JournalStore,
+    FenceStore,
+    DeadLetterStore,
+    RetentionStore,
+    ParkingStore,
+    IdentityStore,
+):
     """Every role of one connection to keylane's database (one SQL implementation,
     :class:`keylane.workers.stores.sql.SqlStore`, over SQLite or PostgreSQL). See the
     module docstring for the promises; code that needs one role names that role."""

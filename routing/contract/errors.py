@@ -12,6 +12,7 @@
     │   ├── StoreUnavailable
     │   │   └── ResourceUnavailable (also a ResourceError)
     │   ├── VersionConflict
+    │   │   └── RecordMerged        the record is a tombstone naming its survivor
     │   └── AlreadyApplied
     ├── ResourceError               a record that lives elsewhere (keylane.workers.resource)
     │   ├── WriteConflict, WriteOutcomeUnknown, ResourceRefused
@@ -86,6 +87,16 @@ class VersionConflict(StoreError):
         self.record_key = record_key
         self.expected = expected
         self.found = found
+
+
+class RecordMerged(VersionConflict):
+    """The record is a tombstone: it was merged into ``survivor``, and is never written
+    again (a lane that meets it reads again, and forwards the event to the survivor)."""
+
+    def __init__(self, record_key: str, expected: int, found: int, survivor: str) -> None:
+        super().__init__(record_key, expected, found)
+        self.args = (f"record {record_key!r} was merged into {survivor!r}",)
+        self.survivor = survivor
 
 
 class AlreadyApplied(StoreError):

@@ -19,6 +19,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from .conditions import WireConditions, check_conditions, check_if_revision
+from .identities import Merge, check_identities
 
 # The value rules live in .values; they are named here too, where changes have used them.
 from .values import MAX_FIELD_CHARS as MAX_FIELD_CHARS
@@ -122,14 +123,17 @@ def _bounded_text(text: object, what: str, most: int) -> str:
 
 
 #: The keys of keylane's own envelope.
-ENVELOPE_KEYS = frozenset({"id", "type", "record_key", "changes", "conditions", "if_revision"})
+ENVELOPE_KEYS = frozenset(
+    {"id", "type", "record_key", "changes", "conditions", "if_revision", "also"}
+)
 
 
 @dataclass(frozen=True)
 class Envelope:
     """keylane's own delivery format (the ``demo`` source and ``format = "keylane"``):
     ``{"id", "type", "record_key", "changes"}``, ``id`` and ``type`` optional, and the
-    optional ``conditions`` and ``if_revision`` (:mod:`.conditions`)."""
+    optional ``conditions`` and ``if_revision`` (:mod:`.conditions`) and ``also``: the
+    record's other identities (:mod:`.identities`), in their normal form."""
 
     id: str | None
     type: str
@@ -137,6 +141,7 @@ class Envelope:
     changes: dict[str, dict[str, Any]]  # as :func:`wire_changes` gives them
     conditions: WireConditions | None = None
     if_revision: int | None = None
+    identities: tuple[str, ...] = ()
 
     @classmethod
     def read(cls, payload: object) -> Envelope:
@@ -160,7 +165,11 @@ class Envelope:
         except ValueError as exc:
             raise ValueError(f"changes: {exc}") from None
         conditions, if_revision = read_conditions(payload)
-        return cls(event_id, event_type, record_key, changes, conditions, if_revision)
+        try:
+            identities = check_identities(payload.get("also", []))
+        except ValueError as exc:
+            raise ValueError(f"also: {exc}") from None
+        return cls(event_id, event_type, record_key, changes, conditions, if_revision, identities)
 
 
 def read_conditions(payload: dict[str, Any]) -> tuple[WireConditions | None, int | None]:
@@ -178,7 +187,7 @@ def read_conditions(payload: dict[str, Any]) -> tuple[WireConditions | None, int
     return conditions, if_revision
 
 
-_ENVELOPE_HELP = "id, type, record_key, changes, conditions and if_revision"
+_ENVELOPE_HELP = "id, type, record_key, changes, conditions, if_revision and also"
 
 
 class Event(BaseModel):
@@ -207,6 +216,15 @@ class Event(BaseModel):
     conditions: WireConditions | None = None
     #: The record's revision the sender read: the change applies only at that revision.
     if_revision: int | None = None
+    #: The record's other names (``kind:value``, normal form, :mod:`.identities`): the
+    #: lane claims them for the record in the write's transaction, and proposes a merge
+    #: when one already names another record.
+    identities: tuple[str, ...] = ()
+    #: A merge step (its source is ``keylane.merge``): the lane closes or absorbs.
+    merge: Merge | None = None
+    #: The record key the sender named, when the event was forwarded to the record that
+    #: absorbed it.
+    via: str | None = None
 
     @property
     def conditional(self) -> bool:

@@ -61,6 +61,7 @@ from .destinations import (
 )
 from .errors import ConfigError
 from .events import OPS, check_field_name
+from .identities import IDENTITY_KIND, MAX_IDENTITIES, MERGE_SOURCE, IdentityRule
 from .mapping import check_reference, check_template, is_reference
 from .names import ENV_NAME, TABLE_NAME
 from .schedules import JobSpec, RepairConfig, ScheduleConfig
@@ -177,6 +178,24 @@ class SourceConfig(BaseModel):
     #: The environment variable holding this source's own outcomes token (read at the
     #: receiver's start-up): it reads this source's outcomes only (ops/docs/outcomes.md).
     outcomes_token_env: str | None = None
+    #: The record's other identities, ``kind:{body:...}`` templates (:mod:`.identities`);
+    #: one whose parts the delivery lacks is left out.
+    also: tuple[str, ...] = ()
+    #: How each identity kind is normalised (a kind not named: ``email`` and ``phone`` by
+    #: their names, any other exactly as sent).
+    normalise: dict[str, IdentityRule] = Field(default_factory=dict)
+
+    @field_validator("also")
+    @classmethod
+    def _check_also(cls, templates: tuple[str, ...]) -> tuple[str, ...]:
+        if len(templates) > MAX_IDENTITIES:
+            raise ValueError(f"also: at most {MAX_IDENTITIES} identities")
+        for template in templates:
+            kind, sep, value = template.partition(":")
+            if not sep or not IDENTITY_KIND.fullmatch(kind):
+                raise ValueError(f"also: {template!r}: write kind:{{body:...}}")
+            check_template(value)
+        return templates
 
     @field_validator("outcomes_token_env")
     @classmethod
@@ -190,6 +209,8 @@ class SourceConfig(BaseModel):
     def _check_name(cls, name: str) -> str:
         if not TABLE_NAME.fullmatch(name):
             raise ValueError(f"source names are lowercase [a-z0-9_.-], 1..64 chars: {name!r}")
+        if name == MERGE_SOURCE:
+            raise ValueError(f"the source name {name!r} is keylane's own (its merges)")
         return name
 
     @field_validator("event_id")
@@ -256,8 +277,8 @@ class SourceConfig(BaseModel):
         unmapped = self.record_key is None or not self.on
         if self.format == "mapped" and self.hook is None and unmapped:
             raise ValueError("a mapped source needs record_key and an `on` table, or a hook")
-        if self.format == "keylane" and (self.on or self.hook or self.record_key):
-            raise ValueError('record_key, on and hook apply to format = "mapped" only')
+        if self.format == "keylane" and (self.on or self.hook or self.record_key or self.also):
+            raise ValueError('record_key, on, hook and also apply to format = "mapped" only')
         if self.conditions and (self.format != "mapped" or self.hook is not None):
             raise ValueError('a conditions table applies to format = "mapped" with an `on` table')
         if self.event_id_rule == "signature" and _scheme(self) not in (

@@ -53,7 +53,7 @@ from ...routing.redis_keys import (
     latency_bucket,
     message_digest,
 )
-from ..broker import Ack, Acquired, Counts, Idle, LaneBroker, Lease, Taken, Tell
+from ..broker import Ack, Acquired, Counts, Idle, LaneBroker, Lease, Outgoing, Taken, Tell
 from ..flow import DestinationFlow
 
 LEASE_LOG_MAXLEN = 100_000
@@ -408,6 +408,10 @@ class RedisLaneBroker(LaneBroker):
                 [raw, marker_ttl_ms, self.keys.doorbell, shard],
             )
         )
+
+    def send(self, messages: Sequence[Outgoing]) -> None:
+        for message in messages:
+            self.push_once(f"send:{message.marker}", message.shard, message.raw)
 
     # -- the audit -----------------------------------------------------------------------
 

@@ -9,6 +9,10 @@ may hold a delivery (RabbitMQ), base64-encoded, in order per record. ``held`` ho
 records of those brokers that wait behind a dead letter (a source's ``hold`` policy): their
 parked messages are not due until the row is closed or retried.
 
+``identities`` is the identity index (``kind:value`` -> the record it names), written by
+the lanes with the record's write; ``kept_apart`` holds the pairs of records a person said
+are two (a merge of them is never proposed again), the lower key first.
+
 ``archived_ids`` is what remains in the store of a journal row once it is archived: a
 64-bit hash of its ``(source, event id)`` and the second it was recorded, so that a
 delivery replayed after its row left the table is still recognised (see
@@ -97,6 +101,19 @@ CREATE TABLE IF NOT EXISTS parked (
     parked_at {real} NOT NULL,
     PRIMARY KEY (shard, record_key, seq)
 );
+CREATE TABLE IF NOT EXISTS identities (
+    identity TEXT PRIMARY KEY,
+    record_key TEXT NOT NULL,
+    claimed_at {real} NOT NULL
+);
+CREATE INDEX IF NOT EXISTS identities_record ON identities (record_key);
+CREATE TABLE IF NOT EXISTS kept_apart (
+    a TEXT NOT NULL,
+    b TEXT NOT NULL,
+    kept_by TEXT NOT NULL,
+    kept_at {real} NOT NULL,
+    PRIMARY KEY (a, b)
+);
 CREATE TABLE IF NOT EXISTS held (
     shard INTEGER NOT NULL,
     record_key TEXT NOT NULL,
@@ -109,8 +126,19 @@ CREATE TABLE IF NOT EXISTS held (
 
 #: Columns added since a table was first created: (table, column, its DDL). ``migrate()``
 #: adds each one a database lacks (``CREATE TABLE IF NOT EXISTS`` leaves an old table as
-#: it is). ``journal.result``: an event's result as JSON text, or NULL.
-ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (("journal", "result", "result TEXT"),)
+#: it is). ``journal.result``: an event's result as JSON text, or NULL;
+#: ``records.created_at``: when the record was first written (NULL: before this column);
+#: ``records.merged_into``: the record that absorbed this one (a tombstone), or NULL.
+ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("journal", "result", "result TEXT"),
+    ("records", "created_at", "created_at {real}"),
+    ("records", "merged_into", "merged_into TEXT"),
+)
+
+
+def added_columns(types: ColumnTypes) -> list[tuple[str, str, str]]:
+    """:data:`ADDED_COLUMNS` in a dialect's type names."""
+    return [(table, column, ddl.format(real=types.real)) for table, column, ddl in ADDED_COLUMNS]
 
 
 def schema_ddl(types: ColumnTypes) -> str:

@@ -35,7 +35,7 @@ from ..store import (
 )
 from . import sql_retention as retention
 from .dialect import Cursor, Dialect
-from .schema import ADDED_COLUMNS, schema_ddl
+from .schema import added_columns, schema_ddl
 from .sql_dead_letters import (
     count_dead_letters,
     find_dead_letter,
@@ -51,6 +51,14 @@ from .sql_fences import (
     stored_tokens,
     upsert_fence,
 )
+from .sql_identities import (
+    claim_identities,
+    identities_of,
+    is_kept_apart,
+    keep_apart,
+    move_identities,
+    owners,
+)
 from .sql_journal import count_entries, find_entry, list_entries, record_outcome
 from .sql_parked import (
     count_delivery,
@@ -64,6 +72,7 @@ from .sql_parked import (
 )
 from .sql_records import (
     check_revision,
+    close_record,
     keys_with_prefix,
     read_record,
     records_after,
@@ -81,7 +90,7 @@ class SqlStore(Store):
 
     def migrate(self) -> None:
         self.dialect.migrate(schema_ddl(self.dialect.column_types))
-        for table, column, ddl in ADDED_COLUMNS:
+        for table, column, ddl in added_columns(self.dialect.column_types):
             self.dialect.add_column(table, column, ddl)
 
     def close(self) -> None:
@@ -116,6 +125,13 @@ class SqlStore(Store):
             revision = write_record(d, cur, first.record_key, fields, revision)
         elif first.decided_on_read:  # a refusal decided on that revision: still there?
             check_revision(cur, first.record_key, revision)
+        for write in writes:  # what a merge changes besides the record, in its transaction
+            if write.identities:
+                claim_identities(cur, write.record_key, write.identities)
+            if write.absorbs is not None:
+                move_identities(cur, write.absorbs, write.record_key)
+            if write.merged_into is not None:
+                close_record(cur, write.record_key, write.merged_into)
         # After the record: a duplicate is then refused here and rolls the write back.
         for write in writes:
             changed = write.fields is not None
@@ -265,6 +281,24 @@ class SqlStore(Store):
     def journal_size(self) -> int:
         with self.dialect.cursor() as cur:
             return count_entries(cur)
+
+    # -- identities ------------------------------------------------------------------------
+
+    def identity_owners(self, identities: Sequence[str]) -> dict[str, str]:
+        with self.dialect.cursor() as cur:
+            return owners(cur, identities)
+
+    def identities_of(self, record_key: str) -> list[str]:
+        with self.dialect.cursor() as cur:
+            return identities_of(cur, record_key)
+
+    def kept_apart(self, a: str, b: str) -> bool:
+        with self.dialect.cursor() as cur:
+            return is_kept_apart(cur, a, b)
+
+    def keep_apart(self, a: str, b: str, by: str) -> None:
+        with self.dialect.transaction() as cur:
+            keep_apart(cur, a, b, by)
 
     # -- review rows -----------------------------------------------------------------------
 

@@ -6,48 +6,62 @@ import json
 import time
 from typing import Any
 
-from ...routing.contract.errors import VersionConflict
+from ...routing.contract.errors import RecordMerged, VersionConflict
 from ..store import Record
 from .dialect import Cursor, Dialect, dump_json
+
+_COLUMNS = "key, {fields}, revision, updated_at, created_at, merged_into"
 
 
 def read_record(d: Dialect, cur: Cursor, record_key: str) -> Record:
     """The record as it is now (revision 0 and no fields when absent)."""
-    cur.execute(
-        f"SELECT {d.json_out('fields')}, revision, updated_at FROM records WHERE key = ?",
-        (record_key,),
-    )
+    columns = _COLUMNS.format(fields=d.json_out("fields"))
+    cur.execute(f"SELECT {columns} FROM records WHERE key = ?", (record_key,))
     row = cur.fetchone()
-    if row is None:
-        return Record(record_key, {}, 0)
-    return Record(record_key, json.loads(row[0]), int(row[1]), float(row[2]))
+    return Record(record_key, {}, 0) if row is None else _record(row)
+
+
+def _record(row: Any) -> Record:
+    created_at = None if row[4] is None else float(row[4])
+    return Record(str(row[0]), json.loads(row[1]), int(row[2]), float(row[3]), created_at, row[5])
 
 
 def write_record(
     d: Dialect, cur: Cursor, record_key: str, fields: dict[str, Any], expected: int
 ) -> int:
     """The conditional write: the revision check and the revision advance are one
-    statement, so two writers that read the same revision cannot both succeed."""
+    statement, so two writers that read the same revision cannot both succeed. A
+    tombstone (a merged record) is never written: :class:`RecordMerged` names its
+    survivor."""
     now = time.time()
     if expected == 0:
         cur.execute(
-            "INSERT INTO records (key, fields, revision, updated_at) "
-            f"VALUES (?, {d.json_param}, 1, ?) ON CONFLICT (key) DO NOTHING "
+            "INSERT INTO records (key, fields, revision, updated_at, created_at) "
+            f"VALUES (?, {d.json_param}, 1, ?, ?) ON CONFLICT (key) DO NOTHING "
             "RETURNING revision",
-            (record_key, dump_json(fields), now),
+            (record_key, dump_json(fields), now, now),
         )
     else:
         cur.execute(
             f"UPDATE records SET fields = {d.json_param}, revision = revision + 1, "
-            "updated_at = ? WHERE key = ? AND revision = ? RETURNING revision",
+            "updated_at = ? WHERE key = ? AND revision = ? AND merged_into IS NULL "
+            "RETURNING revision",
             (dump_json(fields), now, record_key, expected),
         )
     row = cur.fetchone()
     if row is None:
-        cur.execute("SELECT revision FROM records WHERE key = ?", (record_key,))
+        cur.execute("SELECT revision, merged_into FROM records WHERE key = ?", (record_key,))
         found = cur.fetchone()
+        if found is not None and found[1] is not None:
+            raise RecordMerged(record_key, expected, int(found[0]), str(found[1]))
         raise VersionConflict(record_key, expected, int(found[0]) if found else 0)
     return int(row[0])
+
+
+def close_record(cur: Cursor, record_key: str, survivor: str) -> None:
+    """Make the record (just written, in this transaction) a tombstone naming
+    ``survivor``."""
+    cur.execute("UPDATE records SET merged_into = ? WHERE key = ?", (survivor, record_key))
 
 
 def check_revision(cur: Cursor, record_key: str, expected: int) -> None:
@@ -72,9 +86,10 @@ def keys_with_prefix(cur: Cursor, prefix: str, limit: int) -> list[str]:
 def records_after(d: Dialect, cur: Cursor, prefix: str, after: str, limit: int) -> list[Record]:
     """Up to ``limit`` records whose keys start with ``prefix`` and sort after ``after``,
     in key order (a sweep's page: each page a read of its own, no long transaction)."""
+    columns = _COLUMNS.format(fields=d.json_out("fields"))
     cur.execute(
-        f"SELECT key, {d.json_out('fields')}, revision, updated_at FROM records "
+        f"SELECT {columns} FROM records "
         "WHERE key > ? AND substr(key, 1, ?) = ? ORDER BY key LIMIT ?",
         (after, len(prefix), prefix, limit),
     )
-    return [Record(str(r[0]), json.loads(r[1]), int(r[2]), float(r[3])) for r in cur.fetchall()]
+    return [_record(r) for r in cur.fetchall()]

@@ -61,13 +61,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from ....routing.contract.amqp_names import dead_queue
-from ....routing.contract.errors import StaleFence
+from ....routing.contract.amqp_names import dead_queue, shard_queue
+from ....routing.contract.errors import BrokerUnavailable, StaleFence
 from ....routing.contract.settings import Settings
-from ...broker import Ack, Counts, Idle, LaneBroker, Lease, Taken
+from ...broker import Ack, Counts, Idle, LaneBroker, Lease, Outgoing, Taken
 from ...store import Store
 from .consumers import ShardConsumer, batch_limit
-from .link import ack, message_body
+from .link import ack, message_body, publish_confirmed
 from .membership import Membership
 from .notes import DeliveryNotes
 from .ownership import DoorbellSubscription, Ownership
@@ -316,6 +316,23 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
         """Nothing to do: the hold reads its row with a share lock in the transaction that
         writes it, so a row closed first holds nothing, and a close that came after the
         hold found it and sent the release."""
+
+    def send(self, messages: Sequence[Outgoing]) -> None:
+        """Published with confirms from the AMQP thread (no markers here: a message sent
+        again after a crash is queued again, and its lane's journal finds it applied)."""
+        settings = self.settings
+        items = [
+            (shard_queue(settings.namespace, settings.shards, m.shard), m.record_key, m.raw)
+            for m in messages
+        ]
+        timeout_s = settings.amqp_confirm_timeout_ms / 1000
+
+        def publish() -> None:
+            if self._connection is None:
+                raise BrokerUnavailable("RabbitMQ: not connected")
+            publish_confirmed(self._connection, items, timeout_s)
+
+        self._submit(publish, wait=True)
 
     def in_flight(self, shard: int) -> list[str]:
         with self._lock:

@@ -33,6 +33,7 @@ from ....routing.contract.amqp_names import (
     topology,
 )
 from ....routing.contract.errors import BrokerUnavailable
+from ....routing.contract.message import RECORD_HEADER
 from ....routing.contract.settings import Settings
 from .consumers import ShardConsumer
 
@@ -128,6 +129,31 @@ def queue_depth(conn: Any, name: str) -> tuple[int, int] | None:
 def publish(channel: Any, body: str, exchange: str) -> None:
     """Publish ``body`` to ``exchange`` on ``channel`` (no confirm: membership beats)."""
     channel.basic_publish(Message(body), exchange=exchange)
+
+
+def publish_confirmed(
+    conn: Any, messages: Sequence[tuple[str, str, bytes]], confirm_timeout_s: float
+) -> None:
+    """Publish each (queue, record key, message), in order, on a channel of its own, each
+    waiting for its confirm (a nack or no confirm in time raises)."""
+    channel = conn.channel()
+    try:
+        for queue_name, record_key, raw in messages:
+            message = Message(
+                raw,
+                delivery_mode=2,
+                content_type="application/json",
+                application_headers={RECORD_HEADER: record_key},
+            )
+            channel.basic_publish_confirm(
+                message,
+                exchange="",
+                routing_key=queue_name,
+                mandatory=True,
+                confirm_timeout=confirm_timeout_s,
+            )
+    finally:
+        close_channel(channel)
 
 
 def ack(channel: Any, tags: Sequence[int]) -> None:

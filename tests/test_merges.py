@@ -1,0 +1,281 @@
+"""Identities and merges (``workers/merges.py``): one record from two when senders name one
+entity differently, through both records' lanes, with real receiver and worker processes;
+the store's part (the identity index written with the record, a tombstone never written
+again) against both stores."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from keylane.routing.contract.errors import RecordMerged
+from keylane.routing.contract.identities import (
+    check_identities,
+    normal_identity,
+    survivor_first,
+)
+from keylane.workers.lane_store import event_write
+from keylane.workers.merges import live_end
+from keylane.workers.store import DeadLetterFilter, Record, Store
+from tests.support.lane_parts import lane_event
+from tests.support.stack import Stack, wait_until
+
+# -- identities: one normal form per kind ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "normal"),
+    [
+        ("email: Ann.Lee@Example.COM ", "email:ann.lee@example.com"),
+        ("phone:+44 20 7946-0958", "phone:+442079460958"),
+        ("phone:0044 (20) 7946 0958", "phone:+442079460958"),
+        ("crm_id:  A-17 ", "crm_id:A-17"),
+        ("email:", None),
+    ],
+)
+def test_an_identity_is_written_in_one_normal_form(raw: str, normal: str | None) -> None:
+    assert normal_identity(raw) == normal
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        ("ann@example.com", "kind:value"),
+        ("email:ann", "not an email address"),
+        ("phone:2079460958", "E.164"),
+        (42, "text"),
+    ],
+)
+def test_an_identity_that_cannot_be_read_says_why(raw: object, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        normal_identity(raw)
+
+
+def test_a_source_names_the_rule_of_its_own_kinds() -> None:
+    assert check_identities(["mobile:+1 555 0100 200", "mobile:+15550100200"], {"mobile": "phone"})
+    assert check_identities(["handle:Ann", "handle:ANN"], {"handle": "lower"}) == ("handle:ann",)
+
+
+def test_the_older_record_survives_and_equal_times_fall_to_the_lower_key() -> None:
+    assert survivor_first(("b", 1.0), ("a", 2.0)) == ("b", "a")
+    assert survivor_first(("b", 1.0), ("a", 1.0)) == ("a", "b")
+    assert survivor_first(("b", None), ("a", 5.0)) == ("b", "a")
+
+
+# -- the store: the index is written with the record, a tombstone never again -----------
+
+
+def test_identities_are_claimed_in_the_records_write_and_the_first_claim_stands(
+    store: Store,
+) -> None:
+    # Given two records written by events that both name email:a@x
+    first = event_write(lane_event("e1", "p:1"), {"n": 1}, 0, 1)
+    second = event_write(lane_event("e2", "p:2"), {"n": 2}, 0, 1)
+    store.commit_event(_claiming(first, "email:a@x", "phone:+15550100200"), None)
+    store.commit_event(_claiming(second, "email:a@x"), None)
+    # Then the identity names the record that claimed it first
+    owners = store.identity_owners(["email:a@x", "phone:+15550100200", "email:none@x"])
+    assert owners == {"email:a@x": "p:1", "phone:+15550100200": "p:1"}
+    assert store.identities_of("p:2") == []
+
+
+def test_a_write_refused_by_its_revision_claims_nothing(store: Store) -> None:
+    store.commit_event(event_write(lane_event("e1", "p:1"), {"n": 1}, 0, 1), None)
+    stale = _claiming(event_write(lane_event("e2", "p:1"), {"n": 2}, 0, 1), "email:a@x")
+    with pytest.raises(Exception, match="revision"):
+        store.commit_event(stale, None)
+    assert store.identity_owners(["email:a@x"]) == {}
+
+
+def test_a_closed_record_is_a_tombstone_that_is_never_written_again(store: Store) -> None:
+    # Given p:2 closed into p:1 (its identities moved there by the absorb)
+    store.commit_event(_claiming(event_write(lane_event("e1", "p:1"), {"a": 1}, 0, 1)), None)
+    store.commit_event(
+        _claiming(event_write(lane_event("e2", "p:2"), {"b": 2}, 0, 1), "phone:+15550100200"),
+        None,
+    )
+    close = event_write(lane_event("c", "p:2"), {"b": 2}, 1, 1)
+    store.commit_event(_replace(close, merged_into="p:1"), None)
+    absorb = event_write(lane_event("a", "p:1"), {"a": 1, "b": 2}, 1, 1)
+    store.commit_event(_replace(absorb, absorbs="p:2"), None)
+    # Then p:2 names its survivor, keeps its fields, and refuses every write
+    tombstone = store.read("p:2")
+    assert (tombstone.merged_into, tombstone.fields, tombstone.revision) == ("p:1", {"b": 2}, 2)
+    with pytest.raises(RecordMerged, match="merged into 'p:1'"):
+        store.commit_event(event_write(lane_event("e3", "p:2"), {"b": 3}, 2, 1), None)
+    assert store.identity_owners(["phone:+15550100200"]) == {"phone:+15550100200": "p:1"}
+    assert live_end(store, "p:2").key == "p:1"
+    assert store.read("p:1").created_at is not None
+
+
+def _claiming(write: Any, *identities: str) -> Any:
+    return _replace(write, identities=identities)
+
+
+def _replace(write: Any, **changes: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(write, **changes)
+
+
+# -- through the lanes: the two-door race -------------------------------------------------
+
+
+def _person(n: int) -> tuple[str, str]:
+    return f"p{n:03d}@example.com", f"+1555010{n:04d}"
+
+
+def _form_events(n: int) -> list[dict[str, Any]]:
+    """What a web form sends about person ``n``: named by email."""
+    email, _ = _person(n)
+    key, also = f"person:{email}", [f"email:{email.upper()}"]
+    return [
+        {"id": f"form-{n}-1", "record_key": key, "also": also,
+         "changes": {"name": {"set": f"Person {n}"}, "email": {"set": email},
+                     "form_seq": {"append": 1}}},
+        {"id": f"form-{n}-2", "record_key": key, "changes": {"form_seq": {"append": 2}}},
+    ]  # fmt: skip
+
+
+def _crm_events(n: int, company: str | None = None) -> list[dict[str, Any]]:
+    """What the CRM sends about person ``n``: named by phone, and a third event that links
+    the phone to the email."""
+    email, phone = _person(n)
+    key, also = f"person:{phone}", [f"phone:{phone}"]
+    return [
+        {"id": f"crm-{n}-1", "record_key": key, "also": also,
+         "changes": {"phone": {"set": phone}, "company": {"set": company or f"Co {n % 7}"},
+                     "crm_seq": {"append": 1}}},
+        {"id": f"crm-{n}-2", "record_key": key, "changes": {"crm_seq": {"append": 2}}},
+        {"id": f"crm-{n}-3", "record_key": key, "also": [*also, f"email:{email}"],
+         "changes": {"email": {"set": email}, "crm_seq": {"append": 3}}},
+    ]  # fmt: skip
+
+
+def _send_in_order(stack: Stack, sequences: list[list[dict[str, Any]]], senders: int) -> None:
+    """Each sequence posted in order by one sender; the sequences all at once."""
+
+    def run(sequence: list[dict[str, Any]]) -> None:
+        with httpx.Client(timeout=30) as client:
+            for body in sequence:
+                answer = stack.post({"type": "test", **body}, client=client, retries=3)
+                assert answer.status_code == 202, answer.text
+
+    with ThreadPoolExecutor(senders) as pool:
+        for done in [pool.submit(run, sequence) for sequence in sequences]:
+            done.result()
+
+
+def _one_record(store: Store, n: int) -> Record | None:
+    email, phone = _person(n)
+    by_email = live_end(store, f"person:{email}")
+    by_phone = live_end(store, f"person:{phone}")
+    return by_email if by_email.key == by_phone.key else None
+
+
+def _wait(stack: Stack, ready: Callable[[], bool], what: str) -> None:
+    wait_until(ready, 120, what, on_timeout=stack.logs, interval_s=0.2)
+
+
+def test_fifty_people_named_by_email_and_by_phone_end_as_fifty_records(stack: Stack) -> None:
+    # Given a receiver and two workers (one on SQLite: it takes one writer)
+    stack.receiver()
+    for _ in range(stack.writers(2)):
+        stack.worker(lanes=8)
+    stack.wait_all_owned()
+    people = range(50)
+    # When a form (email) and the CRM (phone, then a link of both) announce each person,
+    # every sender in its own order and all of them at once
+    sequences = [_form_events(n) for n in people] + [_crm_events(n) for n in people]
+    _send_in_order(stack, sequences, senders=16)
+    # Then each person is one record, with every field from both senders
+    store = stack.open_store()
+    _wait(stack, lambda: all(_one_record(store, n) for n in people), "50 merged records")
+    _wait(stack, lambda: store.journal_size() >= 250 + 100, "every event and merge step")
+    for n in people:
+        record = _one_record(store, n)
+        assert record is not None
+        email, phone = _person(n)
+        assert record.fields == {
+            "name": f"Person {n}",
+            "email": email,
+            "phone": phone,
+            "company": f"Co {n % 7}",
+            "form_seq": [1, 2],  # in order per sender
+            "crm_seq": [1, 2, 3],
+        }, record
+        assert set(store.identities_of(record.key)) == {f"email:{email}", f"phone:{phone}"}
+    live = [r for r in store.scan_records("person:", limit=1000) if r.merged_into is None]
+    assert len(live) == 50
+    # And every event applied exactly once, each merge closed and absorbed once
+    entries = store.journal_entries()
+    demo = [e for e in entries if e.source == "demo"]
+    assert len(demo) == 250
+    assert {e.outcome for e in demo} == {"applied"}
+    steps = [e for e in entries if e.source == "keylane.merge"]
+    closes = [e for e in steps if e.event_id.startswith("close-") and e.result
+              and "merged_into" in e.result]  # fmt: skip
+    absorbs = [e for e in steps if e.event_id.startswith("absorb-")]
+    assert len(closes) == 50
+    assert len(absorbs) == 50
+    assert store.dead_letters(DeadLetterFilter()) == []
+
+
+def test_a_merge_whose_records_differ_is_reviewed_and_both_records_go_on(stack: Stack) -> None:
+    # Given a person the form says works at Acme and the CRM at Globex
+    stack.receiver()
+    stack.worker(lanes=4)
+    stack.wait_all_owned()
+    form = _form_events(1)
+    form[0]["changes"]["company"] = {"set": "Acme"}
+    _send_in_order(stack, [form, _crm_events(1, company="Globex")], senders=2)
+    # Then nothing is merged: a review row shows both sides of the field that differs
+    store = stack.open_store()
+    _wait(stack, lambda: bool(store.dead_letters(DeadLetterFilter())), "the merge's review row")
+    (row,) = store.dead_letters(DeadLetterFilter())
+    assert row.reason == "merge_review"
+    assert row.status == "open"
+    assert row.attempted_change["differ"] == {
+        "company": _sides(row.attempted_change, "Acme", "Globex")
+    }
+    email, phone = _person(1)
+    assert store.read(f"person:{email}").merged_into is None
+    assert store.read(f"person:{phone}").merged_into is None
+    # And both records go on receiving their own events
+    answer = stack.post(
+        {"id": "form-1-3", "record_key": f"person:{email}", "changes": {"form_seq": {"append": 3}}}
+    )
+    assert answer.status_code == 202
+    _wait(stack, lambda: store.read(f"person:{email}").fields["form_seq"] == [1, 2, 3], "form-1-3")
+    shown = stack.keylane("dlq", "show", str(row.id))
+    assert shown.returncode == 0, shown.stderr
+    assert "Globex" in shown.stdout
+
+
+def _sides(change: dict[str, Any], form: str, crm: str) -> dict[str, str]:
+    """The differing field's values, as absorbed/survivor for whichever record survived."""
+    email, _ = _person(1)
+    absorbed_is_form = change["absorbed"]["key"] == f"person:{email}"
+    return {"absorbed": form, "survivor": crm} if absorbed_is_form else {
+        "absorbed": crm, "survivor": form}  # fmt: skip
+
+
+def test_records_get_of_an_absorbed_key_says_where_it_went(stack: Stack) -> None:
+    stack.receiver()
+    stack.worker(lanes=4)
+    stack.wait_all_owned()
+    _send_in_order(stack, [_form_events(2), _crm_events(2)], senders=2)
+    store = stack.open_store()
+    _wait(stack, lambda: _one_record(store, 2) is not None, "the merge")
+    survivor = _one_record(store, 2)
+    assert survivor is not None
+    email, phone = _person(2)
+    absorbed = f"person:{phone}" if survivor.key.endswith(email) else f"person:{email}"
+    shown = stack.keylane("records", "get", absorbed, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["merged_into"] == survivor.key

@@ -1,0 +1,317 @@
+"""Merges in the lanes: what a lane does with identities, tombstones and merge steps
+(what a merge is, and why it goes this way: :mod:`keylane.routing.contract.identities`).
+
+* After an event with identities is applied (or found applied), the lane proposes a merge
+  for each live record another of its identities names: a **close** event, queued to the
+  lane of the record that is absorbed (:func:`proposals`).
+* A **close** runs in the absorbed record's lane, after the events it accepted before:
+  when the two records' fields agree (or a person chose for each field that differs), the
+  record becomes a tombstone naming its survivor, and the **absorb** goes to the
+  survivor's lane; when they differ, a review row shows both sides and both records go on
+  (:func:`close`).
+* An **absorb** runs in the survivor's lane: it takes the absorbed record's fields it
+  lacks, and the identities that named the absorbed record now name it, in one
+  transaction (:func:`absorb`).
+* An event whose record is a tombstone goes on to the survivor's lane, one step at a time
+  (:func:`forward`).
+
+Every step is written with its journal entry in one transaction and is deterministic from
+what the store holds, so a redelivery (a crash between the commit and the acknowledgement)
+sends again what the step sends, and the next lane's journal keeps it to one effect.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..routing import ShardMap
+from ..routing.contract.errors import AlreadyApplied, VersionConflict
+from ..routing.contract.events import Event
+from ..routing.contract.identities import (
+    MERGE_SOURCE,
+    Merge,
+    MergeStep,
+    Side,
+    merge_event_id,
+    survivor_first,
+)
+from .lane_store import LaneStore, event_write
+from .results import ApplyResult
+from .store import DeadLetterDraft, Fence, Record, Store
+
+#: The longest chain of tombstones followed to a live record (a chain is as long as the
+#: merges that happened one after another before its events were forwarded).
+MAX_HOPS = 64
+
+#: The review row reason of a merge whose records' fields differ.
+MERGE_REVIEW = "merge_review"
+
+
+def merge_event(
+    shards: ShardMap,
+    step: MergeStep,
+    absorbed: str,
+    survivor: str,
+    take: dict[str, Side] | None = None,
+    review_of: int | None = None,
+) -> Event:
+    """The event of one merge step, for the lane of the record it changes."""
+    record_key = absorbed if step == "close" else survivor
+    return Event(
+        source=MERGE_SOURCE,
+        event_id=merge_event_id(absorbed, survivor, step, review_of),
+        event_type=f"keylane.merge.{step}",
+        record_key=record_key,
+        changes={},
+        body_sha256="",
+        accepted_at=time.time(),
+        shard=shards.shard_for_key(record_key),
+        merge=Merge(
+            step=step, absorbed=absorbed, survivor=survivor, take=take, review_of=review_of
+        ),
+    )
+
+
+def live_end(store: Store, record_key: str) -> Record:
+    """(In a pool thread.) The record ``record_key`` is now: itself, or the live record at
+    the end of its chain of tombstones."""
+    record = store.read(record_key)
+    for _ in range(MAX_HOPS):
+        if record.merged_into is None:
+            return record
+        record = store.read(record.merged_into)
+    raise VersionConflict(record_key, 0, record.revision)  # a chain no merge makes
+
+
+def proposals(store: Store, event: Event, shards: ShardMap) -> tuple[Event, ...]:
+    """(In a pool thread, after ``event`` was applied or found applied.) A close for each
+    live record one of ``event``'s identities names besides its own, unless a person kept
+    the two apart; the older record survives."""
+    if not event.identities:
+        return ()
+    named = set(store.identity_owners(event.identities).values()) - {event.record_key}
+    if not named:
+        return ()
+    mine = live_end(store, event.record_key)
+    found: list[Event] = []
+    for key in sorted(named):
+        other = live_end(store, key)
+        if not (mine.exists and other.exists) or other.key == mine.key:
+            continue
+        if store.kept_apart(mine.key, other.key):
+            continue
+        survivor, absorbed = survivor_first(
+            (mine.key, mine.created_at), (other.key, other.created_at)
+        )
+        found.append(merge_event(shards, "close", absorbed, survivor))
+    return tuple(found)
+
+
+def forward(events: Sequence[Event], tombstone: Record, shards: ShardMap) -> list[ApplyResult]:
+    """``events`` of a tombstone, each sent on to the record that absorbed it (the next
+    step only: its own queued events go before them there, so each sender's events keep
+    their order); the journal entry is the survivor's lane's to write."""
+    survivor = tombstone.merged_into
+    assert survivor is not None
+    shard = shards.shard_for_key(survivor)
+    out = []
+    for event in events:
+        sent = event.model_copy(
+            update={"record_key": survivor, "shard": shard, "via": event.via or event.record_key}
+        )
+        out.append(ApplyResult("forwarded", sends=(sent,), counted_as="forwarded"))
+    return out
+
+
+async def run_step(
+    store: LaneStore, event: Event, fence: Fence | None, shards: ShardMap, max_attempts: int
+) -> ApplyResult:
+    """A merge step, in the lane of the record it changes."""
+    assert event.merge is not None
+    if event.merge.step == "close":
+        return await close(store, event, fence, shards)
+    return await absorb(store, event, fence, shards, max_attempts)
+
+
+async def close(
+    store: LaneStore, event: Event, fence: Fence | None, shards: ShardMap
+) -> ApplyResult:
+    """Close the absorbed record into its survivor, or review the pair (see the module
+    docstring). Redelivered after its commit, it sends the absorb again."""
+    merge = event.merge
+    assert merge is not None
+    (entry,) = await store.journal([event])
+    if entry is not None:
+        tombstone = await store.read(event.record_key)
+        sends: tuple[Event, ...] = ()
+        if entry.outcome == "applied" and tombstone.merged_into is not None:
+            sends = (_absorb_of(merge, tombstone.merged_into, shards),)
+        return ApplyResult("duplicate", sends=sends)
+    absorbed = await store.io.store(live_end, event.record_key)
+    survivor = await store.io.store(live_end, merge.survivor)
+    if not (absorbed.exists and survivor.exists) or absorbed.key == survivor.key:
+        return await _settle(store, event, fence, {"merge": "already one record"})
+    first, second = survivor_first(
+        (absorbed.key, absorbed.created_at), (survivor.key, survivor.created_at)
+    )
+    if second != event.record_key:
+        # Either record was merged meanwhile: the pair as it is now is merged instead.
+        again = merge_event(shards, "close", second, first, merge.take, merge.review_of)
+        return await _settle(store, event, fence, {"merge": "moved on"}, (again,))
+    if await store.io.store(_kept_apart, absorbed.key, survivor.key):
+        return await _settle(store, event, fence, {"merge": "kept apart"}, (), "merges_kept_apart")
+    differ = differing(absorbed.fields, survivor.fields, merge.take)
+    if differ:
+        return await store.io.store(_review, event, fence, absorbed, survivor, differ)
+    write = replace(
+        event_write(event, absorbed.fields, absorbed.revision, 1),
+        merged_into=survivor.key,
+        result={"merged_into": survivor.key},
+    )
+    try:
+        revision = await store.commit([write], fence)
+    except AlreadyApplied:
+        return ApplyResult("duplicate")  # a redelivery meets it next time, as above
+    return ApplyResult(
+        "applied",
+        attempts=1,
+        revision=revision,
+        result={"merged_into": survivor.key},
+        sends=(_absorb_of(merge, survivor.key, shards),),
+        counted_as="merged",
+    )
+
+
+def _absorb_of(merge: Merge, survivor: str, shards: ShardMap) -> Event:
+    return merge_event(shards, "absorb", merge.absorbed, survivor, merge.take, merge.review_of)
+
+
+def differing(
+    absorbed: dict[str, Any], survivor: dict[str, Any], take: dict[str, Side] | None
+) -> dict[str, dict[str, Any]]:
+    """The fields both records hold with different values that no person chose a side
+    for: field -> {"absorbed": value, "survivor": value}."""
+    chosen = take or {}
+    return {
+        name: {"absorbed": value, "survivor": survivor[name]}
+        for name, value in absorbed.items()
+        if name in survivor and survivor[name] != value and name not in chosen
+    }
+
+
+async def absorb(
+    store: LaneStore, event: Event, fence: Fence | None, shards: ShardMap, max_attempts: int
+) -> ApplyResult:
+    """The survivor takes what the absorbed record has and it lacks (or a person chose
+    for it), and the identities that named the absorbed record, in one transaction."""
+    merge = event.merge
+    assert merge is not None
+    for attempt in range(1, max_attempts + 1):
+        survivor = await store.read(event.record_key)
+        if survivor.merged_into is not None:  # merged on in turn: its survivor absorbs
+            (forwarded,) = forward([event], survivor, shards)
+            return forwarded
+        tombstone = await store.read(merge.absorbed)
+        fields, taken, kept = taken_fields(tombstone.fields, survivor.fields, merge.take)
+        result = {"absorbed": merge.absorbed, "fields": taken, "kept": kept}
+        write = replace(
+            event_write(event, fields, survivor.revision, attempt),
+            absorbs=merge.absorbed,
+            result=result,
+        )
+        try:
+            revision = await store.commit([write], fence)
+        except VersionConflict:
+            continue
+        except AlreadyApplied:
+            return ApplyResult("duplicate", attempts=attempt)
+        return ApplyResult(
+            "applied", attempts=attempt, conflicts=attempt - 1, revision=revision, result=result
+        )
+    raise VersionConflict(event.record_key, 0, 0)  # outside edits on every attempt: again
+
+
+def taken_fields(
+    absorbed: dict[str, Any], survivor: dict[str, Any], take: dict[str, Side] | None
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The survivor's fields after it absorbs, the absorbed values it took, and those it
+    did not take (its own differ and nobody chose the absorbed side: a change since the
+    close compared them; the tombstone keeps them, and so does the journal)."""
+    fields = dict(survivor)
+    taken: dict[str, Any] = {}
+    kept: dict[str, Any] = {}
+    for name, value in absorbed.items():
+        if name not in fields or (take or {}).get(name) == "absorbed":
+            if fields.get(name, object()) != value:
+                fields[name] = value
+                taken[name] = value
+        elif fields[name] != value:
+            kept[name] = value
+    return fields, taken, kept
+
+
+async def _settle(
+    store: LaneStore,
+    event: Event,
+    fence: Fence | None,
+    result: dict[str, Any],
+    sends: tuple[Event, ...] = (),
+    counted_as: str | None = None,
+) -> ApplyResult:
+    """Journal a close that merges nothing (nothing to merge, kept apart, or sent on as
+    the pair is now), with what it sends."""
+    try:
+        await store.commit([event_write(event, None, 0, 1, result=result)], fence)
+    except AlreadyApplied:
+        return ApplyResult("duplicate")
+    return ApplyResult("applied", attempts=1, result=result, sends=sends, counted_as=counted_as)
+
+
+def _kept_apart(store: Store, a: str, b: str) -> bool:
+    return store.kept_apart(a, b)
+
+
+def _review(
+    store: Store,
+    event: Event,
+    fence: Fence | None,
+    absorbed: Record,
+    survivor: Record,
+    differ: dict[str, dict[str, Any]],
+) -> ApplyResult:
+    """(In a pool thread.) The review row of a merge whose records differ: both sides,
+    field by field; the close is journaled as dead-lettered with it (one row per pair)."""
+    names = ", ".join(sorted(differ))
+    draft = DeadLetterDraft(
+        source=event.source,
+        event_id=event.event_id,
+        record_key=absorbed.key,
+        shard=event.shard,
+        reason=MERGE_REVIEW,
+        event=event.model_dump(mode="json"),
+        attempted_change={
+            "absorbed": {"key": absorbed.key, "revision": absorbed.revision},
+            "survivor": {"key": survivor.key, "revision": survivor.revision},
+            "differ": differ,
+            "absorbed_fields": absorbed.fields,
+            "survivor_fields": survivor.fields,
+        },
+        revision_read=absorbed.revision,
+        revision_found=survivor.revision,
+        attempts=1,
+        error=f"{absorbed.key} and {survivor.key} differ in {names}: a person decides",
+    )
+    try:
+        row = store.commit_dead_letter(draft, fence)
+    except AlreadyApplied:
+        return ApplyResult("duplicate")
+    return ApplyResult(
+        "dead_lettered",
+        attempts=1,
+        dead_letter_id=row,
+        reason=MERGE_REVIEW,
+        counted_as="merge_reviews",
+    )
