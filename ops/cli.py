@@ -24,6 +24,7 @@ from .cli_common import (
 )
 from .cli_dlq import dlq
 from .cli_journal import journal
+from .cli_merges import merges
 from .cli_outcomes import outcome
 from .cli_records import records
 from .cli_schedules import repair, run_command, scheduler, schedules
@@ -311,6 +312,7 @@ cli.add_command(dlq)
 for command in (scheduler, schedules, run_command, repair):
     cli.add_command(command)
 cli.add_command(journal)
+cli.add_command(merges)
 cli.add_command(outcome)
 accept_deployment_options(cli)
 

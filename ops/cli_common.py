@@ -11,6 +11,7 @@ subcommand and after it alike (:func:`accept_deployment_options`).
 
 from __future__ import annotations
 
+import getpass
 import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -155,6 +156,14 @@ def where_to_look(settings: Settings) -> str:
         "the command from the folder `keylane up` runs in, or give its data directory: "
         "keylane --data-dir /path/to/keylane-data ..."
     )
+
+
+def operator() -> str:
+    """Who runs this command (kept on the review rows it closes)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
 
 
 def emit_json(value: Any) -> None:

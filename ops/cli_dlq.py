@@ -7,7 +7,6 @@ did, row by row with ``--json``.
 
 from __future__ import annotations
 
-import getpass
 import json
 import sys
 import time
@@ -19,8 +18,9 @@ import click
 
 from ..routing.contract.errors import KeylaneError
 from ..routing.contract.sources import load_sources
+from ..workers.merges import MERGE_REVIEW
 from ..workers.store import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter, Store
-from .cli_common import age, cli_store, emit_json, settings_of
+from .cli_common import age, cli_store, emit_json, operator, settings_of
 from .dlq_show import show_json, show_text
 from .tables import render_table
 from .triage import (
@@ -185,18 +185,11 @@ def dlq_show(ctx: click.Context, /, row_id: int, as_json: bool) -> None:
         )
     finally:
         store.close()
-    diffs = [] if record is None else field_diffs(row, record.fields)
+    diffs = [] if record is None or row.reason == MERGE_REVIEW else field_diffs(row, record.fields)
     if as_json:
         emit_json(show_json(dead_letter_json(row), row, record, diffs))
         return
     click.echo("\n".join(show_text(row, record, diffs)))
-
-
-def _operator() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "unknown"
 
 
 def _bulk(
@@ -294,7 +287,7 @@ def dlq_retry(
     A row is retried once: a second retry queues nothing, and the event applies at most
     once. A row that holds its key (policy hold) runs first, then its parked events.
     """
-    by = _operator()
+    by = operator()
     _bulk(ctx, "retry", ids, yes, as_json, selection, lambda t, row: t.retry(row, by, note))
 
 
@@ -312,7 +305,7 @@ def dlq_discard(
     **selection: Any,
 ) -> None:
     """Close rows without applying their events (a held key is released)."""
-    by = _operator()
+    by = operator()
     _bulk(
         ctx,
         "discard",
@@ -338,7 +331,7 @@ def dlq_resolve(
     **selection: Any,
 ) -> None:
     """Close rows as handled by hand (e.g. fixed in the CRM); a held key is released."""
-    by = _operator()
+    by = operator()
     _bulk(
         ctx,
         "resolve",

@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..workers.merges import MERGE_REVIEW
 from ..workers.store import DeadLetter
 from .cli_common import when
+from .merge_review import MergeSides, merge_lines
 from .tables import render_table
 from .triage import FieldDiff, RecordNow, kind_of
 
@@ -73,6 +75,8 @@ def show_text(row: DeadLetter, record: RecordNow | None, diffs: list[FieldDiff])
         )
     if kind == "delivery":
         return [*lines, "", "payload:", *_payload(row.event.get("payload"))]
+    if row.reason == MERGE_REVIEW:
+        return [*lines, "", *merge_lines(MergeSides.of(row))]
     assert record is not None
     if record.error is not None:
         lines += ["", record.error]

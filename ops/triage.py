@@ -44,6 +44,8 @@ from ..workers.store import DeadLetter, DeadLetterStatus, Store
 NOT_RETRYABLE = {
     "malformed": "the message could not be read; there is no event to retry",
     "id_reused": "the event id was already applied with its first body; resolve or discard",
+    "merge_review": "a merge is decided with keylane merges resolve (a side per field) or "
+    "keylane merges apart",
 }
 
 TriageOutcome = Literal["queued", "already queued", "closed", "skipped"]

@@ -228,21 +228,13 @@ def test_fifty_people_named_by_email_and_by_phone_end_as_fifty_records(stack: St
 
 def test_a_merge_whose_records_differ_is_reviewed_and_both_records_go_on(stack: Stack) -> None:
     # Given a person the form says works at Acme and the CRM at Globex
-    stack.receiver()
-    stack.worker(lanes=4)
-    stack.wait_all_owned()
-    form = _form_events(1)
-    form[0]["changes"]["company"] = {"set": "Acme"}
-    _send_in_order(stack, [form, _crm_events(1, company="Globex")], senders=2)
+    store, row_id, globex = _reviewed_pair(stack)
     # Then nothing is merged: a review row shows both sides of the field that differs
-    store = stack.open_store()
-    _wait(stack, lambda: bool(store.dead_letters(DeadLetterFilter())), "the merge's review row")
-    (row,) = store.dead_letters(DeadLetterFilter())
-    assert row.reason == "merge_review"
-    assert row.status == "open"
-    assert row.attempted_change["differ"] == {
-        "company": _sides(row.attempted_change, "Acme", "Globex")
-    }
+    row = store.dead_letter(row_id)
+    assert row is not None
+    assert (row.reason, row.status) == ("merge_review", "open")
+    acme = "survivor" if globex == "absorbed" else "absorbed"
+    assert row.attempted_change["differ"] == {"company": {globex: "Globex", acme: "Acme"}}
     email, phone = _person(1)
     assert store.read(f"person:{email}").merged_into is None
     assert store.read(f"person:{phone}").merged_into is None
@@ -255,14 +247,7 @@ def test_a_merge_whose_records_differ_is_reviewed_and_both_records_go_on(stack: 
     shown = stack.keylane("dlq", "show", str(row.id))
     assert shown.returncode == 0, shown.stderr
     assert "Globex" in shown.stdout
-
-
-def _sides(change: dict[str, Any], form: str, crm: str) -> dict[str, str]:
-    """The differing field's values, as absorbed/survivor for whichever record survived."""
-    email, _ = _person(1)
-    absorbed_is_form = change["absorbed"]["key"] == f"person:{email}"
-    return {"absorbed": form, "survivor": crm} if absorbed_is_form else {
-        "absorbed": crm, "survivor": form}  # fmt: skip
+    assert f"keylane merges resolve {row.id}" in shown.stdout
 
 
 def test_records_get_of_an_absorbed_key_says_where_it_went(stack: Stack) -> None:
@@ -279,3 +264,74 @@ def test_records_get_of_an_absorbed_key_says_where_it_went(stack: Stack) -> None
     shown = stack.keylane("records", "get", absorbed, "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["merged_into"] == survivor.key
+
+
+def _reviewed_pair(stack: Stack) -> tuple[Store, int, str]:
+    """Person 1 told by the form (Acme) and the CRM (Globex): the merge's review row id,
+    and the side whose record holds Globex."""
+    stack.receiver()
+    stack.worker(lanes=4)
+    stack.wait_all_owned()
+    form = _form_events(1)
+    form[0]["changes"]["company"] = {"set": "Acme"}
+    _send_in_order(stack, [form, _crm_events(1, company="Globex")], senders=2)
+    store = stack.open_store()
+    _wait(stack, lambda: bool(store.dead_letters(DeadLetterFilter())), "the merge's review row")
+    (row,) = store.dead_letters(DeadLetterFilter())
+    globex = next(s for s, v in row.attempted_change["differ"]["company"].items() if v == "Globex")
+    return store, row.id, globex
+
+
+def test_a_reviewed_merge_resolved_per_field_applies_exactly_that(stack: Stack) -> None:
+    # Given a merge reviewed because company differs
+    store, row_id, globex = _reviewed_pair(stack)
+    shown = stack.keylane("merges", "show", str(row_id))
+    assert shown.returncode == 0, shown.stderr
+    assert "Acme" in shown.stdout
+    assert "Globex" in shown.stdout
+    # When a person keeps the CRM's company, choosing nothing else
+    unchosen = stack.keylane("merges", "resolve", str(row_id))
+    assert unchosen.returncode != 0
+    assert "choose a side for company" in unchosen.stderr
+    done = stack.keylane("merges", "resolve", str(row_id), "--take", f"company={globex}")
+    assert done.returncode == 0, done.stderr
+    # Then the two are one record with Globex and every other field of both
+    _wait(stack, lambda: _one_record(store, 1) is not None, "the resolved merge")
+    record = _one_record(store, 1)
+    assert record is not None
+    assert record.fields["company"] == "Globex"
+    assert record.fields["form_seq"] == [1, 2]
+    assert record.fields["crm_seq"] == [1, 2, 3]
+    row = store.dead_letter(row_id)
+    assert row is not None
+    assert row.status == "resolved"
+    assert row.note == f"merge: company={globex}"
+
+
+def test_a_pair_kept_apart_is_never_proposed_again(stack: Stack) -> None:
+    # Given a merge reviewed, and a person who says the two are two people
+    store, row_id, _ = _reviewed_pair(stack)
+    apart = stack.keylane("merges", "apart", str(row_id), "--note", "two Ann Lees")
+    assert apart.returncode == 0, apart.stderr
+    # When the CRM links the phone and the email again, and both records get events after
+    email, phone = _person(1)
+    link = {
+        "id": "crm-1-4",
+        "record_key": f"person:{phone}",
+        "also": [f"phone:{phone}", f"email:{email}"],
+        "changes": {"crm_seq": {"append": 4}},
+    }
+    after = [
+        {"id": "crm-1-5", "record_key": f"person:{phone}", "changes": {"crm_seq": {"append": 5}}},
+        {"id": "form-1-3", "record_key": f"person:{email}", "changes": {"form_seq": {"append": 3}}},
+    ]  # fmt: skip
+    _send_in_order(stack, [[link, *after]], senders=1)
+    _wait(stack, lambda: store.journal("demo", "form-1-3") is not None, "the last events")
+    _wait(stack, lambda: store.journal("demo", "crm-1-5") is not None, "the last events")
+    # Then no merge was proposed: the one review row, closed, and two live records
+    assert [r.id for r in store.dead_letters(DeadLetterFilter())] == [row_id]
+    merges = [e for e in store.journal_entries() if e.source == "keylane.merge"]
+    assert len(merges) == 1
+    assert store.read(f"person:{email}").merged_into is None
+    assert store.read(f"person:{phone}").fields["crm_seq"] == [1, 2, 3, 4, 5]
+    assert store.kept_apart(f"person:{phone}", f"person:{email}")
