@@ -335,3 +335,65 @@ def test_a_pair_kept_apart_is_never_proposed_again(stack: Stack) -> None:
     assert store.read(f"person:{email}").merged_into is None
     assert store.read(f"person:{phone}").fields["crm_seq"] == [1, 2, 3, 4, 5]
     assert store.kept_apart(f"person:{phone}", f"person:{email}")
+
+
+# -- kill -9 at each step of a merge, events streaming to both keys -----------------------
+
+
+def _streamed(n: int) -> list[list[dict[str, Any]]]:
+    """Person ``n``'s events: the form's four (email) and the CRM's five (phone, linking
+    both at its second), so events of both keys come before, during and after the merge."""
+    email, phone = _person(n)
+    by_email, by_phone = f"person:{email}", f"person:{phone}"
+    form = [
+        {"id": f"form-{n}-{i}", "record_key": by_email, "also": [f"email:{email}"],
+         "changes": {"form_seq": {"append": i}}}
+        for i in range(1, 5)
+    ]  # fmt: skip
+    crm = [
+        {"id": f"crm-{n}-{i}", "record_key": by_phone,
+         "also": [f"phone:{phone}", *([f"email:{email}"] if i == 2 else [])],
+         "changes": {"crm_seq": {"append": i}}}
+        for i in range(1, 6)
+    ]  # fmt: skip
+    return [form, crm]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+@pytest.mark.parametrize(
+    "point", ["worker.after_send", "merge.closed", "merge.absorbing", "merge.absorbed"]
+)
+def test_a_worker_killed_at_each_step_of_a_merge_loses_and_doubles_nothing(
+    stack: Stack, point: str
+) -> None:
+    # Given a worker that dies (kill -9) at this step of the first merge it runs
+    kill = {"point": point, "action": "kill", "match": "person:", "times": 1}
+    doomed = stack.worker(lanes=4, faults=[kill])
+    stack.receiver()
+    stack.wait_all_owned()
+    people = range(20)
+    # When 20 people are announced by both senders, every sender in its own order, all at
+    # once, and a worker takes over once the doomed one is gone
+    sequences = [seq for n in people for seq in _streamed(n)]
+    with ThreadPoolExecutor(1) as background:
+        sending = background.submit(_send_in_order, stack, sequences, 8)
+        wait_until(lambda: not doomed.alive(), 60, f"the kill at {point}", on_timeout=stack.logs)
+        stack.worker(lanes=4)
+        sending.result()
+    # Then each person is one record with every event applied once, in order per sender
+    store = stack.open_store()
+    _wait(stack, lambda: all(_one_record(store, n) for n in people), "20 merged records")
+    _wait(stack, lambda: store.journal_size() >= 180 + 40, "every event and merge step")
+    for n in people:
+        record = _one_record(store, n)
+        assert record is not None
+        assert record.fields == {"form_seq": [1, 2, 3, 4], "crm_seq": [1, 2, 3, 4, 5]}, record
+    # And no event was applied to a closed record: a tombstone is as its close left it
+    steps = [e for e in store.journal_entries() if e.source == "keylane.merge"]
+    closes = {e.record_key: e for e in steps if e.result and "merged_into" in e.result}
+    assert len(closes) == 20
+    for key, close in closes.items():
+        assert store.read(key).revision == close.revision
+    assert len([e for e in steps if e.event_id.startswith("absorb-")]) == 20
+    assert store.dead_letters(DeadLetterFilter()) == []

@@ -114,7 +114,7 @@ async def apply_events(
     if event.review is not None:
         return [await store.review(event, fence)]
     if event.merge is not None:
-        return [await merges.run_step(store, event, fence, rules.shards, rules.max_attempts)]
+        return [await merges.run_step(store, event, fence, rules)]
     if source is None:
         error = f"source {event.source!r} is not configured"
         return [await store.dead_letter(event, fence, Failure("unknown_source", 1, error))]

@@ -352,6 +352,8 @@ class RecordLane:
         outgoing = [self._outgoing(sent) for result in results for sent in result.sends]
         if outgoing:  # before the acknowledgement: a crash sends them again
             await self.io.call(self.broker.send, outgoing)
+            if self.faults:
+                await self.io.call(self.faults.hit, "worker.after_send", event.record_key)
         return results
 
     def _outgoing(self, event: Event) -> Outgoing:

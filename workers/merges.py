@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..routing import ShardMap
 from ..routing.contract.errors import AlreadyApplied, VersionConflict
@@ -41,6 +41,9 @@ from ..routing.contract.identities import (
 from .lane_store import LaneStore, event_write
 from .results import ApplyResult
 from .store import DeadLetterDraft, Fence, Record, Store
+
+if TYPE_CHECKING:
+    from .apply import ApplyRules
 
 #: The longest chain of tombstones followed to a live record (a chain is as long as the
 #: merges that happened one after another before its events were forwarded).
@@ -127,21 +130,21 @@ def forward(events: Sequence[Event], tombstone: Record, shards: ShardMap) -> lis
 
 
 async def run_step(
-    store: LaneStore, event: Event, fence: Fence | None, shards: ShardMap, max_attempts: int
+    store: LaneStore, event: Event, fence: Fence | None, rules: ApplyRules
 ) -> ApplyResult:
     """A merge step, in the lane of the record it changes."""
     assert event.merge is not None
     if event.merge.step == "close":
-        return await close(store, event, fence, shards)
-    return await absorb(store, event, fence, shards, max_attempts)
+        return await close(store, event, fence, rules)
+    return await absorb(store, event, fence, rules)
 
 
 async def close(
-    store: LaneStore, event: Event, fence: Fence | None, shards: ShardMap
+    store: LaneStore, event: Event, fence: Fence | None, rules: ApplyRules
 ) -> ApplyResult:
     """Close the absorbed record into its survivor, or review the pair (see the module
     docstring). Redelivered after its commit, it sends the absorb again."""
-    merge = event.merge
+    merge, shards = event.merge, rules.shards
     assert merge is not None
     (entry,) = await store.journal([event])
     if entry is not None:
@@ -175,6 +178,8 @@ async def close(
         revision = await store.commit([write], fence)
     except AlreadyApplied:
         return ApplyResult("duplicate")  # a redelivery meets it next time, as above
+    if rules.faults:  # closed, the absorb not sent yet
+        await store.io.call(rules.faults.hit, "merge.closed", event.record_key)
     return ApplyResult(
         "applied",
         attempts=1,
@@ -203,16 +208,16 @@ def differing(
 
 
 async def absorb(
-    store: LaneStore, event: Event, fence: Fence | None, shards: ShardMap, max_attempts: int
+    store: LaneStore, event: Event, fence: Fence | None, rules: ApplyRules
 ) -> ApplyResult:
     """The survivor takes what the absorbed record has and it lacks (or a person chose
     for it), and the identities that named the absorbed record, in one transaction."""
-    merge = event.merge
+    merge, faults = event.merge, rules.faults
     assert merge is not None
-    for attempt in range(1, max_attempts + 1):
+    for attempt in range(1, rules.max_attempts + 1):
         survivor = await store.read(event.record_key)
         if survivor.merged_into is not None:  # merged on in turn: its survivor absorbs
-            (forwarded,) = forward([event], survivor, shards)
+            (forwarded,) = forward([event], survivor, rules.shards)
             return forwarded
         tombstone = await store.read(merge.absorbed)
         fields, taken, kept = taken_fields(tombstone.fields, survivor.fields, merge.take)
@@ -222,12 +227,16 @@ async def absorb(
             absorbs=merge.absorbed,
             result=result,
         )
+        if faults:
+            await store.io.call(faults.hit, "merge.absorbing", event.record_key)
         try:
             revision = await store.commit([write], fence)
         except VersionConflict:
             continue
         except AlreadyApplied:
             return ApplyResult("duplicate", attempts=attempt)
+        if faults:
+            await store.io.call(faults.hit, "merge.absorbed", event.record_key)
         return ApplyResult(
             "applied", attempts=attempt, conflicts=attempt - 1, revision=revision, result=result
         )
