@@ -17,15 +17,18 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 import redis
+from kombu import Connection
 
+from keylane.routing.contract.amqp_names import dead_queue, probe_queue, shard_queue
 from keylane.routing.contract.settings import Settings, load_settings
 from keylane.workers.store import Store
 from keylane.workers.stores import open_store
-from tests.support.rabbitmq import RabbitCluster, find_rabbitmq_sbin
+from tests.support.rabbitmq import RabbitCluster, find_rabbitmq_sbin, rabbit_settings
 from tests.support.services import (
     EmbeddedPostgres,
     pg_reachable,
@@ -185,3 +188,36 @@ def pg_store_url(pg_url: str) -> Iterator[str]:
     finally:
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def deploy(
+    rabbitmq: RabbitCluster, redis_url: str, namespace: str, pg_store_url: str, tmp_path: Path
+) -> Iterator[Any]:
+    """Build a deployment on the cluster (``deploy(**settings)``); its processes are
+    stopped and its queues deleted after the test."""
+    stacks: list[Stack] = []
+
+    def build(**more: Any) -> Stack:
+        helper = more.pop("redis_url", redis_url)
+        s = rabbit_settings(rabbitmq, helper, namespace, pg_store_url, tmp_path / "d", **more)
+        stack = Stack(s, tmp_path)
+        stacks.append(stack)
+        return stack
+
+    yield build
+    for stack in stacks:
+        stack.stop_all()
+    rabbitmq.heal()
+    for stack in stacks:
+        _delete_queues(rabbitmq, stack.settings)
+
+
+def _delete_queues(cluster: RabbitCluster, s: Settings) -> None:
+    with Connection(cluster.nodes[0].url) as conn:
+        channel = conn.channel()
+        for shard in range(s.shard_count):
+            channel.queue_delete(shard_queue(s.namespace, s.shards, shard))
+        channel.queue_delete(dead_queue(s.namespace))
+        channel.queue_delete(probe_queue(s.namespace))
+        channel.exchange_delete(dead_queue(s.namespace))

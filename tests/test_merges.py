@@ -397,3 +397,32 @@ def test_a_worker_killed_at_each_step_of_a_merge_loses_and_doubles_nothing(
         assert store.read(key).revision == close.revision
     assert len([e for e in steps if e.event_id.startswith("absorb-")]) == 20
     assert store.dead_letters(DeadLetterFilter()) == []
+
+
+# -- on RabbitMQ -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["merge.closed", "merge.absorbing"])
+def test_on_rabbitmq_a_merge_survives_a_killed_worker(deploy: Any, point: str) -> None:
+    # Given a RabbitMQ deployment whose first worker dies (kill -9) at a step of a merge
+    stack: Stack = deploy()
+    kill = {"point": point, "action": "kill", "match": "person:", "times": 1}
+    doomed = stack.worker(lanes=4, faults=[kill])
+    stack.receiver()
+    people = range(10)
+    # When 10 people are announced by both senders at once, and a worker takes over
+    sequences = [seq for n in people for seq in _streamed(n)]
+    with ThreadPoolExecutor(1) as background:
+        sending = background.submit(_send_in_order, stack, sequences, 8)
+        wait_until(lambda: not doomed.alive(), 90, f"the kill at {point}", on_timeout=stack.logs)
+        stack.worker(lanes=4)
+        sending.result()
+    # Then each person is one record, every event applied once and in order per sender
+    store = stack.open_store()
+    _wait(stack, lambda: all(_one_record(store, n) for n in people), "10 merged records")
+    for n in people:
+        record = _one_record(store, n)
+        assert record is not None
+        assert record.fields == {"form_seq": [1, 2, 3, 4], "crm_seq": [1, 2, 3, 4, 5]}, record
+    assert store.dead_letters(DeadLetterFilter()) == []

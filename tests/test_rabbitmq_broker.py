@@ -16,7 +16,6 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -34,15 +33,13 @@ from keylane.producers.sender import Sender
 from keylane.routing.contract.amqp_names import (
     LEADER_LOCATOR,
     as_declared_before,
-    dead_queue,
-    probe_queue,
     shard_queue,
     shard_queue_arguments,
 )
 from keylane.routing.contract.errors import LeaseLost
 from keylane.routing.contract.message import parse_message
 from keylane.routing.contract.schedules import RunLease
-from keylane.routing.contract.settings import Settings, load_settings
+from keylane.routing.contract.settings import Settings
 from keylane.workers.app import CONTROL_QUEUE, create_app
 from keylane.workers.store import DeadLetterFilter, Store
 from tests.support.flower import AUTH as FLOWER_AUTH
@@ -54,62 +51,6 @@ from tests.support.services import free_port
 from tests.support.stack import Stack, event, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-def rabbit_settings(
-    cluster: RabbitCluster, redis_url: str, namespace: str, store_url: str, data: Path, **more: Any
-) -> Settings:
-    """Settings of a test deployment on the cluster: the broker URL in its several-host
-    form, short AMQP heartbeats (a paused worker loses its shards in seconds)."""
-    hosts = ",".join(f"127.0.0.1:{node.amqp_port}" for node in cluster.nodes)
-    options: dict[str, Any] = {
-        "data_dir": data,
-        "redis_url": redis_url,
-        "store_url": store_url,
-        "namespace": namespace,
-        "broker_url": f"amqp://guest:guest@{hosts}//",
-        "shard_count": 8,
-        "lease_ttl_ms": 3000,
-        "heartbeat_ms": 500,
-        "idle_poll_ms": 50,
-        "amqp_heartbeat_s": 2,
-        "amqp_confirm_timeout_ms": 3000,
-        **more,
-    }
-    return load_settings(**options)
-
-
-@pytest.fixture
-def deploy(
-    rabbitmq: RabbitCluster, redis_url: str, namespace: str, pg_store_url: str, tmp_path: Path
-) -> Iterator[Any]:
-    """Build a deployment on the cluster (``deploy(**settings)``); its processes are
-    stopped and its queues deleted after the test."""
-    stacks: list[Stack] = []
-
-    def build(**more: Any) -> Stack:
-        helper = more.pop("redis_url", redis_url)
-        s = rabbit_settings(rabbitmq, helper, namespace, pg_store_url, tmp_path / "d", **more)
-        stack = Stack(s, tmp_path)
-        stacks.append(stack)
-        return stack
-
-    yield build
-    for stack in stacks:
-        stack.stop_all()
-    rabbitmq.heal()
-    for stack in stacks:
-        _delete_queues(rabbitmq, stack.settings)
-
-
-def _delete_queues(cluster: RabbitCluster, s: Settings) -> None:
-    with Connection(cluster.nodes[0].url) as conn:
-        channel = conn.channel()
-        for shard in range(s.shard_count):
-            channel.queue_delete(shard_queue(s.namespace, s.shards, shard))
-        channel.queue_delete(dead_queue(s.namespace))
-        channel.queue_delete(probe_queue(s.namespace))
-        channel.exchange_delete(dead_queue(s.namespace))
 
 
 class Stream:

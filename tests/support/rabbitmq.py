@@ -33,7 +33,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from keylane.routing.contract.settings import Settings, load_settings
 from tests.support.services import free_port
 
 #: Where the real scripts live when PATH only has wrappers (Debian, Ubuntu).
@@ -412,3 +414,26 @@ def measure() -> dict[str, float]:
 
 if __name__ == "__main__":
     print(json.dumps({k: round(v, 2) for k, v in measure().items()}))
+
+
+def rabbit_settings(
+    cluster: RabbitCluster, redis_url: str, namespace: str, store_url: str, data: Path, **more: Any
+) -> Settings:
+    """Settings of a test deployment on the cluster: the broker URL in its several-host
+    form, short AMQP heartbeats (a paused worker loses its shards in seconds)."""
+    hosts = ",".join(f"127.0.0.1:{node.amqp_port}" for node in cluster.nodes)
+    options: dict[str, Any] = {
+        "data_dir": data,
+        "redis_url": redis_url,
+        "store_url": store_url,
+        "namespace": namespace,
+        "broker_url": f"amqp://guest:guest@{hosts}//",
+        "shard_count": 8,
+        "lease_ttl_ms": 3000,
+        "heartbeat_ms": 500,
+        "idle_poll_ms": 50,
+        "amqp_heartbeat_s": 2,
+        "amqp_confirm_timeout_ms": 3000,
+        **more,
+    }
+    return load_settings(**options)
