@@ -213,7 +213,7 @@ def status(ctx: click.Context, as_json: bool, stuck_after: str) -> None:
     flight and waiting), the idle ones in one line; the records that wait (why, attempts,
     when due, events behind them); workers; destinations and every outcome of their calls;
     scheduled jobs; counters."""
-    from .status import collect_retention, collect_status
+    from .status import collect_merges, collect_retention, collect_status
     from .status_text import render_status
     from .triage import parse_age
     from .views import open_view
@@ -225,6 +225,7 @@ def status(ctx: click.Context, as_json: bool, stuck_after: str) -> None:
     finally:
         view.close()
     report["retention"] = collect_retention(settings)
+    report["merges"] = collect_merges(settings, report["counters"])
     if as_json:
         emit_json(report)
         return

@@ -118,6 +118,34 @@ def collect_retention(settings: Settings) -> dict[str, Any]:
         store.close()
 
 
+def collect_merges(settings: Settings, counters: dict[str, int]) -> dict[str, Any]:
+    """Merges applied, waiting for a person (open ``merge_review`` rows: None when the
+    store does not answer), proposed for a pair kept apart, and events forwarded."""
+    from ..workers.merges import MERGE_REVIEW
+    from ..workers.stores import open_existing_store
+
+    pending: int | None = None
+    with contextlib.suppress(StoreUnavailable, StoreMissing):
+        store = open_existing_store(settings.store_dsn(), settings.store_timeout_ms)
+        try:
+            pending = sum(
+                row["count"]
+                for row in store.dead_letter_stats()
+                if row["reason"] == MERGE_REVIEW and row["status"] == "open"
+            )
+        except StoreUnavailable:
+            pass
+        finally:
+            store.close()
+    return {
+        "applied": counters.get("merged", 0),
+        "pending_review": pending,
+        "reviewed": counters.get("merge_reviews", 0),
+        "kept_apart": counters.get("merges_kept_apart", 0),
+        "forwarded": counters.get("forwarded", 0),
+    }
+
+
 def retention_status(
     ages: dict[str, TableAge], figures: dict[str, float], now: float | None = None
 ) -> dict[str, Any]:

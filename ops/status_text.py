@@ -180,6 +180,22 @@ def store_lines(report: Report) -> list[str]:
     return ["store: " + "; ".join(parts), pruned]
 
 
+def merge_lines(report: Report) -> list[str]:
+    """Merges applied, waiting for a person, kept apart; events forwarded (nothing while
+    no merge was ever proposed)."""
+    merges = report.get("merges")
+    if not merges or not any(merges.values()):
+        return []
+    pending = merges["pending_review"]
+    waiting = "? waiting" if pending is None else f"{pending} waiting for a person"
+    if pending:
+        waiting += " (keylane merges list)"
+    return [
+        f"merges: {merges['applied']} applied, {waiting}, {merges['kept_apart']} proposed "
+        f"again for pairs kept apart; {merges['forwarded']} events forwarded to survivors"
+    ]
+
+
 def counter_lines(report: Report) -> list[str]:
     """The deployment's counters (accepted, applied, duplicates, dead letters, ...)."""
     counters = report["counters"]
@@ -196,6 +212,7 @@ SECTIONS: list[Section] = [
     destination_lines,
     schedule_lines,
     store_lines,
+    merge_lines,
     counter_lines,
 ]
 

@@ -157,6 +157,22 @@ REDIS_COUNTERS = (
     ("conflicts", "keylane_conflicts_total", "Conditional writes refused (revision moved)."),
     ("attempts", "keylane_attempts_total", "Write attempts of events that finished."),
     ("parked", "keylane_parked_total", "Events parked behind an open dead letter."),
+    ("merged", "keylane_merges_total", "Merges applied: a record closed into its survivor."),
+    (
+        "merge_reviews",
+        "keylane_merge_reviews_total",
+        "Merges not applied because fields differ: review rows for a person.",
+    ),
+    (
+        "merges_kept_apart",
+        "keylane_merges_kept_apart_total",
+        "Merges proposed again for a pair a person kept apart, and not applied.",
+    ),
+    (
+        "forwarded",
+        "keylane_forwarded_total",
+        "Events of a merged record sent on to the record that absorbed it.",
+    ),
 )
 
 

@@ -264,6 +264,20 @@ def test_records_get_of_an_absorbed_key_says_where_it_went(stack: Stack) -> None
     shown = stack.keylane("records", "get", absorbed, "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["merged_into"] == survivor.key
+    text = stack.keylane("records", "get", absorbed)
+    assert f"merged into {survivor.key}" in text.stdout
+    # And status and /metrics count it
+    _wait(stack, lambda: _status(stack)["merges"]["applied"] == 1, "the merge counted")
+    merges = _status(stack)["merges"]
+    assert (merges["pending_review"], merges["kept_apart"]) == (0, 0)
+    metrics = httpx.get(f"{stack.url}/metrics", timeout=10).text
+    assert "keylane_merges_total 1.0" in metrics
+
+
+def _status(stack: Stack) -> dict[str, Any]:
+    answer = stack.keylane("status", "--json")
+    assert answer.returncode == 0, answer.stderr
+    return dict(json.loads(answer.stdout))
 
 
 def _reviewed_pair(stack: Stack) -> tuple[Store, int, str]:
