@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import click
 
+from ..routing.contract.identities import IdentityRule
 from ..workers.merges import MERGE_REVIEW
-from ..workers.store import DeadLetterFilter
+from ..workers.store import DeadLetterFilter, Store
 from .cli_common import cli_store, emit_json, operator, settings_of, when
 from .merge_review import (
     MergeSides,
@@ -15,6 +19,7 @@ from .merge_review import (
     parse_take,
     resolve,
 )
+from .reconcile import Reconciled, by_field, by_function, outcomes, reconcile
 from .tables import render_table
 from .triage import Handled, open_triage_broker
 
@@ -122,6 +127,111 @@ def merges_apart(ctx: click.Context, row_id: int, note: str | None, as_json: boo
     finally:
         store.close()
     _report(handled, as_json)
+
+
+@merges.command("reconcile")
+@click.option("--prefix", default="", help="Only records whose keys start with this.")
+@click.option("--by", "by", metavar="FIELD", help="Group by this field's value, normalised.")
+@click.option(
+    "--rule",
+    type=click.Choice(["email", "phone", "lower", "exact"]),
+    help="How --by's values are normalised (default: by the field's name for email and "
+    "phone, else exact).",
+)
+@click.option(
+    "--key",
+    "key_path",
+    metavar="MODULE:FUNCTION",
+    help="Group by what your function returns for (record key, fields); None: no group.",
+)
+@click.option("--dry-run", is_flag=True, help="List the pairs; queue nothing.")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.IntRange(0),
+    default=0,
+    help="Wait up to this many seconds for the lanes to decide the merges, and count them.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def merges_reconcile(
+    ctx: click.Context,
+    prefix: str,
+    by: str | None,
+    rule: IdentityRule | None,
+    key_path: str | None,
+    dry_run: bool,
+    wait_s: int,
+    as_json: bool,
+) -> None:
+    """Find live records that share a stable key and propose their merges through the
+    lanes (the older survives; differing fields make a review row). Safe to run again."""
+    if (by is None) == (key_path is None):
+        raise click.UsageError("give --by FIELD or --key MODULE:FUNCTION (one of them)")
+    stable_key = by_field(by, rule) if by is not None else by_function(str(key_path))
+    settings = settings_of(ctx)
+    store = cli_store(settings)
+    try:
+        broker = None if dry_run else open_triage_broker(settings, store)
+        try:
+            found = reconcile(store, broker, stable_key, prefix, _progress(as_json))
+        finally:
+            if broker is not None:
+                broker.close()
+        decided = _decided(store, found, wait_s) if wait_s and not dry_run else None
+    finally:
+        store.close()
+    summary = {
+        "scanned": found.scanned,
+        "keyed": found.keyed,
+        "groups": found.groups,
+        "proposed": len(found.proposed),
+        "kept_apart": found.kept_apart,
+        "decided_before": found.decided_before,
+        "seconds": round(found.seconds, 3),
+        "records_per_s": round(found.records_per_s),
+        "outcomes": decided,
+    }
+    if as_json:
+        emit_json({**summary, "pairs": found.proposed if dry_run else None})
+        return
+    if dry_run:
+        for pair in found.proposed:
+            click.echo(pair)
+    click.echo(
+        f"scanned {found.scanned:,} live records in {found.seconds:.1f} s "
+        f"({found.records_per_s:,.0f}/s): {found.groups:,} stable keys held by more than one; "
+        f"{len(found.proposed):,} merges {'found' if dry_run else 'proposed'}, "
+        f"{found.kept_apart:,} pairs kept apart, {found.decided_before:,} decided before"
+    )
+    if decided is not None:
+        click.echo(
+            f"decided: {decided['merged']:,} merged, {decided['reviewed']:,} waiting for a "
+            f"person (keylane merges list), {decided['not_merged']:,} not merged, "
+            f"{decided['pending']:,} still pending"
+        )
+
+
+def _progress(quiet: bool) -> Callable[[Reconciled], None] | None:
+    if quiet:
+        return None
+
+    def show(found: Reconciled) -> None:
+        click.echo(
+            f"  ... {found.scanned:,} records read, {len(found.proposed):,} merges so far",
+            err=True,
+        )
+
+    return show
+
+
+def _decided(store: Store, found: Reconciled, wait_s: int) -> dict[str, int]:
+    deadline = time.monotonic() + wait_s
+    while True:
+        counts = outcomes(store, found.proposed)
+        if counts["pending"] == 0 or time.monotonic() >= deadline:
+            return counts
+        time.sleep(0.5)
 
 
 def _report(handled: Handled, as_json: bool) -> None:

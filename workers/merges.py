@@ -36,6 +36,7 @@ from ..routing.contract.identities import (
     MergeStep,
     Side,
     merge_event_id,
+    same_value,
     survivor_first,
 )
 from .lane_store import LaneStore, event_write
@@ -197,13 +198,14 @@ def _absorb_of(merge: Merge, survivor: str, shards: ShardMap) -> Event:
 def differing(
     absorbed: dict[str, Any], survivor: dict[str, Any], take: dict[str, Side] | None
 ) -> dict[str, dict[str, Any]]:
-    """The fields both records hold with different values that no person chose a side
-    for: field -> {"absorbed": value, "survivor": value}."""
+    """The fields both records hold with different values (two spellings of one email
+    or phone are one value) that no person chose a side for: field -> {"absorbed": value,
+    "survivor": value}."""
     chosen = take or {}
     return {
         name: {"absorbed": value, "survivor": survivor[name]}
         for name, value in absorbed.items()
-        if name in survivor and survivor[name] != value and name not in chosen
+        if name in survivor and not same_value(name, value, survivor[name]) and name not in chosen
     }
 
 
@@ -257,7 +259,7 @@ def taken_fields(
             if fields.get(name, object()) != value:
                 fields[name] = value
                 taken[name] = value
-        elif fields[name] != value:
+        elif not same_value(name, fields[name], value):
             kept[name] = value
     return fields, taken, kept
 

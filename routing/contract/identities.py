@@ -117,6 +117,20 @@ def check_identities(
     return tuple(out)
 
 
+def same_value(name: str, a: object, b: object) -> bool:
+    """Whether two records' values of field ``name`` are one value: equal, or two
+    spellings of one identity when the field is named like a kind with a rule (``email``,
+    ``phone``)."""
+    if a == b:
+        return True
+    if name not in DEFAULT_RULES or not (isinstance(a, str) and isinstance(b, str)):
+        return False
+    try:
+        return normal_identity(f"{name}:{a}") == normal_identity(f"{name}:{b}")
+    except ValueError:
+        return False
+
+
 MergeStep = Literal["close", "absorb"]
 #: A person's choice for a field whose values differ: the absorbed record's or the
 #: survivor's.
