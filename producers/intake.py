@@ -69,7 +69,10 @@ def take_in(
     if source.forwards:
         return _forwarded(source, delivery, event_id, key_missing, hook)
     if source.format == "keylane":
-        return _keylane(payload, event_id, key_missing)
+        intake = _keylane(payload, event_id, key_missing)
+        if intake.identities and source.records_in is not None:
+            raise InvalidEvent("also: identities and merges apply to keylane's own records")
+        return intake
     event_type = (render(source.event_type, delivery) if source.event_type else None) or "event"
     if hook is not None:
         return _hooked(source, hook, payload, headers, event_id, key_missing, event_type)

@@ -274,6 +274,8 @@ class SourceConfig(BaseModel):
             raise ValueError("a source has a handler or a batch_handler, not both")
         if self.records_in is not None and (self.batch or 1) > 1:
             raise ValueError("batch applies to sources that change keylane's own records")
+        if self.records_in is not None and self.also:
+            raise ValueError("also (identities, merges) applies to keylane's own records")
         unmapped = self.record_key is None or not self.on
         if self.format == "mapped" and self.hook is None and unmapped:
             raise ValueError("a mapped source needs record_key and an `on` table, or a hook")
@@ -293,6 +295,8 @@ class SourceConfig(BaseModel):
     def _check_forward(self) -> SourceConfig:
         if self.task is not None and self.destination is not None:
             raise ValueError("a source names a task or a destination, not both")
+        if self.also:
+            raise ValueError("also (identities, merges) applies to keylane's own records")
         if self.records_in is not None:
             raise ValueError("a source forwards (task, destination) or has records_in, not both")
         if self.on or self.handler or self.batch_handler:
