@@ -197,7 +197,12 @@ def test_fifty_people_named_by_email_and_by_phone_end_as_fifty_records(stack: St
     _send_in_order(stack, sequences, senders=16)
     # Then each person is one record, with every field from both senders
     store = stack.open_store()
-    _wait(stack, lambda: all(_one_record(store, n) for n in people), "50 merged records")
+
+    def absorbed(n: int) -> bool:  # both keys end in one record that holds every field
+        record = _one_record(store, n)
+        return record is not None and len(record.fields) == 6
+
+    _wait(stack, lambda: all(absorbed(n) for n in people), "50 merged records")
     _wait(stack, lambda: store.journal_size() >= 250 + 100, "every event and merge step")
     for n in people:
         record = _one_record(store, n)
@@ -312,7 +317,12 @@ def test_a_reviewed_merge_resolved_per_field_applies_exactly_that(stack: Stack) 
     done = stack.keylane("merges", "resolve", str(row_id), "--take", f"company={globex}")
     assert done.returncode == 0, done.stderr
     # Then the two are one record with Globex and every other field of both
-    _wait(stack, lambda: _one_record(store, 1) is not None, "the resolved merge")
+
+    def absorbed() -> bool:
+        record = _one_record(store, 1)
+        return record is not None and {"form_seq", "crm_seq"} <= record.fields.keys()
+
+    _wait(stack, absorbed, "the resolved merge")
     record = _one_record(store, 1)
     assert record is not None
     assert record.fields["company"] == "Globex"
@@ -375,6 +385,17 @@ def _streamed(n: int) -> list[list[dict[str, Any]]]:
     return [form, crm]
 
 
+def _streamed_in(store: Store, n: int) -> bool:
+    """Whether person ``n`` is one record holding every event of :func:`_streamed` (the
+    absorb done: a close alone already makes both keys end in one record)."""
+    record = _one_record(store, n)
+    return (
+        record is not None
+        and len(record.fields.get("crm_seq", [])) == 5
+        and len(record.fields.get("form_seq", [])) == 4
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 @pytest.mark.parametrize(
@@ -399,7 +420,7 @@ def test_a_worker_killed_at_each_step_of_a_merge_loses_and_doubles_nothing(
         sending.result()
     # Then each person is one record with every event applied once, in order per sender
     store = stack.open_store()
-    _wait(stack, lambda: all(_one_record(store, n) for n in people), "20 merged records")
+    _wait(stack, lambda: all(_streamed_in(store, n) for n in people), "20 merged records")
     _wait(stack, lambda: store.journal_size() >= 180 + 40, "every event and merge step")
     for n in people:
         record = _one_record(store, n)
@@ -436,7 +457,7 @@ def test_on_rabbitmq_a_merge_survives_a_killed_worker(deploy: Any, point: str) -
         sending.result()
     # Then each person is one record, every event applied once and in order per sender
     store = stack.open_store()
-    _wait(stack, lambda: all(_one_record(store, n) for n in people), "10 merged records")
+    _wait(stack, lambda: all(_streamed_in(store, n) for n in people), "10 merged records")
     for n in people:
         record = _one_record(store, n)
         assert record is not None
@@ -524,3 +545,41 @@ def _reconcile(stack: Stack, *args: str) -> dict[str, Any]:
     )
     assert done.returncode == 0, done.stderr
     return dict(json.loads(done.stdout))
+
+
+# -- chains and races ----------------------------------------------------------------------
+
+
+def test_a_chain_of_merges_ends_in_the_oldest_record_with_every_event_in_order(
+    stack: Stack,
+) -> None:
+    # Given three records created one after the other: c (oldest), b, then a
+    stack.receiver()
+    stack.worker(lanes=8)
+    stack.wait_all_owned()
+    store = stack.open_store()
+    for key in ("c", "b", "a"):
+        first = {"id": f"{key}-0", "record_key": f"chain:{key}", "also": [f"crm_id:{key}"],
+                 "changes": {key: {"set": True}}}  # fmt: skip
+        assert stack.post({"type": "test", **first}).status_code == 202
+        _wait(stack, lambda k=key: store.read(f"chain:{k}").exists, f"chain:{key}")  # type: ignore[misc]
+    # When a's events stream while a is linked to b and b to c, both links at once
+    stream = [
+        {"id": f"a-{i}", "record_key": "chain:a", "changes": {"seq": {"append": i}}}
+        for i in range(1, 31)
+    ]
+    links = [
+        [{"id": "link-ab", "record_key": "chain:a", "also": ["crm_id:a", "crm_id:b"],
+          "changes": {"linked_ab": {"set": True}}}],
+        [{"id": "link-bc", "record_key": "chain:b", "also": ["crm_id:b", "crm_id:c"],
+          "changes": {"linked_bc": {"set": True}}}],
+    ]  # fmt: skip
+    _send_in_order(stack, [stream, *links], senders=3)
+    # Then all three are c, which holds every field and a's events once, in order
+    _wait(stack, lambda: {live_end(store, f"chain:{k}").key for k in "abc"} == {"chain:c"}, "c")
+    _wait(stack, lambda: store.journal("demo", "a-30") is not None, "a's last event")
+    _wait(stack, lambda: len(store.read("chain:c").fields.get("seq", [])) >= 30, "every seq")
+    fields = store.read("chain:c").fields
+    assert fields.pop("seq") == list(range(1, 31))  # a's events: each once, in its order
+    assert fields == {"a": True, "b": True, "c": True, "linked_ab": True, "linked_bc": True}
+    assert store.dead_letters(DeadLetterFilter()) == []
