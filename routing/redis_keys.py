@@ -23,6 +23,11 @@ def latency_bucket(seconds: float) -> str:
 #: How long an operator's message marker (:meth:`RedisKeys.once`) is kept: a second retry
 #: of one dead letter within it queues nothing.
 ONCE_MARKER_TTL_MS = 7 * 24 * 3600 * 1000
+#: How long the marker of a message a lane sent (a merge step, a forwarded event) is kept:
+#: long enough for the redelivery of a delivery that died before its acknowledgement (a
+#: lease's takeover), short enough that an absorbed key's stream leaves few keys behind.
+#: A send past it is queued again, and the journal of the lane that takes it applies it once.
+SEND_MARKER_TTL_MS = 3600 * 1000
 
 #: What is kept with an in-flight message in its shard's deliveries hash, each as the field
 #: ``<digest>:<note>`` (the lane scripts forget them all when the message is done).

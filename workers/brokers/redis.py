@@ -49,6 +49,7 @@ from ...routing.contract.settings import Settings
 from ...routing.redis_keys import (
     MESSAGE_NOTES,
     ONCE_MARKER_TTL_MS,
+    SEND_MARKER_TTL_MS,
     RedisKeys,
     latency_bucket,
     message_digest,
@@ -411,7 +412,8 @@ class RedisLaneBroker(LaneBroker):
 
     def send(self, messages: Sequence[Outgoing]) -> None:
         for message in messages:
-            self.push_once(f"send:{message.marker}", message.shard, message.raw)
+            marker = f"send:{message.marker}"
+            self.push_once(marker, message.shard, message.raw, SEND_MARKER_TTL_MS)
 
     # -- the audit -----------------------------------------------------------------------
 
