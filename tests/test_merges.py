@@ -583,3 +583,54 @@ def test_a_chain_of_merges_ends_in_the_oldest_record_with_every_event_in_order(
     assert fields.pop("seq") == list(range(1, 31))  # a's events: each once, in its order
     assert fields == {"a": True, "b": True, "c": True, "linked_ab": True, "linked_bc": True}
     assert store.dead_letters(DeadLetterFilter()) == []
+
+
+# -- field ownership decides -----------------------------------------------------------
+
+OWNING_SOURCES = """
+[sources.form]
+format = "keylane"
+
+[sources.crm]
+format = "keylane"
+owns = ["phone", "company", "crm_seq", "email"]
+"""
+
+
+def test_the_source_that_owns_a_field_by_name_wins_a_merge_where_it_differs(
+    stack: Stack, tmp_path: Any
+) -> None:
+    # Given a form that may write any field and a CRM that owns company by name
+    sources = tmp_path / "sources.toml"
+    sources.write_text(OWNING_SOURCES)
+    stack.settings = stack.settings.model_copy(update={"sources_file": sources})
+    stack.receiver()
+    stack.worker(lanes=4)
+    stack.wait_all_owned()
+    # When the form says Acme and the CRM Globex about one person, and the CRM links them
+    form = _form_events(3)
+    form[0]["changes"]["company"] = {"set": "Acme"}
+    crm = _crm_events(3, company="Globex")
+
+    def post_all(events: list[dict[str, Any]], source: str) -> None:
+        for body in events:
+            assert stack.post({"type": "test", **body}, source=source).status_code == 202
+
+    with ThreadPoolExecutor(2) as pool:
+        for done in [pool.submit(post_all, form, "form"), pool.submit(post_all, crm, "crm")]:
+            done.result()
+    # Then the merge needs no person: the CRM's value is the one kept
+    store = stack.open_store()
+
+    def absorbed() -> bool:
+        record = _one_record(store, 3)
+        return record is not None and {"form_seq", "crm_seq"} <= record.fields.keys()
+
+    _wait(stack, absorbed, "the merge")
+    record = _one_record(store, 3)
+    assert record is not None
+    assert record.fields["company"] == "Globex"
+    assert store.dead_letters(DeadLetterFilter()) == []
+    (close,) = [e for e in store.journal_entries() if e.event_id.startswith("close-")]
+    assert close.result is not None
+    assert set(close.result["take"].values()) <= {"absorbed", "survivor"}

@@ -22,7 +22,7 @@ import inspect
 import pkgutil
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..routing import ShardMap
@@ -93,6 +93,8 @@ class ApplyRules:
     handler_time_limit_s: float = 10.0
     #: Faults injected at named points (crash tests only).
     faults: Faults = NO_FAULTS
+    #: Each field some source owns by name -> those sources: whose value wins a merge.
+    field_owners: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 async def apply_events(

@@ -135,7 +135,11 @@ class RecordLane:
         self._events = events
         self._handlers: dict[str, SourceHandler | None] = {}
         self._rules = ApplyRules(
-            settings.max_attempts, settings.shards, settings.handler_time_limit_ms / 1000, faults
+            settings.max_attempts,
+            settings.shards,
+            settings.handler_time_limit_ms / 1000,
+            faults,
+            sources.field_owners(),
         )
 
     def take(self, store: Store, leases: list[Lease]) -> Step | Idle:

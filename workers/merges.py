@@ -23,7 +23,7 @@ sends again what the step sends, and the next lane's journal keeps it to one eff
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -152,7 +152,8 @@ async def close(
         tombstone = await store.read(event.record_key)
         sends: tuple[Event, ...] = ()
         if entry.outcome == "applied" and tombstone.merged_into is not None:
-            sends = (_absorb_of(merge, tombstone.merged_into, shards),)
+            take = (entry.result or {}).get("take", merge.take)
+            sends = (_absorb_of(merge, tombstone.merged_into, shards, take),)
         return ApplyResult("duplicate", sends=sends)
     absorbed = await store.io.store(live_end, event.record_key)
     survivor = await store.io.store(live_end, merge.survivor)
@@ -168,12 +169,21 @@ async def close(
     if await store.io.store(_kept_apart, absorbed.key, survivor.key):
         return await _settle(store, event, fence, {"merge": "kept apart"}, (), "merges_kept_apart")
     differ = differing(absorbed.fields, survivor.fields, merge.take)
+    decided: dict[str, Side] = {}
+    if differ and rules.field_owners:
+        owners = rules.field_owners
+        decided = await store.io.store(owner_sides, absorbed, survivor, differ, owners)
+        differ = {name: sides for name, sides in differ.items() if name not in decided}
     if differ:
         return await store.io.store(_review, event, fence, absorbed, survivor, differ)
+    take = {**(merge.take or {}), **decided} or None
+    result: dict[str, Any] = {"merged_into": survivor.key}
+    if take:
+        result["take"] = take
     write = replace(
         event_write(event, absorbed.fields, absorbed.revision, 1),
         merged_into=survivor.key,
-        result={"merged_into": survivor.key},
+        result=result,
     )
     try:
         revision = await store.commit([write], fence)
@@ -185,14 +195,57 @@ async def close(
         "applied",
         attempts=1,
         revision=revision,
-        result={"merged_into": survivor.key},
-        sends=(_absorb_of(merge, survivor.key, shards),),
+        result=result,
+        sends=(_absorb_of(merge, survivor.key, shards, take),),
         counted_as="merged",
     )
 
 
-def _absorb_of(merge: Merge, survivor: str, shards: ShardMap) -> Event:
-    return merge_event(shards, "absorb", merge.absorbed, survivor, merge.take, merge.review_of)
+def _absorb_of(
+    merge: Merge, survivor: str, shards: ShardMap, take: dict[str, Side] | None
+) -> Event:
+    return merge_event(shards, "absorb", merge.absorbed, survivor, take, merge.review_of)
+
+
+def owner_sides(
+    store: Store,
+    absorbed: Record,
+    survivor: Record,
+    differ: dict[str, dict[str, Any]],
+    field_owners: Mapping[str, frozenset[str]],
+) -> dict[str, Side]:
+    """(In a pool thread.) The side whose value wins each differing field that field
+    ownership decides: the record whose value was written by a source that owns the field
+    by name, when the other's was not (both, neither, or not known: a person decides)."""
+    names = [name for name in differ if name in field_owners]
+    if not names:
+        return {}
+    by_absorbed = last_writers(store, absorbed, names)
+    by_survivor = last_writers(store, survivor, names)
+    sides: dict[str, Side] = {}
+    for name in names:
+        owners = field_owners[name]
+        absorbed_owns = by_absorbed.get(name) in owners
+        if absorbed_owns != (by_survivor.get(name) in owners):
+            sides[name] = "absorbed" if absorbed_owns else "survivor"
+    return sides
+
+
+def last_writers(store: Store, record: Record, names: Sequence[str]) -> dict[str, str]:
+    """The source of the journal entry that last wrote each of ``names`` on ``record``,
+    as far as its journal tells: "" when the value it wrote is not the record's any more
+    (an outside edit since), absent when no entry in the journal wrote it (pruned)."""
+    found: dict[str, str] = {}
+    for entry in reversed(store.journal_entries(record.key)):
+        written = (entry.result or {}).get("fields")
+        if entry.outcome != "applied" or not isinstance(written, dict):
+            continue
+        for name in names:
+            if name not in found and name in written:
+                found[name] = entry.source if written[name] == record.fields.get(name) else ""
+        if len(found) == len(names):
+            break
+    return found
 
 
 def differing(

@@ -484,6 +484,16 @@ class Sources:
         """The source called ``name``, if configured."""
         return self._by_name.get(name)
 
+    def field_owners(self) -> dict[str, frozenset[str]]:
+        """Each field some source names in its ``owns`` -> those sources (a source that
+        owns every field, ``*``, names none): whose value wins a merge where two records
+        differ (:mod:`.identities`)."""
+        owners: dict[str, set[str]] = {}
+        for source in self.all():
+            for name in source.ownership.fields:
+                owners.setdefault(name, set()).add(source.name)
+        return {name: frozenset(found) for name, found in owners.items()}
+
     def names(self) -> list[str]:
         """Every configured source name."""
         return sorted(self._by_name)
