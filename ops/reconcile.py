@@ -16,13 +16,12 @@ on a schedule.
 
 from __future__ import annotations
 
-import pkgutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..routing.contract.errors import ConfigError, KeylaneError
+from ..routing.contract.errors import KeylaneError
 from ..routing.contract.identities import (
     MERGE_SOURCE,
     IdentityRule,
@@ -31,6 +30,7 @@ from ..routing.contract.identities import (
     survivor_first,
 )
 from ..routing.contract.message import build_event_message
+from ..workers.jobs import import_function
 from ..workers.merges import merge_event
 from ..workers.store import Record, Store
 from .triage import TriageBroker
@@ -61,13 +61,7 @@ def by_field(name: str, rule: IdentityRule | None) -> StableKey:
 
 def by_function(path: str) -> StableKey:
     """The user's stable key function, ``module:function``."""
-    try:
-        fn = pkgutil.resolve_name(path)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"cannot load the reconcile key {path}: {exc}") from exc
-    if not callable(fn):
-        raise ConfigError(f"the reconcile key {path} is not callable")
-    return fn  # type: ignore[no-any-return]
+    return import_function("the reconcile key", path)
 
 
 @dataclass

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import pkgutil
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,7 +28,6 @@ from ..routing import ShardMap
 from ..routing.contract.errors import (
     AlreadyApplied,
     ChangeNotApplicable,
-    ConfigError,
     FieldNotOwned,
     HandlerTimeout,
     InvalidHandlerResult,
@@ -43,6 +41,7 @@ from .blocking import BlockingPool
 from .changes import apply_changes
 from .conditions import REFUSED_BY_CONDITION, check_conditions
 from .dead_letters import Failure
+from .jobs import import_function
 from .lane_store import LaneStore, event_write
 from .results import ApplyResult
 from .store import EventWrite, Fence, Record, RecordStore, with_revision
@@ -72,12 +71,7 @@ def load_source_handler(source: SourceConfig) -> SourceHandler | None:
     path = source.batch_handler or source.handler
     if path is None:
         return None
-    try:
-        fn = pkgutil.resolve_name(path)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"source {source.name}: cannot load handler {path}: {exc}") from exc
-    if not callable(fn):
-        raise ConfigError(f"source {source.name}: handler {path} is not callable")
+    fn = import_function(f"source {source.name}: handler", path)
     return SourceHandler(fn, batched=source.batch_handler is not None)
 
 

@@ -11,7 +11,7 @@ is the contract's: :mod:`keylane.routing.contract.schedules`.
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -47,7 +47,7 @@ def scheduled_jobs(sources: Sources) -> list[JobSpec]:
     ``@keylane.schedule`` / ``@keylane.repair`` (import the app modules first) and the
     sources file's, whose functions are imported and registered here."""
     for config in sources.jobs:
-        register_job(config.spec(import_function(config.name, config.function)))
+        register_job(config.spec(import_function(f"job {config.name}", config.function)))
     return registered_jobs()
 
 
@@ -66,13 +66,13 @@ def recheck(event: Any, record: Any) -> Mapping[str, Any] | None:
     return spec.fn(record)  # type: ignore[no-any-return]
 
 
-def import_function(job: str, path: str) -> Callable[..., Any]:
-    """``module:function``, imported (``ConfigError`` when it cannot be)."""
-    module_name, func_name = path.split(":")
+def import_function(what: str, path: str) -> Callable[..., Any]:
+    """``module:function`` from the user's code, imported; ``ConfigError`` names ``what``
+    it is for (``job nightly``, ``source crm: handler``) and why it cannot be."""
     try:
-        fn = getattr(importlib.import_module(module_name), func_name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"job {job}: cannot load {path}: {exc}") from exc
+        fn = pkgutil.resolve_name(path)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"{what}: cannot load {path}: {exc}") from exc
     if not callable(fn):
-        raise ConfigError(f"job {job}: {path} is not callable")
+        raise ConfigError(f"{what}: {path} is not callable")
     return fn  # type: ignore[no-any-return]
