@@ -21,10 +21,9 @@ import contextlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ..routing import ShardMap
 from ..routing.contract.errors import (
     AlreadyApplied,
     ChangeNotApplicable,
@@ -34,9 +33,10 @@ from ..routing.contract.errors import (
     VersionConflict,
 )
 from ..routing.contract.events import Change, Event, parse_changes
-from ..routing.contract.faults import NO_FAULTS, Faults
+from ..routing.contract.faults import Faults
 from ..routing.contract.sources import SourceConfig
 from . import merges
+from .apply_rules import ApplyRules
 from .blocking import BlockingPool
 from .changes import apply_changes
 from .conditions import REFUSED_BY_CONDITION, check_conditions
@@ -73,22 +73,6 @@ def load_source_handler(source: SourceConfig) -> SourceHandler | None:
         return None
     fn = import_function(f"source {source.name}: handler", path)
     return SourceHandler(fn, batched=source.batch_handler is not None)
-
-
-@dataclass(frozen=True)
-class ApplyRules:
-    """How a deployment applies its events (from its settings)."""
-
-    #: Attempts (a fresh read each) before a conflict on every one makes a dead letter.
-    max_attempts: int
-    #: The deployment's shards: where a merge step or a forwarded event goes.
-    shards: ShardMap
-    #: The most one attempt's handler calls may take together.
-    handler_time_limit_s: float = 10.0
-    #: Faults injected at named points (crash tests only).
-    faults: Faults = NO_FAULTS
-    #: Each field some source owns by name -> those sources: whose value wins a merge.
-    field_owners: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 async def apply_events(

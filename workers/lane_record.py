@@ -46,7 +46,8 @@ from ..routing.contract.settings import Settings
 from ..routing.contract.sources import SourceConfig, Sources
 from ..routing.router import EVENT_TASKS
 from . import dead_letters, lane_tells
-from .apply import ApplyRules, SourceHandler, apply_events, load_source_handler
+from .apply import SourceHandler, apply_events, load_source_handler
+from .apply_rules import ApplyRules
 from .blocking import BlockingPool
 from .broker import Ack, Counts, Idle, LaneBroker, Lease, Outgoing, Taken, Tell
 from .dead_letters import Failure

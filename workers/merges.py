@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..routing import ShardMap
 from ..routing.contract.errors import AlreadyApplied, VersionConflict
@@ -39,12 +39,10 @@ from ..routing.contract.identities import (
     same_value,
     survivor_first,
 )
+from .apply_rules import ApplyRules
 from .lane_store import LaneStore, event_write
 from .results import ApplyResult
 from .store import DeadLetterDraft, Fence, Record, Store
-
-if TYPE_CHECKING:
-    from .apply import ApplyRules
 
 #: The longest chain of tombstones followed to a live record (a chain is as long as the
 #: merges that happened one after another before its events were forwarded).
