@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -48,6 +49,19 @@ def test_the_booking_form_books_each_slot_once_and_refuses_the_other_client(
 ) -> None:
     # Given a receiver and a worker
     _start(stack, workers=1)
+    _book_50_slots_twice(stack, tmp_path)
+
+
+def test_on_rabbitmq_the_booking_form_books_each_slot_once(deploy: Any, tmp_path: Path) -> None:
+    # Given a receiver and two workers on RabbitMQ
+    stack: Stack = deploy()
+    stack.receiver()
+    for _ in range(2):
+        stack.worker(lanes=16)
+    _book_50_slots_twice(stack, tmp_path)
+
+
+def _book_50_slots_twice(stack: Stack, tmp_path: Path) -> None:
     # When two clients race for each of 50 slots (the page's script, as written)
     assert _run(stack, tmp_path, "# booking.py").strip() == "100 accepted"
     stack.wait_journal(100)
