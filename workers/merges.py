@@ -161,8 +161,10 @@ async def close(
         (absorbed.key, absorbed.created_at), (survivor.key, survivor.created_at)
     )
     if second != event.record_key:
-        # Either record was merged meanwhile: the pair as it is now is merged instead.
-        again = merge_event(shards, "close", second, first, merge.take, merge.review_of)
+        # Either record was merged meanwhile: the pair as it is now is merged instead. A
+        # person's choices were for the pair as it was: they do not go with it (fields that
+        # differ in the pair as it is now are reviewed again).
+        again = merge_event(shards, "close", second, first, None, merge.review_of)
         return await _settle(store, event, fence, {"merge": "moved on"}, (again,))
     if await store.io.store(_kept_apart, absorbed.key, survivor.key):
         return await _settle(store, event, fence, {"merge": "kept apart"}, (), "merges_kept_apart")
