@@ -91,7 +91,8 @@ def live_end(store: Store, record_key: str) -> Record:
 def proposals(store: Store, event: Event, shards: ShardMap) -> tuple[Event, ...]:
     """(In a pool thread, after ``event`` was applied or found applied.) A close for each
     live record one of ``event``'s identities names besides its own, unless a person kept
-    the two apart; the older record survives."""
+    the two apart or the pair's close was decided already (reviewed); the older record
+    survives."""
     if not event.identities:
         return ()
     named = set(store.identity_owners(event.identities).values()) - {event.record_key}
@@ -108,6 +109,8 @@ def proposals(store: Store, event: Event, shards: ShardMap) -> tuple[Event, ...]
         survivor, absorbed = survivor_first(
             (mine.key, mine.created_at), (other.key, other.created_at)
         )
+        if store.journal(MERGE_SOURCE, merge_event_id(absorbed, survivor, "close", None)):
+            continue  # decided already: a review row waits for a person
         found.append(merge_event(shards, "close", absorbed, survivor))
     return tuple(found)
 
