@@ -99,7 +99,8 @@ def receiver_messages(
     work: Workload, shards: ShardMap, start: int, stop: int
 ) -> list[tuple[str, bytes]]:
     """Events ``start..stop`` of ``work`` as (queue name, message), built as
-    ``keylane.producers.receiver`` builds them for a delivery to ``/webhooks/demo``."""
+    ``keylane.producers.receiver`` builds them for a delivery to ``/webhooks/demo`` (a
+    body's ``also`` becomes the event's identities)."""
     verifier = verifiers_of(Sources([DEMO]), {})[DEMO.name]
     hook = load_hook(DEMO)
     out = []
@@ -118,6 +119,7 @@ def receiver_messages(
             changes=intake.changes,
             body_sha256=body_sha256(body),
             key_missing=intake.key_missing,
+            identities=intake.identities,
         )
         out.append((event.queue, event_message(event.wire, event.queue)))
     return out
