@@ -119,6 +119,8 @@ def receiver_messages(
             changes=intake.changes,
             body_sha256=body_sha256(body),
             key_missing=intake.key_missing,
+            conditions=intake.conditions,
+            if_revision=intake.if_revision,
             identities=intake.identities,
         )
         out.append((event.queue, event_message(event.wire, event.queue)))

@@ -125,9 +125,10 @@ class SqlStore(Store):
             revision = write_record(d, cur, first.record_key, fields, revision)
         elif first.decided_on_read:  # a refusal decided on that revision: still there?
             check_revision(cur, first.record_key, revision)
+        claimed = tuple(dict.fromkeys(i for write in writes for i in write.identities))
+        if claimed:  # the batch's identities, once, in the write's transaction
+            claim_identities(cur, first.record_key, claimed)
         for write in writes:  # what a merge changes besides the record, in its transaction
-            if write.identities:
-                claim_identities(cur, write.record_key, write.identities)
             if write.absorbs is not None:
                 move_identities(cur, write.absorbs, write.record_key)
             if write.merged_into is not None:

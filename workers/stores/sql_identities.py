@@ -10,14 +10,15 @@ from .dialect import Cursor
 
 def claim_identities(cur: Cursor, record_key: str, identities: Sequence[str]) -> None:
     """Name ``record_key`` by each of ``identities`` that names no record yet (one that
-    names another record stays as it is: the lane proposes a merge of the two)."""
+    names another record stays as it is: the lane proposes a merge of the two), in one
+    statement."""
     now = time.time()
-    for identity in identities:
-        cur.execute(
-            "INSERT INTO identities (identity, record_key, claimed_at) VALUES (?, ?, ?) "
-            "ON CONFLICT (identity) DO NOTHING",
-            (identity, record_key, now),
-        )
+    rows = ", ".join("(?, ?, ?)" for _ in identities)
+    cur.execute(
+        f"INSERT INTO identities (identity, record_key, claimed_at) VALUES {rows} "
+        "ON CONFLICT (identity) DO NOTHING",
+        tuple(value for identity in identities for value in (identity, record_key, now)),
+    )
 
 
 def move_identities(cur: Cursor, absorbed: str, survivor: str) -> int:
