@@ -25,6 +25,15 @@ from keylane.workers.lane_store import event_write
 from keylane.workers.merges import live_end
 from keylane.workers.store import DeadLetterFilter, Record, Store
 from tests.support.lane_parts import lane_event
+from tests.support.people import (
+    crm_events,
+    form_events,
+    kill_during_merges,
+    one_record,
+    person,
+    send_in_order,
+    streamed_in,
+)
 from tests.support.stack import Stack, wait_until
 
 # -- identities: one normal form per kind ------------------------------------------------
@@ -128,68 +137,16 @@ def _replace(write: Any, **changes: Any) -> Any:
 # -- through the lanes: the two-door race -------------------------------------------------
 
 
-def _person(n: int) -> tuple[str, str]:
-    return f"p{n:03d}@example.com", f"+1555010{n:04d}"
-
-
-def _form_events(n: int) -> list[dict[str, Any]]:
-    """What a web form sends about person ``n``: named by email."""
-    email, _ = _person(n)
-    key, also = f"person:{email}", [f"email:{email.upper()}"]
-    return [
-        {"id": f"form-{n}-1", "record_key": key, "also": also,
-         "changes": {"name": {"set": f"Person {n}"}, "email": {"set": email},
-                     "form_seq": {"append": 1}}},
-        {"id": f"form-{n}-2", "record_key": key, "changes": {"form_seq": {"append": 2}}},
-    ]  # fmt: skip
-
-
-def _crm_events(n: int, company: str | None = None) -> list[dict[str, Any]]:
-    """What the CRM sends about person ``n``: named by phone, and a third event that links
-    the phone to the email."""
-    email, phone = _person(n)
-    key, also = f"person:{phone}", [f"phone:{phone}"]
-    return [
-        {"id": f"crm-{n}-1", "record_key": key, "also": also,
-         "changes": {"phone": {"set": phone}, "company": {"set": company or f"Co {n % 7}"},
-                     "crm_seq": {"append": 1}}},
-        {"id": f"crm-{n}-2", "record_key": key, "changes": {"crm_seq": {"append": 2}}},
-        {"id": f"crm-{n}-3", "record_key": key, "also": [*also, f"email:{email}"],
-         "changes": {"email": {"set": email}, "crm_seq": {"append": 3}}},
-    ]  # fmt: skip
-
-
-def _send_in_order(stack: Stack, sequences: list[list[dict[str, Any]]], senders: int) -> None:
-    """Each sequence posted in order by one sender; the sequences all at once."""
-
-    def run(sequence: list[dict[str, Any]]) -> None:
-        with httpx.Client(timeout=30) as client:
-            for body in sequence:
-                answer = stack.post({"type": "test", **body}, client=client, retries=3)
-                assert answer.status_code == 202, answer.text
-
-    with ThreadPoolExecutor(senders) as pool:
-        for done in [pool.submit(run, sequence) for sequence in sequences]:
-            done.result()
-
-
-def _one_record(store: Store, n: int) -> Record | None:
-    email, phone = _person(n)
-    by_email = live_end(store, f"person:{email}")
-    by_phone = live_end(store, f"person:{phone}")
-    return by_email if by_email.key == by_phone.key else None
-
-
 def _merged(stack: Stack, store: Store, n: int) -> Record:
     """Person ``n``'s one record, once the survivor absorbed the other (a close alone
     already makes both keys end in one record): it holds both senders' fields."""
 
     def absorbed() -> bool:
-        record = _one_record(store, n)
+        record = one_record(store, n)
         return record is not None and {"form_seq", "crm_seq"} <= record.fields.keys()
 
     _wait(stack, absorbed, f"person {n}'s merge")
-    record = _one_record(store, n)
+    record = one_record(store, n)
     assert record is not None
     return record
 
@@ -198,6 +155,7 @@ def _wait(stack: Stack, ready: Callable[[], bool], what: str) -> None:
     wait_until(ready, 120, what, on_timeout=stack.logs, interval_s=0.2)
 
 
+@pytest.mark.slow
 def test_fifty_people_named_by_email_and_by_phone_end_as_fifty_records(stack: Stack) -> None:
     # Given a receiver and two workers (one on SQLite: it takes one writer)
     stack.receiver()
@@ -207,21 +165,21 @@ def test_fifty_people_named_by_email_and_by_phone_end_as_fifty_records(stack: St
     people = range(50)
     # When a form (email) and the CRM (phone, then a link of both) announce each person,
     # every sender in its own order and all of them at once
-    sequences = [_form_events(n) for n in people] + [_crm_events(n) for n in people]
-    _send_in_order(stack, sequences, senders=16)
+    sequences = [form_events(n) for n in people] + [crm_events(n) for n in people]
+    send_in_order(stack, sequences, senders=16)
     # Then each person is one record, with every field from both senders
     store = stack.open_store()
 
     def absorbed(n: int) -> bool:  # both keys end in one record that holds every field
-        record = _one_record(store, n)
+        record = one_record(store, n)
         return record is not None and len(record.fields) == 6
 
     _wait(stack, lambda: all(absorbed(n) for n in people), "50 merged records")
     _wait(stack, lambda: store.journal_size() >= 250 + 100, "every event and merge step")
     for n in people:
-        record = _one_record(store, n)
+        record = one_record(store, n)
         assert record is not None
-        email, phone = _person(n)
+        email, phone = person(n)
         assert record.fields == {
             "name": f"Person {n}",
             "email": email,
@@ -256,7 +214,7 @@ def test_a_merge_whose_records_differ_is_reviewed_and_both_records_go_on(stack: 
     assert (row.reason, row.status) == ("merge_review", "open")
     acme = "survivor" if globex == "absorbed" else "absorbed"
     assert row.attempted_change["differ"] == {"company": {globex: "Globex", acme: "Acme"}}
-    email, phone = _person(1)
+    email, phone = person(1)
     assert store.read(f"person:{email}").merged_into is None
     assert store.read(f"person:{phone}").merged_into is None
     # And both records go on receiving their own events
@@ -275,12 +233,12 @@ def test_records_get_of_an_absorbed_key_says_where_it_went(stack: Stack) -> None
     stack.receiver()
     stack.worker(lanes=4)
     stack.wait_all_owned()
-    _send_in_order(stack, [_form_events(2), _crm_events(2)], senders=2)
+    send_in_order(stack, [form_events(2), crm_events(2)], senders=2)
     store = stack.open_store()
-    _wait(stack, lambda: _one_record(store, 2) is not None, "the merge")
-    survivor = _one_record(store, 2)
+    _wait(stack, lambda: one_record(store, 2) is not None, "the merge")
+    survivor = one_record(store, 2)
     assert survivor is not None
-    email, phone = _person(2)
+    email, phone = person(2)
     absorbed = f"person:{phone}" if survivor.key.endswith(email) else f"person:{email}"
     shown = stack.keylane("records", "get", absorbed, "--json")
     assert shown.returncode == 0, shown.stderr
@@ -307,9 +265,9 @@ def _reviewed_pair(stack: Stack) -> tuple[Store, int, str]:
     stack.receiver()
     stack.worker(lanes=4)
     stack.wait_all_owned()
-    form = _form_events(1)
+    form = form_events(1)
     form[0]["changes"]["company"] = {"set": "Acme"}
-    _send_in_order(stack, [form, _crm_events(1, company="Globex")], senders=2)
+    send_in_order(stack, [form, crm_events(1, company="Globex")], senders=2)
     store = stack.open_store()
     _wait(stack, lambda: bool(store.dead_letters(DeadLetterFilter())), "the merge's review row")
     (row,) = store.dead_letters(DeadLetterFilter())
@@ -317,6 +275,7 @@ def _reviewed_pair(stack: Stack) -> tuple[Store, int, str]:
     return store, row.id, globex
 
 
+@pytest.mark.slow
 def test_a_reviewed_merge_resolved_per_field_applies_exactly_that(stack: Stack) -> None:
     # Given a merge reviewed because company differs
     store, row_id, globex = _reviewed_pair(stack)
@@ -341,13 +300,14 @@ def test_a_reviewed_merge_resolved_per_field_applies_exactly_that(stack: Stack) 
     assert row.note == f"merge: company={globex}"
 
 
+@pytest.mark.slow
 def test_a_pair_kept_apart_is_never_proposed_again(stack: Stack) -> None:
     # Given a merge reviewed, and a person who says the two are two people
     store, row_id, _ = _reviewed_pair(stack)
     apart = stack.keylane("merges", "apart", str(row_id), "--note", "two Ann Lees")
     assert apart.returncode == 0, apart.stderr
     # When the CRM links the phone and the email again, and both records get events after
-    email, phone = _person(1)
+    email, phone = person(1)
     link = {
         "id": "crm-1-4",
         "record_key": f"person:{phone}",
@@ -358,7 +318,7 @@ def test_a_pair_kept_apart_is_never_proposed_again(stack: Stack) -> None:
         {"id": "crm-1-5", "record_key": f"person:{phone}", "changes": {"crm_seq": {"append": 5}}},
         {"id": "form-1-3", "record_key": f"person:{email}", "changes": {"form_seq": {"append": 3}}},
     ]  # fmt: skip
-    _send_in_order(stack, [[link, *after]], senders=1)
+    send_in_order(stack, [[link, *after]], senders=1)
     _wait(stack, lambda: store.journal("demo", "form-1-3") is not None, "the last events")
     _wait(stack, lambda: store.journal("demo", "crm-1-5") is not None, "the last events")
     # Then no merge was proposed: the one review row, closed, and two live records
@@ -373,53 +333,6 @@ def test_a_pair_kept_apart_is_never_proposed_again(stack: Stack) -> None:
 # -- kill -9 at each step of a merge, events streaming to both keys -----------------------
 
 
-def _streamed(n: int) -> list[list[dict[str, Any]]]:
-    """Person ``n``'s events: the form's four (email) and the CRM's five (phone, linking
-    both at its second), so events of both keys come before, during and after the merge."""
-    email, phone = _person(n)
-    by_email, by_phone = f"person:{email}", f"person:{phone}"
-    form = [
-        {"id": f"form-{n}-{i}", "record_key": by_email, "also": [f"email:{email}"],
-         "changes": {"form_seq": {"append": i}}}
-        for i in range(1, 5)
-    ]  # fmt: skip
-    crm = [
-        {"id": f"crm-{n}-{i}", "record_key": by_phone,
-         "also": [f"phone:{phone}", *([f"email:{email}"] if i == 2 else [])],
-         "changes": {"crm_seq": {"append": i}}}
-        for i in range(1, 6)
-    ]  # fmt: skip
-    return [form, crm]
-
-
-def _kill_during_merges(stack: Stack, point: str, people: range) -> None:
-    """A receiver and a worker that dies (kill -9) at ``point`` of the first merge it
-    runs; ``people``'s events (:func:`_streamed`) sent meanwhile, every sender in its own
-    order; a second worker started once the first is gone."""
-    kill = {"point": point, "action": "kill", "match": "person:", "times": 1}
-    doomed = stack.worker(lanes=4, faults=[kill])
-    stack.receiver()
-    if not stack.settings.broker_is_rabbitmq:  # there a worker owns a shard once it consumes
-        stack.wait_all_owned()
-    sequences = [seq for n in people for seq in _streamed(n)]
-    with ThreadPoolExecutor(1) as background:
-        sending = background.submit(_send_in_order, stack, sequences, 8)
-        wait_until(lambda: not doomed.alive(), 90, f"the kill at {point}", on_timeout=stack.logs)
-        stack.worker(lanes=4)
-        sending.result()
-
-
-def _streamed_in(store: Store, n: int) -> bool:
-    """Whether person ``n`` is one record holding every event of :func:`_streamed` (the
-    absorb done: a close alone already makes both keys end in one record)."""
-    record = _one_record(store, n)
-    return (
-        record is not None
-        and len(record.fields.get("crm_seq", [])) == 5
-        and len(record.fields.get("form_seq", [])) == 4
-    )
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 @pytest.mark.parametrize(
@@ -432,13 +345,13 @@ def test_a_worker_killed_at_each_step_of_a_merge_loses_and_doubles_nothing(
     # When 20 people are announced by both senders, every sender in its own order, all at
     # once, and a worker takes over once the doomed one is gone
     people = range(20)
-    _kill_during_merges(stack, point, people)
+    kill_during_merges(stack, point, people)
     # Then each person is one record with every event applied once, in order per sender
     store = stack.open_store()
-    _wait(stack, lambda: all(_streamed_in(store, n) for n in people), "20 merged records")
+    _wait(stack, lambda: all(streamed_in(store, n) for n in people), "20 merged records")
     _wait(stack, lambda: store.journal_size() >= 180 + 40, "every event and merge step")
     for n in people:
-        record = _one_record(store, n)
+        record = one_record(store, n)
         assert record is not None
         assert record.fields == {"form_seq": [1, 2, 3, 4], "crm_seq": [1, 2, 3, 4, 5]}, record
     # And no event was applied to a closed record: a tombstone is as its close left it
@@ -448,27 +361,6 @@ def test_a_worker_killed_at_each_step_of_a_merge_loses_and_doubles_nothing(
     for key, close in closes.items():
         assert store.read(key).revision == close.revision
     assert len([e for e in steps if e.event_id.startswith("absorb-")]) == 20
-    assert store.dead_letters(DeadLetterFilter()) == []
-
-
-# -- on RabbitMQ -------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("point", ["merge.closed", "merge.absorbing"])
-def test_on_rabbitmq_a_merge_survives_a_killed_worker(deploy: Any, point: str) -> None:
-    # Given a RabbitMQ deployment whose first worker dies (kill -9) at a step of a merge
-    # When 10 people are announced by both senders at once, and a worker takes over
-    stack: Stack = deploy()
-    people = range(10)
-    _kill_during_merges(stack, point, people)
-    # Then each person is one record, every event applied once and in order per sender
-    store = stack.open_store()
-    _wait(stack, lambda: all(_streamed_in(store, n) for n in people), "10 merged records")
-    for n in people:
-        record = _one_record(store, n)
-        assert record is not None
-        assert record.fields == {"form_seq": [1, 2, 3, 4], "crm_seq": [1, 2, 3, 4, 5]}, record
     assert store.dead_letters(DeadLetterFilter()) == []
 
 
@@ -557,6 +449,7 @@ def _reconcile(stack: Stack, *args: str) -> dict[str, Any]:
 # -- chains and races ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_chain_of_merges_ends_in_the_oldest_record_with_every_event_in_order(
     stack: Stack,
 ) -> None:
@@ -581,7 +474,7 @@ def test_a_chain_of_merges_ends_in_the_oldest_record_with_every_event_in_order(
         [{"id": "link-bc", "record_key": "chain:b", "also": ["crm_id:b", "crm_id:c"],
           "changes": {"linked_bc": {"set": True}}}],
     ]  # fmt: skip
-    _send_in_order(stack, [stream, *links], senders=3)
+    send_in_order(stack, [stream, *links], senders=3)
     # Then all three are c, which holds every field and a's events once, in order
     _wait(stack, lambda: {live_end(store, f"chain:{k}").key for k in "abc"} == {"chain:c"}, "c")
     _wait(stack, lambda: store.journal("demo", "a-30") is not None, "a's last event")
@@ -604,6 +497,7 @@ owns = ["phone", "company", "crm_seq", "email"]
 """
 
 
+@pytest.mark.slow
 def test_the_source_that_owns_a_field_by_name_wins_a_merge_where_it_differs(
     stack: Stack, tmp_path: Any
 ) -> None:
@@ -615,9 +509,9 @@ def test_the_source_that_owns_a_field_by_name_wins_a_merge_where_it_differs(
     stack.worker(lanes=4)
     stack.wait_all_owned()
     # When the form says Acme and the CRM Globex about one person, and the CRM links them
-    form = _form_events(3)
+    form = form_events(3)
     form[0]["changes"]["company"] = {"set": "Acme"}
-    crm = _crm_events(3, company="Globex")
+    crm = crm_events(3, company="Globex")
 
     def post_all(events: list[dict[str, Any]], source: str) -> None:
         for body in events:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import httpx
 import pytest
@@ -25,6 +23,7 @@ from keylane.routing.contract.outcomes import (
 from keylane.routing.contract.settings import FaultSpec
 from tests.support.readme import page_block
 from tests.support.stack import Stack, event, wait_until
+from tests.support.waiting import restart_under_500_waiting
 
 TOKEN = "s3cret-outcomes-token"
 
@@ -165,69 +164,7 @@ def test_a_worker_killed_between_the_write_and_the_tell_leaves_a_202_then_the_re
 @pytest.mark.slow
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 def test_a_receiver_restarted_while_500_requests_wait_answers_none_wrongly(stack: Stack) -> None:
-    _restart_under_500_waiting(stack)
-
-
-@pytest.mark.slow
-def test_on_rabbitmq_a_receiver_restarted_while_500_requests_wait_answers_none_wrongly(
-    deploy: Any,
-) -> None:
-    _restart_under_500_waiting(deploy())
-
-
-def _restart_under_500_waiting(stack: Stack) -> None:
-    # Given a receiver, and no worker yet: nothing is decided while the senders wait
-    receiver = stack.receiver()
-    url = stack.url
-    events = [event(f"r-{n}", f"restart:{n}", n={"increment": 1}) for n in range(500)]
-    answers: dict[int, httpx.Response | None] = {}
-    client = httpx.Client(timeout=30, limits=httpx.Limits(max_connections=600))
-
-    def deliver(n: int, base: str) -> None:
-        try:
-            answers[n] = stack.post(events[n], url=base, client=client, prefer="wait=20")
-        except httpx.TransportError:
-            answers[n] = None
-
-    # When 500 senders wait at once and the receiver is killed -9 under them
-    with ThreadPoolExecutor(500) as pool:
-        futures = [pool.submit(deliver, n, url) for n in range(500)]
-        wait_until(lambda: _accepted(stack) >= 500, 30, "500 deliveries accepted")
-        receiver.kill()
-        for f in futures:
-            f.result()
-    lost = [n for n, a in answers.items() if a is None]
-    assert len(lost) == 500  # none was answered before its outcome was known
-    # And the senders retry against a restarted receiver, a worker running now
-    stack.worker(lanes=16)
-    stack.receiver()
-    if not stack.settings.broker_is_rabbitmq:  # there a worker owns what it consumes
-        stack.wait_all_owned()
-    with ThreadPoolExecutor(64) as pool:
-        list(pool.map(lambda n: deliver(n, stack.url), lost))
-    # Then every answer is a 202 or its own event's true outcome
-    store = stack.open_store()
-    stack.wait_journal(500)
-    told = 0
-    for n, answer in answers.items():
-        assert answer is not None, n
-        assert answer.status_code in (200, 202), (n, answer)
-        body = answer.json()
-        if body["status"] == "applied":
-            told += 1
-            entry = store.journal("demo", f"r-{n}")
-            assert entry is not None
-            assert (body["event_id"], body["record_key"]) == (f"r-{n}", f"restart:{n}")
-            assert body["revision"] == entry.revision == 1
-    # And each event was applied once, most told while their senders waited
-    assert all(store.read(f"restart:{n}").fields == {"n": 1} for n in range(500))
-    assert told > 250, told
-    client.close()
-
-
-def _accepted(stack: Stack) -> int:
-    counters = stack.view().client.hgetall(stack.settings.keys.counters)
-    return int(counters.get(b"accepted", 0))
+    restart_under_500_waiting(stack)
 
 
 @pytest.mark.slow

@@ -46,9 +46,12 @@ from tests.support.flower import AUTH as FLOWER_AUTH
 from tests.support.flower import answers as flower_answers
 from tests.support.flower import api as flower_api
 from tests.support.flower import tasks as flower_tasks
+from tests.support.page_scripts import book_50_slots_twice
+from tests.support.people import kill_during_merges, one_record, streamed_in
 from tests.support.rabbitmq import RabbitCluster, RabbitNode
 from tests.support.services import free_port
 from tests.support.stack import Stack, event, wait_until
+from tests.support.waiting import restart_under_500_waiting
 
 pytestmark = pytest.mark.slow
 
@@ -1278,3 +1281,47 @@ def test_on_rabbitmq_two_clients_racing_for_each_slot_are_told_one_booked_one_re
     # And refusals are no dead letters
     assert store.dead_letters(DeadLetterFilter()) == []
     assert store.journal_size() == 2 * slots
+
+
+# -- what other pages promise, on RabbitMQ (kept in this file: each test process that runs a
+# -- RabbitMQ test starts a 3-node cluster of its own, and the suite runs files per process)
+
+
+def test_on_rabbitmq_a_receiver_restarted_while_500_requests_wait_answers_none_wrongly(
+    deploy: Any,
+) -> None:
+    restart_under_500_waiting(deploy())
+
+
+def test_on_rabbitmq_the_booking_form_books_each_slot_once(deploy: Any, tmp_path: Path) -> None:
+    # Given a receiver and two workers on RabbitMQ
+    stack: Stack = deploy()
+    stack.receiver()
+    for _ in range(2):
+        stack.worker(lanes=16)
+    book_50_slots_twice(stack, tmp_path)
+
+
+# -- on RabbitMQ -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("point", ["merge.closed", "merge.absorbing"])
+def test_on_rabbitmq_a_merge_survives_a_killed_worker(deploy: Any, point: str) -> None:
+    # Given a RabbitMQ deployment whose first worker dies (kill -9) at a step of a merge
+    # When 10 people are announced by both senders at once, and a worker takes over
+    stack: Stack = deploy()
+    people = range(10)
+    kill_during_merges(stack, point, people)
+    # Then each person is one record, every event applied once and in order per sender
+    store = stack.open_store()
+    wait_until(
+        lambda: all(streamed_in(store, n) for n in people),
+        120,
+        "10 merged records",
+        on_timeout=stack.logs,
+    )
+    for n in people:
+        record = one_record(store, n)
+        assert record is not None
+        assert record.fields == {"form_seq": [1, 2, 3, 4], "crm_seq": [1, 2, 3, 4, 5]}, record
+    assert store.dead_letters(DeadLetterFilter()) == []
