@@ -229,6 +229,7 @@ def test_a_merge_whose_records_differ_is_reviewed_and_both_records_go_on(stack: 
     assert f"keylane merges resolve {row.id}" in shown.stdout
 
 
+@pytest.mark.slow
 def test_records_get_of_an_absorbed_key_says_where_it_went(stack: Stack) -> None:
     stack.receiver()
     stack.worker(lanes=4)
