@@ -619,11 +619,15 @@ async def _post_all(stack: Stack, bodies: list[Any]) -> list[tuple[int, float]]:
 
     async def one(client: httpx.AsyncClient, body: Any) -> tuple[int, float]:
         started = time.monotonic()
-        answer = await client.post(
-            f"{stack.url}/webhooks/demo",
-            content=json.dumps(body).encode(),
-            headers={"content-type": "application/json"},
-        )
+        try:
+            answer = await client.post(
+                f"{stack.url}/webhooks/demo",
+                content=json.dumps(body).encode(),
+                headers={"content-type": "application/json"},
+            )
+        except httpx.TransportError as error:  # status 0: no answer, shown with the logs
+            print(f"{body['id']}: no answer after {time.monotonic() - started:.2f} s: {error!r}")
+            return 0, time.monotonic() - started
         return answer.status_code, time.monotonic() - started
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=100)) as c:

@@ -211,8 +211,10 @@ class Stack:
         return store
 
     def wait_journal(self, count: int, timeout_s: float = 120) -> None:
-        """Wait until the journal holds ``count`` event ids."""
+        """Wait until the journal holds ``count`` event ids (the tables made first: the
+        workers may not have made them yet)."""
         store = self.open_store()
+        store.migrate()
         wait_until(
             lambda: store.journal_size() >= count,
             timeout_s,
