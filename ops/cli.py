@@ -126,6 +126,7 @@ def serve(ctx: click.Context) -> None:
         log_config=None,  # keep keylane's log format for uvicorn's lines too
         log_level=settings.log_level.lower(),
         access_log=False,
+        timeout_keep_alive=settings.keep_alive_s,
         timeout_graceful_shutdown=10,
     )
     uvicorn.Server(config).run(sockets=[sock])

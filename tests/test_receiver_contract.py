@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -285,3 +286,18 @@ def test_a_full_shard_that_does_not_drain_answers_the_retry_after_ceiling(stack:
     assert {a.status_code for a in answers} == {503}
     assert {a.json()["error"] for a in answers} == {"shard_full"}
     assert {int(a.headers["retry-after"]) for a in answers} == {MAX_RETRY_AFTER_S}
+
+
+def test_an_idle_connection_is_kept_past_uvicorns_five_seconds(running: Stack) -> None:
+    # Given a connection that sent one request and then sat idle for 6 s (a pooled client
+    # or a load balancer keeps it; uvicorn's own default closes it after 5 s, and a
+    # request sent as it closes is reset)
+    host, port = running.url.removeprefix("http://").split(":")
+    request = f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request)
+        assert conn.recv(4096).startswith(b"HTTP/1.1 200")
+        time.sleep(6)
+        # When it sends the next request, Then the receiver answers it on that connection
+        conn.sendall(request)
+        assert conn.recv(4096).startswith(b"HTTP/1.1 200")

@@ -104,6 +104,10 @@ class Settings(BaseSettings):
     # Receiver
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    #: How long the receiver keeps an idle connection open for the next request: longer
+    #: than the idle timeout of what sits in front of it (a load balancer's 60 s, a
+    #: client's pool), or a request sent as the server closes the connection is reset.
+    keep_alive_s: int = Field(75, ge=1, le=3600)
     max_body_bytes: int = Field(1_048_576, ge=1024)
     dedupe_retention_s: int = Field(THREE_DAYS_S, ge=1)
     shard_high_water: int = Field(10_000, ge=1)
