@@ -6,10 +6,15 @@ here; the scheduled sync on the Schedules page pulls the ones that changed.
     python -m keylane.ops.examples.crm --port 0      # a free port, named on its first line
 
     GET   /api/contacts[?updated_since=ISO]   {"results": [...]}: changed since (all without it)
-    POST  /api/contacts/search {"email": E}   {"results": [...]}: the contacts with that email
+    POST  /api/contacts/search {"email": E}   {"results": [...]}: the contacts whose fields
+                                              have these values (any fields, in id order)
     POST  /api/contacts {...}                 201 and the new contact; a repeated
                                               Idempotency-Key answers the first one again
     PATCH /api/contacts/ID {...}              the contact, updated
+    POST  /api/contacts/merge {"primary": P, "merged": M}
+                                              contact P takes the fields of M it lacks, and
+                                              M is gone (as a CRM's merge); a repeated
+                                              Idempotency-Key answers the first one again
 
 Every contact carries its ``version``: 1 when created, one more with every write.
     GET   /api/contacts/ID                    one contact
@@ -69,12 +74,31 @@ class Contacts:
             self.by_id[contact_id].update({**fields, **stamp})
             return self.by_id[contact_id]
 
-    def matching(self, email: str | None = None, since: str | None = None) -> list[dict[str, Any]]:
-        """The contacts with that email, or changed at or after ``since``."""
+    def merge(self, primary: int, merged: int, key: str | None) -> dict[str, Any] | None:
+        """Contact ``primary`` with the fields of ``merged`` it lacks; ``merged`` is gone
+        (None when either is not there; for a key seen before, the first answer)."""
         with self.lock:
-            found = list(self.by_id.values())
-        if email is not None:
-            found = [c for c in found if c.get("email") == email]
+            if key is not None and key in self.by_idempotency_key:
+                return self.by_id.get(self.by_idempotency_key[key])
+            if primary == merged or primary not in self.by_id or merged not in self.by_id:
+                return None
+            gone = self.by_id.pop(merged)
+            kept = self.by_id[primary]
+            taken = {k: v for k, v in gone.items() if k not in kept}
+            version = kept["version"] + 1
+            kept.update({**taken, "version": version, "updated_at": now()})
+            if key is not None:
+                self.by_idempotency_key[key] = primary
+            return kept
+
+    def matching(
+        self, fields: dict[str, Any] | None = None, since: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The contacts with these values of ``fields``, or changed at or after ``since``."""
+        with self.lock:
+            found = [self.by_id[n] for n in sorted(self.by_id)]
+        if fields:
+            found = [c for c in found if all(c.get(k) == v for k, v in fields.items())]
         if since:
             found = [c for c in found if c["updated_at"] >= _utc(since)]
         return found
@@ -107,12 +131,17 @@ class CrmHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.body()
+        key = self.headers.get("Idempotency-Key")
         if self.path == "/api/contacts/search":
-            email = body.get("email")
-            self.answer(200, {"results": self.server.contacts.matching(email=email)})
+            self.answer(200, {"results": self.server.contacts.matching(body)})
         elif self.path == "/api/contacts":
-            key = self.headers.get("Idempotency-Key")
             self.answer(201, self.server.contacts.create(body, key))
+        elif self.path == "/api/contacts/merge":
+            primary, merged = body.get("primary"), body.get("merged")
+            if not (isinstance(primary, int) and isinstance(merged, int)):
+                self.answer(400, {"error": "primary and merged are contact ids"})
+                return
+            self.found(self.server.contacts.merge(primary, merged, key))
         else:
             self.answer(404, {"error": "not found"})
 
