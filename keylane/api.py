@@ -22,6 +22,7 @@ from .routing.contract.errors import (
     InvalidEvent,
 )
 from .routing.contract.events import Event
+from .routing.contract.identities import check_identities
 from .routing.contract.schedules import DEFAULT_OVERLAP, job_spec
 from .routing.contract.settings import Settings, load_settings
 from .routing.contract.sources import load_sources
@@ -89,14 +90,17 @@ class Task:
         event_id: str | None = None,
         event_type: str = "event",
         wait: float | None = None,
+        also: list[str] | tuple[str, ...] = (),
     ) -> Sent:
         """Queue ``payload`` for this task, on the lane of its record key. With an
         ``event_id``, a second send of the same id is a duplicate and runs nothing (the
         receiver's dedupe); ``InvalidEvent`` if that id came with another payload. With
         ``wait`` (seconds), the task's outcome once its lane decided it: ``applied`` with
         what it returned (``result``), ``refused`` (``keylane.Refuse``: ``reason``) or
-        ``dead_lettered``; ``accepted`` if not decided in time (ops/docs/outcomes.md)."""
-        fields = self.event_fields(payload, event_id, event_type)
+        ``dead_lettered``; ``accepted`` if not decided in time (ops/docs/outcomes.md).
+        ``also``: the record's other identities (``"phone:+44 20 7946 0958"``), for a task
+        registered with ``on_merge``."""
+        fields = self.event_fields(payload, event_id, event_type, also)
         return _get_sender().send(wait=wait, **fields)
 
     async def send_async(
@@ -106,16 +110,29 @@ class Task:
         event_id: str | None = None,
         event_type: str = "event",
         wait: float | None = None,
+        also: list[str] | tuple[str, ...] = (),
     ) -> Sent:
         """:meth:`send` for async code."""
-        fields = self.event_fields(payload, event_id, event_type)
+        fields = self.event_fields(payload, event_id, event_type, also)
         return await _get_sender().send_async(wait=wait, **fields)
 
-    def event_fields(self, payload: Any, event_id: str | None, event_type: str) -> dict[str, Any]:
+    def event_fields(
+        self,
+        payload: Any,
+        event_id: str | None,
+        event_type: str,
+        also: list[str] | tuple[str, ...] = (),
+    ) -> dict[str, Any]:
         """The fields of the event that carries ``payload`` to this task (what
         :meth:`send` queues; a scheduled run's ``run.send(task, payload)`` too)."""
+        if also and self.spec.on_merge is None:
+            raise InvalidEvent(
+                f"task {self.name}: also (identities) needs a task registered with on_merge "
+                "(keylane cannot merge records elsewhere without it)"
+            )
         try:
             record_key = self.spec.record_key(payload)
+            identities = check_identities(list(also))
         except ValueError as exc:
             raise InvalidEvent(str(exc)) from None
         return {
@@ -126,6 +143,7 @@ class Task:
             "event_id": event_id,
             "event_type": event_type,
             "batch": self.spec.batch,
+            "identities": identities,
         }
 
 
@@ -193,6 +211,7 @@ def task(
     destination: str | None = None,
     batch: int = 1,
     debounce_ms: int = 0,
+    on_merge: TaskFunction | None = None,
 ) -> Callable[[TaskFunction], Task]:
     """Register a function as a keylane task.
 
@@ -207,10 +226,18 @@ def task(
     batch): the lane waits until the record's newest waiting event is D ms old, or N are
     waiting, before it calls the function. A source that names the task sets ``batch = N``
     too (the receiver marks its events so that a lane can take them together).
+
+    ``on_merge``: a function ``(event, context)`` that merges two of the task's records
+    where they are (the CRM's merge). With it, the task's events may name identities (a
+    source's ``also``, ``send(..., also=[...])``); when an identity names two keys, keylane
+    merges their lanes (the older key survives; later events of the other run in the
+    survivor's lane, as ``event.record_key`` the survivor and ``event.via`` the key they
+    were sent to) and calls ``on_merge`` once, in the survivor's lane, with
+    ``event.merge.survivor`` and ``event.merge.absorbed`` (ops/docs/identities.md).
     """
 
     def decorate(fn: TaskFunction) -> Task:
-        return Task(register(fn, key, name, destination, batch, debounce_ms))
+        return Task(register(fn, key, name, destination, batch, debounce_ms, on_merge))
 
     return decorate
 

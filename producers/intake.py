@@ -193,10 +193,7 @@ def _hooked(
     event_type = str(result.get("event_type") or event_type)
     conditions, if_revision = _conditions(result)
     changes = _changes(result.get("changes"))
-    also = result.get("also") or []
-    if not isinstance(also, list):
-        raise InvalidEvent("the source's hook returned also that is not a list of identities")
-    identities = _identities(source, also)
+    identities = _identities(source, _hook_also(result))
     return Intake(
         event_id, key_missing, event_type, record_key, changes, conditions, if_revision, identities
     )
@@ -211,12 +208,22 @@ def _forwarded(
     if hook is None:
         assert source.record_key is not None
         record_key = _record_key(render(source.record_key, delivery), source.record_key)
+        also = [render(t, delivery) or "" for t in source.also]
     else:
         mapped = _call_hook(hook, delivery.body, delivery.headers)
         if mapped is None:
             return Ignored(event_type, "the source's hook maps nothing for this delivery")
         record_key = _record_key(mapped.get("record_key"), "the hook's record_key")
-    return Intake(event_id, key_missing, event_type, record_key, {})
+        also = _hook_also(mapped)
+    identities = _identities(source, also)
+    return Intake(event_id, key_missing, event_type, record_key, {}, identities=identities)
+
+
+def _hook_also(mapped: Mapping[str, Any]) -> list[Any]:
+    also = mapped.get("also") or []
+    if not isinstance(also, list):
+        raise InvalidEvent("the source's hook returned also that is not a list of identities")
+    return also
 
 
 def _call_hook(hook: Hook, payload: Any, headers: Mapping[str, str]) -> Mapping[str, Any] | None:

@@ -87,7 +87,7 @@ class Sender:
     ) -> Sent:
         """Queue an event built from ``fields`` (the keyword arguments of
         :meth:`new_event`: source, destination, payload, record_key, event_id,
-        event_type, changes, conditions, if_revision), deduplicated on
+        event_type, changes, conditions, if_revision, identities), deduplicated on
         ``(source, event_id)`` (no id: a unique one, never a duplicate); ``batch``: how
         many of its record's waiting events a lane may take with it (a batch task's
         limit); ``lease``: a scheduled run's, without which nothing is accepted
@@ -147,11 +147,13 @@ class Sender:
         changes: Mapping[str, Any] | None = None,
         conditions: Mapping[str, Any] | None = None,
         if_revision: int | None = None,
+        identities: tuple[str, ...] = (),
     ) -> NewEvent:
         """An event for ``destination`` carrying ``payload``, or (``destination`` None) a
         change to one of keylane's records, which may carry ``conditions`` and
         ``if_revision`` (``InvalidEvent`` if it cannot be: a task checks its own and
-        refuses with ``keylane.Refuse``)."""
+        refuses with ``keylane.Refuse``). ``identities`` come normalised
+        (``check_identities``)."""
         wire = checked = None
         if (conditions is not None or if_revision is not None) and changes is None:
             raise InvalidEvent(
@@ -183,6 +185,7 @@ class Sender:
             body=None if wire is not None else body,
             conditions=checked,
             if_revision=if_revision,
+            identities=identities,
         )
 
     async def _accept(

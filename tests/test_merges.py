@@ -26,13 +26,16 @@ from keylane.workers.merges import live_end
 from keylane.workers.store import DeadLetterFilter, Record, Store
 from tests.support.lane_parts import lane_event
 from tests.support.people import (
+    check_task_merges,
     crm_events,
     form_events,
     kill_during_merges,
     one_record,
     person,
+    post_to_the_task,
     send_in_order,
     streamed_in,
+    task_deployment,
 )
 from tests.support.stack import Stack, wait_until
 
@@ -529,3 +532,98 @@ def test_the_source_that_owns_a_field_by_name_wins_a_merge_where_it_differs(
     (close,) = [e for e in store.journal_entries() if e.event_id.startswith("close-")]
     assert close.result is not None
     assert set(close.result["take"].values()) <= {"absorbed", "survivor"}
+
+
+# -- records elsewhere: a task's keys --------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_tasks_two_keys_of_one_person_are_merged_by_its_on_merge_and_their_lanes_made_one(
+    stack: Stack, tmp_path: Any
+) -> None:
+    # Given a task whose records are in a CRM, with an on_merge that merges two contacts
+    # there, fed by a form (by email) and a CRM (by phone, linking the email once)
+    crm_db = task_deployment(stack, tmp_path)
+    for _ in range(stack.writers(2)):
+        stack.worker(lanes=8)
+    stack.wait_all_owned()
+    # When each sender posts its events in order, every sender at once
+    people = range(20)
+    post_to_the_task(stack, people)
+    # Then the CRM holds one contact per person (the older key), with every number of
+    # both senders once and in each sender's order; keylane's lanes of both keys end in
+    # it, the absorbed key's row says where it went, on_merge ran once per person, in the
+    # survivor's lane, and every event ran once
+    check_task_merges(stack, crm_db, people)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+@pytest.mark.parametrize("point", ["merge.closed", "merge.called", "destination.after_call"])
+def test_a_worker_killed_at_each_step_of_a_tasks_merge_loses_and_doubles_nothing(
+    stack: Stack, tmp_path: Any, point: str
+) -> None:
+    # Given the CRM task of the test above, and a worker that dies (kill -9) at this step
+    # of the first merge it runs (merge.called: the task's on_merge ran, keylane's journal
+    # does not know it yet), or after its first call of the task
+    crm_db = task_deployment(stack, tmp_path)
+    kill = {"point": point, "action": "kill", "match": "person:", "times": 1}
+    doomed = stack.worker(lanes=8, faults=[kill])
+    stack.wait_all_owned()
+    people = range(10)
+    # When both senders post, and a worker takes over once the doomed one is gone
+    with ThreadPoolExecutor(1) as background:
+        sending = background.submit(post_to_the_task, stack, people)
+        wait_until(lambda: not doomed.alive(), 90, f"the kill at {point}", on_timeout=stack.logs)
+        stack.worker(lanes=8)
+        sending.result()
+    # Then each person is one contact in the CRM and one lane in keylane, with every
+    # event's effect once, in each sender's order, and one merge
+    check_task_merges(stack, crm_db, people)
+
+
+def test_a_task_without_on_merge_takes_no_identities() -> None:
+    # Given a task registered without on_merge
+    import keylane
+    from keylane.routing.contract.errors import InvalidEvent
+
+    @keylane.task(key="plain:{id}", name="plain_no_merge")
+    def plain(event: keylane.Event, ctx: keylane.Context) -> None:
+        return None
+
+    # When it is sent identities, Then it says what it needs
+    with pytest.raises(InvalidEvent, match="on_merge"):
+        plain.event_fields({"id": 1}, None, "event", ["email:a@b.co"])
+    # And one registered with on_merge takes them, in their normal form
+    merging = keylane.task(key="m:{id}", name="merging_task", on_merge=lambda e, c: None)(
+        lambda e, c: None
+    )
+    fields = merging.event_fields({"id": 1}, None, "event", ["email: A@B.co", "phone:"])
+    assert fields["identities"] == ("email:a@b.co",)
+
+
+def test_also_goes_to_a_task_with_on_merge_and_never_to_a_forward() -> None:
+    import keylane
+    from keylane.routing.contract.errors import ConfigError
+    from keylane.routing.contract.sources import parse_sources
+    from keylane.workers.destinations import open_destinations
+
+    @keylane.task(key="lead:{id}", name="lead_without_merge")
+    def leads(event: keylane.Event, ctx: keylane.Context) -> None:
+        return None
+
+    # Given a source that names identities for a task that has no on_merge
+    sources = parse_sources(
+        '[sources.leads]\ntask = "lead_without_merge"\nrecord_key = "lead:{body:id}"\n'
+        'also = ["email:{body:email}"]\n'
+    )
+    # When a worker opens its destinations, Then it refuses to start, saying what to add
+    with pytest.raises(ConfigError, match="on_merge"):
+        open_destinations(sources)
+    # And a forward (whose records keylane cannot merge) is refused identities
+    with pytest.raises(ConfigError, match="not to a destination"):
+        parse_sources(
+            '[destinations.hook]\nurl = "http://127.0.0.1:9/x"\n'
+            '[sources.shop]\ndestination = "hook"\nrecord_key = "o:{body:id}"\n'
+            'also = ["email:{body:email}"]\n'
+        )

@@ -7,11 +7,18 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from keylane.workers.merges import live_end
-from tests.support.readme import page_block, readme_block_containing
+from tests.support.readme import (
+    example_crm,
+    install_page_app,
+    page_block,
+    readme_block_containing,
+)
 from tests.support.stack import Stack, settings_env, wait_until
 
 pytestmark = pytest.mark.slow
@@ -87,3 +94,52 @@ def test_readme_two_names_of_one_person_make_one_record(stack: Stack) -> None:
     assert store.read("person:ann@example.com").fields == {"name": "Ann", "company": "Acme"}
     shown = stack.keylane("records", "get", "person:+15550100200")
     assert "merged into person:ann@example.com" in shown.stdout
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_the_tasks_two_contacts_of_ann_are_merged_in_the_example_crm(
+    stack: Stack, tmp_path: Path
+) -> None:
+    page = "identities.md"
+    # Given the example CRM, started by the page's command line (on a port of the test's)
+    block = page_block(page, "python -m keylane.ops.examples.crm")
+    with example_crm(block.splitlines()[0], tmp_path / "crm.log") as crm:
+        # And the page's task and sources as written
+        install_page_app(stack, tmp_path, page, "myapp.people", "[sources.signup]", CRM_URL=crm)
+        stack.worker(lanes=4)
+        stack.receiver()
+        stack.wait_all_owned()
+        # When the page's deliveries are sent as written
+        deliveries = [line for line in block.splitlines() if "/webhooks/" in line]
+        assert len(deliveries) == 3
+        for line in deliveries:
+            done = subprocess.run(
+                ["bash", "-c", line.replace("localhost:8000", stack.url.removeprefix("http://"))],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 0, done
+            assert '"accepted"' in done.stdout, done
+
+        # Then the CRM holds one contact of Ann, with what both senders said
+        def ann() -> list[dict[str, Any]]:
+            found = httpx.post(f"{crm}/contacts/search", json={"name": "Ann"}).json()
+            return [c for c in found["results"] if c.get("plan") == "pro"]
+
+        wait_until(lambda: len(ann()) == 1, 60, "one contact of Ann", on_timeout=stack.logs)
+        store = stack.open_store()
+        signup, billing = "person:Ann@Example.com", "person:+1 555 0100 200"
+        wait_until(lambda: live_end(store, signup).key == live_end(store, billing).key, 60,
+                   "one lane", on_timeout=stack.logs)  # fmt: skip
+        (contact,) = ann()
+        assert contact["keylane_key"] == live_end(store, signup).key
+        assert {contact["phone"], contact["email"].lower()} == {
+            "+1 555 0100 200",
+            "ann@example.com",
+        }
+        assert (
+            len(httpx.post(f"{crm}/contacts/search", json={"name": "Ann"}).json()["results"]) == 1
+        )
+        absorbs = [e for e in store.journal_entries() if e.event_id.startswith("absorb-")]
+        assert len(absorbs) == 1

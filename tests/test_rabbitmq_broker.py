@@ -47,7 +47,14 @@ from tests.support.flower import answers as flower_answers
 from tests.support.flower import api as flower_api
 from tests.support.flower import tasks as flower_tasks
 from tests.support.page_scripts import book_50_slots_twice
-from tests.support.people import kill_during_merges, one_record, streamed_in
+from tests.support.people import (
+    check_task_merges,
+    kill_during_merges,
+    one_record,
+    post_to_the_task,
+    streamed_in,
+    task_deployment,
+)
 from tests.support.rabbitmq import RabbitCluster, RabbitNode
 from tests.support.services import free_port
 from tests.support.stack import Stack, event, wait_until
@@ -1307,6 +1314,26 @@ def test_on_rabbitmq_the_booking_form_books_each_slot_once(deploy: Any, tmp_path
 
 
 # -- on RabbitMQ -------------------------------------------------------------------------
+
+
+def test_on_rabbitmq_a_tasks_merge_survives_a_worker_killed_after_its_on_merge(
+    deploy: Any, tmp_path: Path
+) -> None:
+    # Given a RabbitMQ deployment of the CRM task (records elsewhere, on_merge), whose
+    # first worker dies (kill -9) after the task's on_merge ran, before keylane's journal
+    stack: Stack = deploy()
+    crm_db = task_deployment(stack, tmp_path)
+    kill = {"point": "merge.called", "action": "kill", "match": "person:", "times": 1}
+    doomed = stack.worker(lanes=8, faults=[kill])
+    people = range(10)
+    # When both senders post, and a worker takes over once the doomed one is gone
+    with ThreadPoolExecutor(1) as background:
+        sending = background.submit(post_to_the_task, stack, people)
+        wait_until(lambda: not doomed.alive(), 120, "the kill", on_timeout=stack.logs)
+        stack.worker(lanes=8)
+        sending.result()
+    # Then one contact and one lane per person, every effect once and in order
+    check_task_merges(stack, crm_db, people)
 
 
 @pytest.mark.parametrize("point", ["merge.closed", "merge.absorbing"])

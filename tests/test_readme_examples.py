@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from tests.support.notion import HookServer
-from tests.support.readme import example_crm, page_block
-from tests.support.stack import REPO, Stack, wait_until
+from tests.support.readme import example_crm, install_page_app, page_block
+from tests.support.stack import Stack, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)]
 
@@ -34,16 +34,7 @@ def test_the_readme_batch_task_makes_one_call_for_a_burst_of_edits(
         page_block(PAGE, "python -m keylane.ops.examples.crm"), tmp_path / "crm.log"
     ) as crm:
         # And the page's batch task and its source as written
-        app = tmp_path / "myapp"
-        app.mkdir()
-        (app / "__init__.py").write_text("")
-        (app / "edits.py").write_text(page_block(PAGE, "# myapp/edits.py"))
-        sources = tmp_path / "sources.toml"
-        sources.write_text(page_block(PAGE, "[sources.crm_edits]"))
-        stack.settings = stack.settings.model_copy(
-            update={"sources_file": sources, "app": "myapp.edits"}
-        )
-        stack.extra_env.update(CRM_URL=crm, PYTHONPATH=f"{tmp_path}:{REPO}")
+        install_page_app(stack, tmp_path, PAGE, "myapp.edits", "[sources.crm_edits]", CRM_URL=crm)
         stack.worker()
         stack.receiver()
         stack.wait_all_owned()

@@ -99,32 +99,7 @@ async def apply_events(
         error = f"source {event.source!r} is not configured"
         return [await store.dead_letter(event, fence, Failure("unknown_source", 1, error))]
     results = await apply_batch(store, events, fence, source, rules, handler, read)
-    return await _with_proposals(store, events, results, rules)
-
-
-async def _with_proposals(
-    store: LaneStore, events: Sequence[Event], results: list[ApplyResult], rules: ApplyRules
-) -> list[ApplyResult]:
-    """``results`` with the merges that the identities of the events they settled
-    propose (applied, or found applied: a redelivery proposes them again, and a merge's
-    event id keeps it to one), asked once for the batch (its events are one record's)
-    and sent with the last such result."""
-    settled = [
-        n
-        for n, (event, result) in enumerate(zip(events, results, strict=False))
-        if event.identities and result.outcome in ("applied", "duplicate")
-    ]
-    if not settled:
-        return results
-    last = settled[-1]
-    identities = tuple(dict.fromkeys(i for n in settled for i in events[n].identities))
-    asking = events[last].model_copy(update={"identities": identities})
-    proposed = await store.io.store(merges.proposals, asking, rules.shards)
-    if not proposed:
-        return results
-    out = list(results)
-    out[last] = replace(out[last], sends=out[last].sends + proposed)
-    return out
+    return await merges.with_proposals(store, events, results, rules.shards)
 
 
 async def apply_batch(

@@ -42,6 +42,7 @@ from ..routing.contract.logcontext import event_context
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources
 from ..routing.redis_keys import message_digest
+from . import merges
 from .blocking import BlockingPool
 from .broker import MessageNotes, Taken
 from .dead_letters import Failure
@@ -111,18 +112,38 @@ class Dispatcher:
     ) -> list[ApplyResult] | Wait:
         """Send ``events`` (one, or a batch task's batch: consecutive events of one
         record) once to their destination, or say how long to wait. The results are those
-        of the first events, in order (fewer than given: the rest go again one by one)."""
+        of the first events, in order (fewer than given: the rest go again one by one).
+        For a task that merges, with the merges their identities propose; an event whose
+        key was merged goes on to its survivor's lane instead (:mod:`.merges`)."""
         event = events[0]
         destination = self.destinations.get(event.destination or "")
         if destination is None:
             error = f"no destination named {event.destination!r} on this worker"
             failure = Failure("unknown_destination", 1, error)
             return [await store.dead_letter(event, fence, failure)]
+        results = await self._send(store, fence, taken, events, destination)
+        if isinstance(results, Wait) or not destination.merges:
+            return results
+        return await merges.with_proposals(store, events, results, self.settings.shards)
+
+    async def _send(
+        self,
+        store: LaneStore,
+        fence: Fence,
+        taken: Taken,
+        events: list[Event],
+        destination: Destination,
+    ) -> list[ApplyResult] | Wait:
+        event = events[0]
         io = store.io
         entries = await store.journal(events)
         entry = entries[0]
         if entry is not None and not (event.retry_of and entry.outcome == "dead_lettered"):
             return [ApplyResult("duplicate")]
+        if destination.merges:  # the key's row: merged into another, its lane takes them
+            record = await store.read(event.record_key)
+            if record.merged_into is not None:
+                return merges.forward(events, record, self.settings.shards)
         events = events[: next((n for n, e in enumerate(entries) if n and e), len(events))]
         config = destination.config
         slot = f"{taken.shard}:{message_digest(taken.raw)}"
@@ -160,7 +181,8 @@ class Dispatcher:
                 outcome, answered = await self._call(io, destination, slot, events, context)
                 # A crash here: the call had its effect, the journal does not know it yet.
                 if self.faults:
-                    await io.call(self.faults.hit, "destination.after_call", event.record_key)
+                    point = "merge.called" if event.merge else "destination.after_call"
+                    await io.call(self.faults.hit, point, event.record_key)
                 if not isinstance(outcome, Conflict):
                     return await self._settle(
                         store, fence, taken, events, destination, context, outcome, answered
@@ -197,7 +219,7 @@ class Dispatcher:
         for counts from then."""
         config = destination.config
         try:
-            if destination.batched:
+            if destination.batched and events[0].merge is None:
                 outcome = await destination.call_batch(events, ctx, io.call)
             else:
                 outcome = await destination.call(events[0], ctx, io.call)
@@ -240,7 +262,9 @@ class Dispatcher:
             detail = f": {outcome.detail}" if outcome.detail else ""
             ctx.log.info("%s to %s%s", what, ctx.destination, detail)
             result = capped_result(outcome.result, self.settings.result_max_bytes)
-            return await store.journal_delivered(events, fence, ctx.attempt, result=result)
+            return await store.journal_delivered(
+                events, fence, ctx.attempt, result=result, keeps_keys=destination.merges
+            )
         if isinstance(outcome, Refuse):
             ctx.log.info("refused by %s: %s", ctx.destination, outcome.reason)
             result = capped_result(outcome.result, self.settings.result_max_bytes)
@@ -250,7 +274,7 @@ class Dispatcher:
                     events, fence, ctx.attempt, result, outcome.reason
                 )
             return await store.journal_delivered(
-                events, fence, ctx.attempt, "refused", result, outcome.reason
+                events, fence, ctx.attempt, "refused", result, outcome.reason, destination.merges
             )
         if isinstance(outcome, GiveUp):
             reason = outcome.reason or destination.give_up_reason

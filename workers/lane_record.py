@@ -182,7 +182,8 @@ class RecordLane:
         task) together with it: its record's next events, while they parse and the source
         (or the task) still takes that many. The others stay in the record's list, to be
         taken one by one."""
-        if not taken.followers or first.retry_of is not None or first.review is not None:
+        alone = (first.retry_of, first.review, first.merge)  # each an event of its own
+        if not taken.followers or any(part is not None for part in alone):
             return []
         if first.destination is not None:
             limit = self.dispatcher.batch_limit(first.destination)
@@ -349,11 +350,15 @@ class RecordLane:
             return None
         events = [queued.event for queued in batch]
         if event.destination is not None:
-            return await self.dispatcher.send(self.store, fence, taken, events)
-        source = self.sources.get(event.source)
-        results = await apply_events(
-            self.store, events, fence, source, self._rules, self._handler(source), record
-        )
+            sent = await self.dispatcher.send(self.store, fence, taken, events)
+            if isinstance(sent, Wait):
+                return sent
+            results = sent
+        else:
+            source = self.sources.get(event.source)
+            results = await apply_events(
+                self.store, events, fence, source, self._rules, self._handler(source), record
+            )
         outgoing = [self._outgoing(sent) for result in results for sent in result.sends]
         if outgoing:  # before the acknowledgement: a crash sends them again
             await self.io.call(self.broker.send, outgoing)

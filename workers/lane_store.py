@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..routing.contract.errors import AlreadyApplied
@@ -83,11 +84,14 @@ class LaneStore:
         outcome: JournalOutcome = "applied",
         result: dict[str, Any] | None = None,
         reason: str | None = None,
+        keeps_keys: bool = False,
     ) -> list[ApplyResult]:
         """Journal events a destination took, or refused (no record change), each with
-        ``result``: together, or each on its own when one of them already has an outcome."""
+        ``result``: together, or each on its own when one of them already has an outcome.
+        ``keeps_keys`` (a task that merges): with the row of the record's key, the
+        identities the events claim, and what a merge's absorb moves."""
         done = ApplyResult(outcome, attempts=attempts, reason=reason, result=result)
-        return await self.io.store(_journal_delivered, list(events), fence, done)
+        return await self.io.store(_journal_delivered, list(events), fence, done, keeps_keys)
 
     async def dead_letter(self, event: Event, fence: Fence | None, failure: Failure) -> ApplyResult:
         """:func:`keylane.workers.dead_letters.dead_letter`."""
@@ -162,11 +166,21 @@ def _journal_entries(store: JournalStore, events: list[Event]) -> list[JournalEn
 
 
 def _journal_delivered(
-    store: Store, events: list[Event], fence: Fence, done: ApplyResult
+    store: Store, events: list[Event], fence: Fence, done: ApplyResult, keeps_keys: bool
 ) -> list[ApplyResult]:
     attempts = done.attempts
     outcome: JournalOutcome = "refused" if done.outcome == "refused" else "applied"
     writes = [event_write(e, None, 0, attempts, outcome, done.result) for e in events]
+    if keeps_keys:
+        writes = [
+            replace(
+                write,
+                keeps_key=True,
+                identities=e.identities,
+                absorbs=None if e.merge is None else e.merge.absorbed,
+            )
+            for write, e in zip(writes, events, strict=True)
+        ]
     try:
         store.commit_events(writes, fence)
         return [done] * len(events)

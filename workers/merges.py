@@ -14,6 +14,10 @@
   transaction (:func:`absorb`).
 * An event whose record is a tombstone goes on to the survivor's lane, one step at a time
   (:func:`forward`).
+* A task's records are elsewhere (a task registered with ``on_merge``): its keys have rows
+  of no fields, so a close always agrees, and the absorb goes to the task
+  (:class:`keylane.workers.dispatch.Dispatcher`), whose ``on_merge`` merges the two
+  records where they are; its journal entry moves the identities.
 
 Every step is written with its journal entry in one transaction and is deterministic from
 what the store holds, so a redelivery (a crash between the commit and the acknowledgement)
@@ -59,9 +63,19 @@ def merge_event(
     survivor: str,
     take: dict[str, Side] | None = None,
     review_of: int | None = None,
+    destination: str | None = None,
 ) -> Event:
-    """The event of one merge step, for the lane of the record it changes."""
+    """The event of one merge step, for the lane of the record it changes (the absorb of
+    a task's keys goes to the task: its ``on_merge``)."""
     record_key = absorbed if step == "close" else survivor
+    merge = Merge(
+        step=step,
+        absorbed=absorbed,
+        survivor=survivor,
+        take=take,
+        review_of=review_of,
+        destination=destination,
+    )
     return Event(
         source=MERGE_SOURCE,
         event_id=merge_event_id(absorbed, survivor, step, review_of),
@@ -71,9 +85,8 @@ def merge_event(
         body_sha256="",
         accepted_at=time.time(),
         shard=shards.shard_for_key(record_key),
-        merge=Merge(
-            step=step, absorbed=absorbed, survivor=survivor, take=take, review_of=review_of
-        ),
+        destination=destination if step == "absorb" else None,
+        merge=merge,
     )
 
 
@@ -88,11 +101,36 @@ def live_end(store: Store, record_key: str) -> Record:
     raise VersionConflict(record_key, 0, record.revision)  # a chain no merge makes
 
 
+async def with_proposals(
+    store: LaneStore, events: Sequence[Event], results: list[ApplyResult], shards: ShardMap
+) -> list[ApplyResult]:
+    """``results`` with the merges that the identities of the events they settled
+    propose (applied, or found applied: a redelivery proposes them again, and a merge's
+    event id keeps it to one), asked once for the batch (its events are one record's)
+    and sent with the last such result."""
+    settled = [
+        n
+        for n, (event, result) in enumerate(zip(events, results, strict=False))
+        if event.identities and result.outcome in ("applied", "duplicate")
+    ]
+    if not settled:
+        return results
+    last = settled[-1]
+    identities = tuple(dict.fromkeys(i for n in settled for i in events[n].identities))
+    asking = events[last].model_copy(update={"identities": identities})
+    proposed = await store.io.store(proposals, asking, shards)
+    if not proposed:
+        return results
+    out = list(results)
+    out[last] = replace(out[last], sends=out[last].sends + proposed)
+    return out
+
+
 def proposals(store: Store, event: Event, shards: ShardMap) -> tuple[Event, ...]:
     """(In a pool thread, after ``event`` was applied or found applied.) A close for each
     live record one of ``event``'s identities names besides its own, unless a person kept
     the two apart or the pair's close was decided already (reviewed); the older record
-    survives."""
+    survives. (An event of a task: the two keys of its records elsewhere.)"""
     if not event.identities:
         return ()
     named = set(store.identity_owners(event.identities).values()) - {event.record_key}
@@ -111,7 +149,9 @@ def proposals(store: Store, event: Event, shards: ShardMap) -> tuple[Event, ...]
         )
         if store.journal(MERGE_SOURCE, merge_event_id(absorbed, survivor, "close", None)):
             continue  # decided already: a review row waits for a person
-        found.append(merge_event(shards, "close", absorbed, survivor))
+        found.append(
+            merge_event(shards, "close", absorbed, survivor, destination=event.destination)
+        )
     return tuple(found)
 
 
@@ -167,7 +207,9 @@ async def close(
         # Either record was merged meanwhile: the pair as it is now is merged instead. A
         # person's choices were for the pair as it was: they do not go with it (fields that
         # differ in the pair as it is now are reviewed again).
-        again = merge_event(shards, "close", second, first, None, merge.review_of)
+        again = merge_event(
+            shards, "close", second, first, None, merge.review_of, merge.destination
+        )
         return await _settle(store, event, fence, {"merge": "moved on"}, (again,))
     if await store.io.store(_kept_apart, absorbed.key, survivor.key):
         return await _settle(store, event, fence, {"merge": "kept apart"}, (), "merges_kept_apart")
@@ -207,7 +249,9 @@ async def close(
 def _absorb_of(
     merge: Merge, survivor: str, shards: ShardMap, take: dict[str, Side] | None
 ) -> Event:
-    return merge_event(shards, "absorb", merge.absorbed, survivor, take, merge.review_of)
+    return merge_event(
+        shards, "absorb", merge.absorbed, survivor, take, merge.review_of, merge.destination
+    )
 
 
 def owner_sides(

@@ -141,6 +141,9 @@ class EventWrite:
     merged_into: str | None = None
     #: The identities of this absorbed record now name the written one (a merge's absorb).
     absorbs: str | None = None
+    #: The record is elsewhere (a task that merges): its row of no fields is written if
+    #: absent, for its creation time and, once merged, its tombstone.
+    keeps_key: bool = False
 
 
 def with_revision(result: dict[str, Any] | None, revision: int) -> dict[str, Any] | None:

@@ -6,6 +6,13 @@ User code registers a task with ``@keylane.task(key=...)`` in a module the worke
 A task registered with ``batch=N`` (N > 1) is given a record's waiting events together, as
 a list of up to N in order, and with ``debounce_ms=D`` its lane waits until the record's
 newest waiting event is D ms old (or N are waiting) before it runs it.
+
+A task registered with ``on_merge=fn`` may be sent identities (a source's ``also``,
+``task.send(..., also=[...])``): when two of its keys turn out to name one entity, keylane
+merges their lanes (the older key survives, the other's later events run in the
+survivor's lane) and calls ``fn(event, context)`` once, in the survivor's lane, with
+``event.merge`` naming both keys, for the task to merge the records where they are
+(ops/docs/identities.md).
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ class TaskSpec:
     destination: str | None = None  # a [destinations.<name>] of kind task, for its limits
     batch: int = 1  # > 1: called with a list of a record's waiting events, at most this many
     debounce_ms: int = 0  # a batch waits until its newest event is this old (or is full)
+    #: Called with a merge step's event when two of its keys are merged (see above).
+    on_merge: Callable[..., Any] | None = None
 
     def record_key(self, payload: Any) -> str:
         """The record key of ``payload`` (``ValueError`` when it has none)."""
@@ -64,6 +73,7 @@ def register(
     destination: str | None = None,
     batch: int = 1,
     debounce_ms: int = 0,
+    on_merge: Callable[..., Any] | None = None,
 ) -> TaskSpec:
     """Register ``fn`` as the task ``name`` (default: the function's name)."""
     task_name = name or fn.__name__
@@ -77,6 +87,8 @@ def register(
         raise ConfigError(
             f"task {task_name}: debounce_ms needs a batch (batch=N, N > 1) and is >= 0"
         )
+    if on_merge is not None and not callable(on_merge):
+        raise ConfigError(f"task {task_name}: on_merge must be a function, not {on_merge!r}")
     if isinstance(key, str):
         fields = [f for _, f, _, _ in string.Formatter().parse(key) if f is not None]
         if not fields:
@@ -84,7 +96,7 @@ def register(
     existing = _TASKS.get(task_name)
     if existing is not None and existing.fn is not fn and _origin(existing.fn) != _origin(fn):
         raise ConfigError(f"two tasks are named {task_name}: {_origin(existing.fn)}, {_origin(fn)}")
-    spec = TaskSpec(task_name, fn, key, destination, batch, debounce_ms)
+    spec = TaskSpec(task_name, fn, key, destination, batch, debounce_ms, on_merge)
     _TASKS[task_name] = spec
     return spec
 

@@ -19,6 +19,10 @@ ever written outside its own lane:
 2. **absorb** (in the survivor's lane): the survivor takes the absorbed record's fields it
    lacks, and the identities that named the absorbed record now name it.
 
+The records of a task are elsewhere (a CRM): keylane keeps a row of no fields per key of a
+task that merges (its creation time, its tombstone), its close always agrees, and its
+absorb is a call of the task's ``on_merge`` with both keys, which merges the records there.
+
 From the close on, the absorbed record's lane forwards each later event to the survivor's
 lane (one step at a time, so the events of one sender stay in their order).
 
@@ -149,6 +153,9 @@ class Merge(BaseModel):
     take: dict[str, Side] | None = None
     #: The review row a person resolved, when this merge comes from triage.
     review_of: int | None = None
+    #: The task whose records elsewhere the two keys name (None: keylane's own records):
+    #: the absorb is its ``on_merge`` call, in the survivor's lane.
+    destination: str | None = None
 
 
 def merge_event_id(absorbed: str, survivor: str, step: MergeStep, review_of: int | None) -> str:

@@ -179,7 +179,8 @@ class SourceConfig(BaseModel):
     #: receiver's start-up): it reads this source's outcomes only (ops/docs/outcomes.md).
     outcomes_token_env: str | None = None
     #: The record's other identities, ``kind:{body:...}`` templates (:mod:`.identities`);
-    #: one whose parts the delivery lacks is left out.
+    #: one whose parts the delivery lacks is left out. For keylane's own records, or a task
+    #: registered with ``on_merge``.
     also: tuple[str, ...] = ()
     #: How each identity kind is normalised (a kind not named: ``email`` and ``phone`` by
     #: their names, any other exactly as sent).
@@ -295,8 +296,11 @@ class SourceConfig(BaseModel):
     def _check_forward(self) -> SourceConfig:
         if self.task is not None and self.destination is not None:
             raise ValueError("a source names a task or a destination, not both")
-        if self.also:
-            raise ValueError("also (identities, merges) applies to keylane's own records")
+        if self.also and self.task is None:
+            raise ValueError(
+                "also (identities, merges) applies to keylane's own records and to tasks "
+                "(whose on_merge merges the records where they are), not to a destination"
+            )
         if self.records_in is not None:
             raise ValueError("a source forwards (task, destination) or has records_in, not both")
         if self.on or self.handler or self.batch_handler:

@@ -1,16 +1,20 @@
 """The two-door workload of the merge tests: people told by a web form (by email) and by
-the CRM (by phone, then an event linking both), sent as senders send them; shared by
+the CRM (by phone, then an event linking both), sent as senders send them, to keylane's
+records or to a task whose records are in a CRM (``tests/support/crm_tasks.py``); shared by
 ``tests/test_merges.py`` and the RabbitMQ tests (``tests/test_rabbitmq_broker.py``)."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from keylane.workers.merges import live_end
-from keylane.workers.store import Record, Store
+from keylane.workers.store import DeadLetterFilter, Record, Store
 from tests.support.stack import Stack, wait_until
 
 
@@ -111,3 +115,106 @@ def streamed_in(store: Store, n: int) -> bool:
         and len(record.fields.get("crm_seq", [])) == 5
         and len(record.fields.get("form_seq", [])) == 4
     )
+
+
+# -- a task whose records are elsewhere -----------------------------------------------
+
+TASK_SOURCES = """
+[sources.form]
+task = "sync_person"
+record_key = "person:{body:email}"
+also = ["email:{body:email}"]
+
+[sources.crm]
+task = "sync_person"
+record_key = "person:{body:phone}"
+also = ["phone:{body:phone}", "email:{body:email}"]
+"""
+
+
+def told_to_the_task(n: int) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Person ``n`` as the task's senders tell it: the form by email (4 events), the CRM
+    by phone (5, the second also naming the email), each a list the CRM appends to."""
+    email, phone = person(n)
+    form = [{"id": f"form-{n}-{i}", "email": email, "list": "form_seq", "n": i}
+            for i in range(1, 5)]  # fmt: skip
+    crm = [{"id": f"crm-{n}-{i}", "phone": phone, "list": "crm_seq", "n": i,
+            **({"email": email} if i == 2 else {})}
+           for i in range(1, 6)]  # fmt: skip
+    return [("form", form), ("crm", crm)]
+
+
+def crm_contacts(path: Path) -> dict[str, dict[str, Any]]:
+    if not path.exists():
+        return {}
+    with sqlite3.connect(path, timeout=60) as conn:
+        try:
+            rows = conn.execute("SELECT key, fields FROM contacts").fetchall()
+        except sqlite3.OperationalError:  # not made yet
+            return {}
+    return {str(key): json.loads(fields) for key, fields in rows}
+
+
+def task_deployment(stack: Stack, tmp_path: Path) -> Path:
+    """The CRM task's sources, app and database on ``stack``, and a receiver; the CRM's
+    database file."""
+    sources = tmp_path / "sources.toml"
+    sources.write_text(TASK_SOURCES)
+    update = {"sources_file": sources, "app": "tests.support.crm_tasks"}
+    stack.settings = stack.settings.model_copy(update=update)
+    crm_db = tmp_path / "crm.sqlite"
+    stack.extra_env["TEST_CRM_DB"] = str(crm_db)
+    stack.receiver()
+    return crm_db
+
+
+def post_to_the_task(stack: Stack, people: range) -> None:
+    """Each sender's events of each person posted in order, every sender at once."""
+
+    def post_in_order(source: str, bodies: list[dict[str, Any]]) -> None:
+        with httpx.Client(timeout=30) as client:
+            for body in bodies:
+                answer = stack.post(body, source=source, client=client, retries=3)
+                assert answer.status_code == 202, answer.text
+
+    with ThreadPoolExecutor(8) as pool:
+        sending = [pool.submit(post_in_order, source, bodies)
+                   for n in people for source, bodies in told_to_the_task(n)]  # fmt: skip
+        for done in sending:
+            done.result()
+
+
+def check_task_merges(stack: Stack, crm_db: Path, people: range) -> None:
+    """One CRM contact per person (its survivor key) holding both senders' numbers once
+    and in order; both keys' lanes end in it; on_merge ran once per person (its absorb
+    journaled in the survivor's lane); every event journaled once; no dead letter."""
+
+    def merged() -> bool:
+        contacts = crm_contacts(crm_db)
+        return len(contacts) == len(people) and all(
+            len(c.get("form_seq", [])) == 4 and len(c.get("crm_seq", [])) == 5
+            for c in contacts.values()
+        )
+
+    wait_until(merged, 120, "one contact per person in the CRM", on_timeout=stack.logs)
+    store = stack.open_store()
+    sent = {b["id"] for n in people for _, bodies in told_to_the_task(n) for b in bodies}
+    wanted = len(sent) + 2 * len(people)  # and a close and an absorb per person
+    wait_until(lambda: store.journal_size() >= wanted, 120, "every entry", on_timeout=stack.logs)
+    contacts = crm_contacts(crm_db)
+    for n in people:
+        email, phone = person(n)
+        by_email, by_phone = live_end(store, f"person:{email}"), live_end(store, f"person:{phone}")
+        assert by_email.key == by_phone.key
+        assert contacts[by_email.key] == {"form_seq": [1, 2, 3, 4], "crm_seq": [1, 2, 3, 4, 5]}
+        absorbed = store.read(({f"person:{email}", f"person:{phone}"} - {by_email.key}).pop())
+        assert absorbed.merged_into == by_email.key
+        assert set(store.identities_of(by_email.key)) == {f"email:{email}", f"phone:{phone}"}
+    with sqlite3.connect(crm_db) as conn:
+        calls = conn.execute("SELECT survivor, absorbed FROM merges").fetchall()
+    assert len(calls) == len(people), calls
+    absorbs = [e for e in store.journal_entries() if e.event_id.startswith("absorb-")]
+    assert sorted(e.record_key for e in absorbs) == sorted(s for s, _ in calls)
+    journaled = [e.event_id for e in store.journal_entries() if e.source in ("form", "crm")]
+    assert sorted(journaled) == sorted(sent)
+    assert store.dead_letters(DeadLetterFilter()) == []

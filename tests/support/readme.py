@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.stack import REPO, wait_until
+from tests.support.stack import REPO, Stack, wait_until
 
 DOCS = REPO / "ops" / "docs"
 
@@ -60,6 +60,22 @@ def readme_block(first_line: str) -> str:
 def readme_block_containing(marker: str) -> str:
     """README's one code block that contains ``marker``."""
     return page_block_containing("README.md", marker)
+
+
+def install_page_app(
+    stack: Stack, tmp: Path, page: str, module: str, sources_line: str, **env: str
+) -> None:
+    """``page``'s app module (``"myapp.people"``: the block that starts ``# myapp/people.py``)
+    and its sources file (the block that starts ``sources_line``) written as the page has
+    them, for ``stack``'s next processes to import and read (``env`` for them too)."""
+    package, name = module.split(".")
+    (tmp / package).mkdir(exist_ok=True)
+    (tmp / package / "__init__.py").write_text("")
+    (tmp / package / f"{name}.py").write_text(page_block(page, f"# {package}/{name}.py"))
+    sources = tmp / "sources.toml"
+    sources.write_text(page_block(page, sources_line))
+    stack.settings = stack.settings.model_copy(update={"sources_file": sources, "app": module})
+    stack.extra_env.update(PYTHONPATH=f"{tmp}:{REPO}", **env)
 
 
 def keylane_command() -> list[str]:

@@ -163,6 +163,10 @@ class Destination(ABC):
     batch = 1
     #: Seconds a batch waits after its newest event for more (see the task's debounce).
     debounce_s = 0.0
+    #: Whether two of its keys can be merged (a task with ``on_merge``): its events may
+    #: name identities, keylane keeps a row per key, and a merge's absorb is a
+    #: :meth:`call` of an event with ``merge`` (:mod:`keylane.workers.merges`).
+    merges = False
 
     def __init__(self, config: DestinationConfig) -> None:
         self.config = config
@@ -226,6 +230,12 @@ def open_destinations(
         found = out.get(source.destination_name or "") if source.task else None
         if found is None:
             continue
+        if source.also and not found.merges:
+            raise ConfigError(
+                f"source {source.name}: also names identities, but task {source.task} has no "
+                "on_merge to merge two of its records where they are; register it with "
+                "@keylane.task(..., on_merge=...)"
+            )
         if (source.batch or 1) > 1 and not found.batched:
             raise ConfigError(
                 f"source {source.name}: batch = {source.batch}, but task {source.task} takes "

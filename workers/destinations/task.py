@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...routing.contract.destinations import (
@@ -19,7 +19,8 @@ from . import Blocking, Context, Destination, Done, Outcome
 
 class TaskDestination(Destination):
     """Calls ``task(event, context)`` (or awaits it) — a batch task with a list of events
-    instead; what it returns or raises is the outcome."""
+    instead, and the task's ``on_merge`` with a merge's absorb; what it returns or raises
+    is the outcome."""
 
     def __init__(self, config: DestinationConfig) -> None:
         super().__init__(config)
@@ -27,6 +28,14 @@ class TaskDestination(Destination):
         self.spec: TaskSpec = _task(config.name, config.task)
         self.batch = self.spec.batch
         self.debounce_s = self.spec.debounce_ms / 1000
+        self.merges = self.spec.on_merge is not None
+
+    def _function(self, given: Event | list[Event]) -> Callable[..., Any]:
+        """The task's function, or its ``on_merge`` for a merge's event."""
+        if isinstance(given, Event) and given.merge is not None:
+            assert self.spec.on_merge is not None
+            return self.spec.on_merge
+        return self.spec.fn
 
     async def call(self, event: Event, context: Context, blocking: Blocking) -> Outcome:
         """Run the task once (see :meth:`_run`)."""
@@ -43,11 +52,12 @@ class TaskDestination(Destination):
     ) -> Outcome:
         """An ``async def`` task runs on the lane's loop (waiting holds no thread), a
         plain one in the lanes' thread pool."""
-        if not inspect.iscoroutinefunction(self.spec.fn):
+        fn = self._function(given)
+        if not inspect.iscoroutinefunction(fn):
             outcome: Outcome = await blocking(self._run_blocking, given, context)
             return outcome
         try:
-            result = await self.spec.fn(given, context)
+            result = await fn(given, context)
         except Outcome as outcome:
             return outcome
         return _outcome(result)
@@ -60,18 +70,21 @@ class TaskDestination(Destination):
         """An :class:`Outcome` the task raises or returns is the outcome; ``None`` or any
         other value is :class:`Done` (the value kept as the response)."""
         try:
-            result = self.spec.fn(given, context)
+            result = self._function(given)(given, context)
         except Outcome as outcome:
             return outcome
         return _outcome(result)
 
     def describe(self, event: Event, context: Context) -> dict[str, Any]:
         """The task and what it was given."""
-        fn = self.spec.fn
+        fn = self._function(event)
+        given = {"payload": event.payload}
+        if event.merge is not None:
+            given = {"merge": {"survivor": event.merge.survivor, "absorbed": event.merge.absorbed}}
         return {
             "task": self.spec.name,
             "function": f"{fn.__module__}.{fn.__qualname__}",
-            "payload": event.payload,
+            **given,
             "idempotency_key": context.idempotency_key,
         }
 

@@ -58,6 +58,17 @@ def write_record(
     return int(row[0])
 
 
+def keep_key(d: Dialect, cur: Cursor, record_key: str) -> None:
+    """The row of a record kept elsewhere (a task's that merges), written once: no
+    fields, revision 1, its creation time."""
+    now = time.time()
+    cur.execute(
+        "INSERT INTO records (key, fields, revision, updated_at, created_at) "
+        f"VALUES (?, {d.json_param}, 1, ?, ?) ON CONFLICT (key) DO NOTHING",
+        (record_key, "{}", now, now),
+    )
+
+
 def close_record(cur: Cursor, record_key: str, survivor: str) -> None:
     """Make the record (just written, in this transaction) a tombstone naming
     ``survivor``."""
