@@ -18,6 +18,7 @@ from .merge_review import (
     open_review,
     parse_take,
     resolve,
+    undo,
 )
 from .reconcile import Reconciled, by_field, by_function, outcomes, reconcile
 from .tables import render_table
@@ -26,7 +27,8 @@ from .triage import Handled, open_triage_broker
 
 @click.group()
 def merges() -> None:
-    """Merges waiting for a person: list, show, resolve (a side per field), apart."""
+    """Merges waiting for a person: list, show, resolve (a side per field), apart; undo a
+    merge applied; reconcile records that share a stable key."""
 
 
 @merges.command("list")
@@ -127,6 +129,30 @@ def merges_apart(ctx: click.Context, row_id: int, note: str | None, as_json: boo
     finally:
         store.close()
     _report(handled, as_json)
+
+
+@merges.command("undo")
+@click.argument("record_key")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def merges_undo(ctx: click.Context, record_key: str, as_json: bool) -> None:
+    """Undo the merge of RECORD_KEY (a record merged into another) through both lanes:
+    it is live again, its survivor gives back the fields and identities it took, and the
+    two are kept apart for good. Events applied to the survivor meanwhile stay there."""
+    settings = settings_of(ctx)
+    store = cli_store(settings)
+    try:
+        broker = open_triage_broker(settings, store)
+        try:
+            handled = undo(store, broker, record_key)
+        finally:
+            broker.close()
+    finally:
+        store.close()
+    if as_json:
+        emit_json({"record_key": record_key, "outcome": handled.outcome, "detail": handled.detail})
+    else:
+        click.echo(f"{handled.outcome}: {handled.detail}")
 
 
 @merges.command("reconcile")

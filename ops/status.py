@@ -142,6 +142,7 @@ def collect_merges(settings: Settings, counters: dict[str, int]) -> dict[str, An
         "pending_review": pending,
         "reviewed": counters.get("merge_reviews", 0),
         "kept_apart": counters.get("merges_kept_apart", 0),
+        "undone": counters.get("merges_undone", 0),
         "forwarded": counters.get("forwarded", 0),
     }
 

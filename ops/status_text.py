@@ -181,8 +181,8 @@ def store_lines(report: Report) -> list[str]:
 
 
 def merge_lines(report: Report) -> list[str]:
-    """Merges applied, waiting for a person, kept apart; events forwarded (nothing while
-    no merge was ever proposed)."""
+    """Merges applied, undone, waiting for a person, kept apart; events forwarded
+    (nothing while no merge was ever proposed)."""
     merges = report.get("merges")
     if not merges or not any(merges.values()):
         return []
@@ -191,8 +191,9 @@ def merge_lines(report: Report) -> list[str]:
     if pending:
         waiting += " (keylane merges list)"
     return [
-        f"merges: {merges['applied']} applied, {waiting}, {merges['kept_apart']} proposed "
-        f"again for pairs kept apart; {merges['forwarded']} events forwarded to survivors"
+        f"merges: {merges['applied']} applied, {merges.get('undone', 0)} undone, {waiting}, "
+        f"{merges['kept_apart']} proposed again for pairs kept apart; "
+        f"{merges['forwarded']} events forwarded to survivors"
     ]
 
 

@@ -169,6 +169,11 @@ REDIS_COUNTERS = (
         "Merges proposed again for a pair a person kept apart, and not applied.",
     ),
     (
+        "merges_undone",
+        "keylane_merges_undone_total",
+        "Merges undone by a person: a record reopened beside its survivor.",
+    ),
+    (
         "forwarded",
         "keylane_forwarded_total",
         "Events of a merged record sent on to the record that absorbed it.",

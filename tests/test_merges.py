@@ -6,6 +6,7 @@ again) against both stores."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -334,6 +335,69 @@ def test_a_pair_kept_apart_is_never_proposed_again(stack: Stack) -> None:
     assert store.kept_apart(f"person:{phone}", f"person:{email}")
 
 
+# -- a merge undone -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_merge_undone_gives_each_record_back_what_it_had_and_keeps_them_apart(
+    stack: Stack,
+) -> None:
+    # Given a person merged from a form's record (email) and the CRM's (phone)
+    stack.receiver()
+    stack.worker(lanes=4)
+    stack.wait_all_owned()
+    send_in_order(stack, [form_events(4), crm_events(4)], senders=2)
+    store = stack.open_store()
+    merged = _merged(stack, store, 4)
+    email, phone = person(4)
+    absorbed = ({f"person:{email}", f"person:{phone}"} - {merged.key}).pop()
+    closed = store.read(absorbed)
+    assert closed.merged_into == merged.key
+    # When a person undoes it
+    done = stack.keylane("merges", "undo", absorbed)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = re.fullmatch(r"queued: (\S+) out of (\S+): .+ and \d+ identities go back; kept apart\n",
+                        done.stdout)  # fmt: skip
+    assert said is not None, done.stdout
+    assert said.groups() == (absorbed, merged.key)
+    # Then the absorbed record is live again with its fields as the close left them, the
+    # survivor has given back what it took, and the identities that came with the absorbed
+    # record (those it held at its close) are its own again
+    _wait(stack, lambda: store.read(absorbed).merged_into is None, "the reopen")
+    _wait(stack, lambda: not _holds_both(store, merged.key), "the release")
+    assert store.read(absorbed).fields == closed.fields
+    survivor = store.read(merged.key)
+    own = "crm_seq" if merged.key == f"person:{phone}" else "form_seq"
+    theirs = {"form_seq", "crm_seq"} - {own}
+    assert own in survivor.fields
+    assert theirs <= closed.fields.keys()
+    assert not theirs & survivor.fields.keys()
+    both = {f"email:{email}", f"phone:{phone}"}
+    assert set(store.identities_of(absorbed)) | set(store.identities_of(merged.key)) == both
+    (absorb,) = [e for e in store.journal_entries(merged.key) if e.event_id.startswith("absorb-")]
+    assert absorb.result is not None
+    assert store.identities_of(absorbed) == sorted(absorb.result["identities"])
+    assert store.kept_apart(absorbed, merged.key)
+    _wait(stack, lambda: _status(stack)["merges"]["undone"] == 1, "the undo counted")
+    # And an event of the reopened key is applied to it, and one naming both identities
+    # proposes no merge again
+    link = {"id": "relink", "record_key": absorbed, "also": sorted(both),
+            "changes": {"relinked": {"set": True}}}  # fmt: skip
+    assert stack.post({"type": "test", **link}).status_code == 202
+    _wait(stack, lambda: store.read(absorbed).fields.get("relinked") is True, "the relink")
+    assert store.read(absorbed).merged_into is None
+    closes = [e for e in store.journal_entries() if e.event_id.startswith("close-")]
+    assert len(closes) == 1
+    # And a second undo says there is nothing to undo
+    again = stack.keylane("merges", "undo", absorbed)
+    assert again.returncode != 0
+    assert "not merged into another record" in again.stdout + again.stderr
+
+
+def _holds_both(store: Store, key: str) -> bool:
+    return {"form_seq", "crm_seq"} <= store.read(key).fields.keys()
+
+
 # -- kill -9 at each step of a merge, events streaming to both keys -----------------------
 
 
@@ -555,6 +619,14 @@ def test_a_tasks_two_keys_of_one_person_are_merged_by_its_on_merge_and_their_lan
     # it, the absorbed key's row says where it went, on_merge ran once per person, in the
     # survivor's lane, and every event ran once
     check_task_merges(stack, crm_db, people)
+    # And such a merge (made by on_merge, in the CRM) is not undone by keylane
+    store = stack.open_store()
+    email, phone = person(0)
+    survivor = live_end(store, f"person:{email}").key
+    absorbed = ({f"person:{email}", f"person:{phone}"} - {survivor}).pop()
+    refused = stack.keylane("merges", "undo", absorbed)
+    assert refused.returncode != 0
+    assert "on_merge" in refused.stdout + refused.stderr
 
 
 @pytest.mark.slow

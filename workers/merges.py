@@ -46,7 +46,7 @@ from ..routing.contract.identities import (
 from .apply_rules import ApplyRules
 from .lane_store import LaneStore, event_write
 from .results import ApplyResult
-from .store import DeadLetterDraft, Fence, Record, Store
+from .store import DeadLetterDraft, Fence, JournalEntry, Record, Store
 
 #: The longest chain of tombstones followed to a live record (a chain is as long as the
 #: merges that happened one after another before its events were forwarded).
@@ -67,7 +67,7 @@ def merge_event(
 ) -> Event:
     """The event of one merge step, for the lane of the record it changes (the absorb of
     a task's keys goes to the task: its ``on_merge``)."""
-    record_key = absorbed if step == "close" else survivor
+    record_key = absorbed if step in ("close", "reopen") else survivor
     merge = Merge(
         step=step,
         absorbed=absorbed,
@@ -175,10 +175,9 @@ async def run_step(
     store: LaneStore, event: Event, fence: Fence | None, rules: ApplyRules
 ) -> ApplyResult:
     """A merge step, in the lane of the record it changes."""
+    step = {"close": close, "absorb": absorb, "reopen": reopen, "release": release}
     assert event.merge is not None
-    if event.merge.step == "close":
-        return await close(store, event, fence, rules)
-    return await absorb(store, event, fence, rules)
+    return await step[event.merge.step](store, event, fence, rules)
 
 
 async def close(
@@ -323,7 +322,8 @@ async def absorb(
             return forwarded
         tombstone = await store.read(merge.absorbed)
         fields, taken, kept = taken_fields(tombstone.fields, survivor.fields, merge.take)
-        result = {"absorbed": merge.absorbed, "fields": taken, "kept": kept}
+        moved = await store.io.store(_identities_of, merge.absorbed)  # for an undo
+        result = {"absorbed": merge.absorbed, "fields": taken, "kept": kept, "identities": moved}
         write = replace(
             event_write(event, fields, survivor.revision, attempt),
             absorbs=merge.absorbed,
@@ -383,6 +383,85 @@ async def _settle(
 
 def _kept_apart(store: Store, a: str, b: str) -> bool:
     return store.kept_apart(a, b)
+
+
+def _identities_of(store: Store, record_key: str) -> list[str]:
+    return store.identities_of(record_key)
+
+
+def _entry(store: Store, event_id: str) -> JournalEntry | None:
+    return store.journal(MERGE_SOURCE, event_id)
+
+
+# -- a merge undone ---------------------------------------------------------------------
+
+
+async def reopen(
+    store: LaneStore, event: Event, fence: Fence | None, rules: ApplyRules
+) -> ApplyResult:
+    """(A merge undone, in the absorbed record's lane.) The tombstone is live again, kept
+    apart from its survivor, in one transaction; the release goes to the survivor's lane.
+    Redelivered after its commit, it sends the release again."""
+    merge = event.merge
+    assert merge is not None
+    release_event = merge_event(
+        rules.shards, "release", merge.absorbed, merge.survivor, None, merge.review_of
+    )
+    (entry,) = await store.journal([event])
+    if entry is not None:
+        reopened = entry.outcome == "applied" and (entry.result or {}).get("reopened")
+        return ApplyResult("duplicate", sends=(release_event,) if reopened else ())
+    tombstone = await store.read(event.record_key)
+    if tombstone.merged_into != merge.survivor:
+        found = tombstone.merged_into or "none: it is live"
+        return await _settle(store, event, fence, {"merge": f"not merged into it ({found})"})
+    result = {"reopened": True, "survivor": merge.survivor}
+    write = replace(
+        event_write(event, None, tombstone.revision, 1, result=result), reopens=merge.survivor
+    )
+    try:
+        await store.commit([write], fence)
+    except AlreadyApplied:
+        return ApplyResult("duplicate")
+    return ApplyResult(
+        "applied", attempts=1, result=result, sends=(release_event,), counted_as="merges_undone"
+    )
+
+
+async def release(
+    store: LaneStore, event: Event, fence: Fence | None, rules: ApplyRules
+) -> ApplyResult:
+    """(A merge undone, in the survivor's lane.) The survivor gives back the fields its
+    absorb took that it still holds as taken (one changed since stays), and the identities
+    that came with the absorbed record name it again, in one transaction."""
+    merge = event.merge
+    assert merge is not None
+    absorbed_id = merge_event_id(merge.absorbed, merge.survivor, "absorb", merge.review_of)
+    absorbed = await store.io.store(_entry, absorbed_id)
+    took = (absorbed.result or {}) if absorbed is not None else {}
+    taken: dict[str, Any] = dict(took.get("fields") or {})
+    identities = tuple(took.get("identities") or ())
+    for attempt in range(1, rules.max_attempts + 1):
+        survivor = await store.read(event.record_key)
+        if survivor.merged_into is not None:  # merged on since: a person gives back there
+            note = f"{survivor.key} was merged into {survivor.merged_into} since"
+            return await _settle(store, event, fence, {"merge": note, "gave_back": {}})
+        given = {k: v for k, v in taken.items() if k in survivor.fields and survivor.fields[k] == v}
+        fields = {k: v for k, v in survivor.fields.items() if k not in given}
+        result = {"released": merge.absorbed, "gave_back": given, "identities": list(identities)}
+        write = replace(
+            event_write(event, fields if given else None, survivor.revision, attempt),
+            result=result,
+            releases=(merge.absorbed, identities),
+        )
+        try:
+            revision = await store.commit([write], fence)
+        except VersionConflict:
+            continue
+        except AlreadyApplied:
+            return ApplyResult("duplicate", attempts=attempt)
+        return ApplyResult("applied", attempts=attempt, revision=revision, result=result)
+    raise VersionConflict(event.record_key, 0, 0)  # outside edits on every attempt: again
 
 
 def _review(

@@ -144,6 +144,11 @@ class EventWrite:
     #: The record is elsewhere (a task that merges): its row of no fields is written if
     #: absent, for its creation time and, once merged, its tombstone.
     keeps_key: bool = False
+    #: The tombstone is live again, kept apart from this survivor (a merge undone).
+    reopens: str | None = None
+    #: These identities of the written record name this reopened one again (a merge
+    #: undone: the survivor releases what came with the absorbed record).
+    releases: tuple[str, tuple[str, ...]] | None = None
 
 
 def with_revision(result: dict[str, Any] | None, revision: int) -> dict[str, Any] | None:

@@ -26,6 +26,12 @@ absorb is a call of the task's ``on_merge`` with both keys, which merges the rec
 From the close on, the absorbed record's lane forwards each later event to the survivor's
 lane (one step at a time, so the events of one sender stay in their order).
 
+A person may **undo** a merge (``keylane merges undo``), again through both lanes: the
+absorbed record is **reopened** in its lane (live again, its fields as the close left
+them, the pair kept apart for good), then the survivor **releases** it in its own: it gives
+back the fields it took that it still holds as taken, and the identities that came with
+it name the reopened record again.
+
 The survivor is the **older** record (created first; the lower key when both were created
 in the same instant, or before records kept their creation time): an order every lane
 computes alike, so two merges racing for one pair, or a chain of merges, converge on one
@@ -135,7 +141,7 @@ def same_value(name: str, a: object, b: object) -> bool:
         return False
 
 
-MergeStep = Literal["close", "absorb"]
+MergeStep = Literal["close", "absorb", "reopen", "release"]
 #: A person's choice for a field whose values differ: the absorbed record's or the
 #: survivor's.
 Side = Literal["absorbed", "survivor"]

@@ -58,6 +58,7 @@ from .sql_identities import (
     keep_apart,
     move_identities,
     owners,
+    return_identities,
 )
 from .sql_journal import count_entries, find_entry, list_entries, record_outcome
 from .sql_parked import (
@@ -77,6 +78,7 @@ from .sql_records import (
     keys_with_prefix,
     read_record,
     records_after,
+    reopen_record,
     write_record,
 )
 
@@ -136,6 +138,11 @@ class SqlStore(Store):
                 move_identities(cur, write.absorbs, write.record_key)
             if write.merged_into is not None:
                 close_record(cur, write.record_key, write.merged_into)
+            if write.reopens is not None:
+                reopen_record(cur, write.record_key)
+                keep_apart(cur, write.record_key, write.reopens, "merge undone")
+            if write.releases is not None:
+                return_identities(cur, write.record_key, *write.releases)
         # After the record: a duplicate is then refused here and rolls the write back.
         for write in writes:
             changed = write.fields is not None

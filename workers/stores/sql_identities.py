@@ -27,6 +27,15 @@ def move_identities(cur: Cursor, absorbed: str, survivor: str) -> int:
     return max(0, int(cur.rowcount))
 
 
+def return_identities(cur: Cursor, survivor: str, reopened: str, identities: Sequence[str]) -> None:
+    """Those of ``identities`` that name ``survivor`` name ``reopened`` again."""
+    for identity in identities:
+        cur.execute(
+            "UPDATE identities SET record_key = ? WHERE identity = ? AND record_key = ?",
+            (reopened, identity, survivor),
+        )
+
+
 def owners(cur: Cursor, identities: Sequence[str]) -> dict[str, str]:
     """The record each of ``identities`` names (those the index has), in one query."""
     if not identities:

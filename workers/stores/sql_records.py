@@ -75,6 +75,11 @@ def close_record(cur: Cursor, record_key: str, survivor: str) -> None:
     cur.execute("UPDATE records SET merged_into = ? WHERE key = ?", (survivor, record_key))
 
 
+def reopen_record(cur: Cursor, record_key: str) -> None:
+    """Make the tombstone ``record_key`` a live record again (a merge undone)."""
+    cur.execute("UPDATE records SET merged_into = NULL WHERE key = ?", (record_key,))
+
+
 def check_revision(cur: Cursor, record_key: str, expected: int) -> None:
     """In a write transaction: :class:`VersionConflict` unless the record is at
     ``expected`` (0: absent). What a refusal decided on that revision is written under."""
