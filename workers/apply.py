@@ -35,7 +35,7 @@ from ..routing.contract.errors import (
 from ..routing.contract.events import Change, Event, parse_changes
 from ..routing.contract.faults import Faults
 from ..routing.contract.sources import SourceConfig
-from . import merges
+from . import merge_undo, merges
 from .apply_rules import ApplyRules
 from .blocking import BlockingPool
 from .changes import apply_changes
@@ -55,6 +55,14 @@ Handler = Callable[
 #: A source's batch handler: (a record's waiting events in order, the record as freshly
 #: read) -> one change (or None) per event, in the same order.
 BatchHandler = Callable[[list[Event], Record], Any]
+
+#: What a merge step does, by its name (:mod:`.merges`, :mod:`.merge_undo`).
+MERGE_STEPS = {
+    "close": merges.close,
+    "absorb": merges.absorb,
+    "reopen": merge_undo.reopen,
+    "release": merge_undo.release,
+}
 
 
 @dataclass(frozen=True)
@@ -94,7 +102,8 @@ async def apply_events(
     if event.review is not None:
         return [await store.review(event, fence)]
     if event.merge is not None:
-        return [await merges.run_step(store, event, fence, rules)]
+        step = MERGE_STEPS[event.merge.step]  # in the lane of the record it changes
+        return [await step(store, event, fence, rules)]
     if source is None:
         error = f"source {event.source!r} is not configured"
         return [await store.dead_letter(event, fence, Failure("unknown_source", 1, error))]

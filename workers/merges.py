@@ -19,6 +19,8 @@
   (:class:`keylane.workers.dispatch.Dispatcher`), whose ``on_merge`` merges the two
   records where they are; its journal entry moves the identities.
 
+A person may undo a merge applied: :mod:`keylane.workers.merge_undo`.
+
 Every step is written with its journal entry in one transaction and is deterministic from
 what the store holds, so a redelivery (a crash between the commit and the acknowledgement)
 sends again what the step sends, and the next lane's journal keeps it to one effect.
@@ -46,7 +48,7 @@ from ..routing.contract.identities import (
 from .apply_rules import ApplyRules
 from .lane_store import LaneStore, event_write
 from .results import ApplyResult
-from .store import DeadLetterDraft, Fence, JournalEntry, Record, Store
+from .store import DeadLetterDraft, Fence, Record, Store
 
 #: The longest chain of tombstones followed to a live record (a chain is as long as the
 #: merges that happened one after another before its events were forwarded).
@@ -171,15 +173,6 @@ def forward(events: Sequence[Event], tombstone: Record, shards: ShardMap) -> lis
     return out
 
 
-async def run_step(
-    store: LaneStore, event: Event, fence: Fence | None, rules: ApplyRules
-) -> ApplyResult:
-    """A merge step, in the lane of the record it changes."""
-    step = {"close": close, "absorb": absorb, "reopen": reopen, "release": release}
-    assert event.merge is not None
-    return await step[event.merge.step](store, event, fence, rules)
-
-
 async def close(
     store: LaneStore, event: Event, fence: Fence | None, rules: ApplyRules
 ) -> ApplyResult:
@@ -198,7 +191,7 @@ async def close(
     absorbed = await store.io.store(live_end, event.record_key)
     survivor = await store.io.store(live_end, merge.survivor)
     if not (absorbed.exists and survivor.exists) or absorbed.key == survivor.key:
-        return await _settle(store, event, fence, {"merge": "already one record"})
+        return await settle(store, event, fence, {"merge": "already one record"})
     first, second = survivor_first(
         (absorbed.key, absorbed.created_at), (survivor.key, survivor.created_at)
     )
@@ -209,9 +202,9 @@ async def close(
         again = merge_event(
             shards, "close", second, first, None, merge.review_of, merge.destination
         )
-        return await _settle(store, event, fence, {"merge": "moved on"}, (again,))
+        return await settle(store, event, fence, {"merge": "moved on"}, (again,))
     if await store.io.store(_kept_apart, absorbed.key, survivor.key):
-        return await _settle(store, event, fence, {"merge": "kept apart"}, (), "merges_kept_apart")
+        return await settle(store, event, fence, {"merge": "kept apart"}, (), "merges_kept_apart")
     differ = differing(absorbed.fields, survivor.fields, merge.take)
     decided: dict[str, Side] = {}
     if differ and rules.field_owners:
@@ -364,7 +357,7 @@ def taken_fields(
     return fields, taken, kept
 
 
-async def _settle(
+async def settle(
     store: LaneStore,
     event: Event,
     fence: Fence | None,
@@ -387,81 +380,6 @@ def _kept_apart(store: Store, a: str, b: str) -> bool:
 
 def _identities_of(store: Store, record_key: str) -> list[str]:
     return store.identities_of(record_key)
-
-
-def _entry(store: Store, event_id: str) -> JournalEntry | None:
-    return store.journal(MERGE_SOURCE, event_id)
-
-
-# -- a merge undone ---------------------------------------------------------------------
-
-
-async def reopen(
-    store: LaneStore, event: Event, fence: Fence | None, rules: ApplyRules
-) -> ApplyResult:
-    """(A merge undone, in the absorbed record's lane.) The tombstone is live again, kept
-    apart from its survivor, in one transaction; the release goes to the survivor's lane.
-    Redelivered after its commit, it sends the release again."""
-    merge = event.merge
-    assert merge is not None
-    release_event = merge_event(
-        rules.shards, "release", merge.absorbed, merge.survivor, None, merge.review_of
-    )
-    (entry,) = await store.journal([event])
-    if entry is not None:
-        reopened = entry.outcome == "applied" and (entry.result or {}).get("reopened")
-        return ApplyResult("duplicate", sends=(release_event,) if reopened else ())
-    tombstone = await store.read(event.record_key)
-    if tombstone.merged_into != merge.survivor:
-        found = tombstone.merged_into or "none: it is live"
-        return await _settle(store, event, fence, {"merge": f"not merged into it ({found})"})
-    result = {"reopened": True, "survivor": merge.survivor}
-    write = replace(
-        event_write(event, None, tombstone.revision, 1, result=result), reopens=merge.survivor
-    )
-    try:
-        await store.commit([write], fence)
-    except AlreadyApplied:
-        return ApplyResult("duplicate")
-    return ApplyResult(
-        "applied", attempts=1, result=result, sends=(release_event,), counted_as="merges_undone"
-    )
-
-
-async def release(
-    store: LaneStore, event: Event, fence: Fence | None, rules: ApplyRules
-) -> ApplyResult:
-    """(A merge undone, in the survivor's lane.) The survivor gives back the fields its
-    absorb took that it still holds as taken (one changed since stays), and the identities
-    that came with the absorbed record name it again, in one transaction."""
-    merge = event.merge
-    assert merge is not None
-    absorbed_id = merge_event_id(merge.absorbed, merge.survivor, "absorb", merge.review_of)
-    absorbed = await store.io.store(_entry, absorbed_id)
-    took = (absorbed.result or {}) if absorbed is not None else {}
-    taken: dict[str, Any] = dict(took.get("fields") or {})
-    identities = tuple(took.get("identities") or ())
-    for attempt in range(1, rules.max_attempts + 1):
-        survivor = await store.read(event.record_key)
-        if survivor.merged_into is not None:  # merged on since: a person gives back there
-            note = f"{survivor.key} was merged into {survivor.merged_into} since"
-            return await _settle(store, event, fence, {"merge": note, "gave_back": {}})
-        given = {k: v for k, v in taken.items() if k in survivor.fields and survivor.fields[k] == v}
-        fields = {k: v for k, v in survivor.fields.items() if k not in given}
-        result = {"released": merge.absorbed, "gave_back": given, "identities": list(identities)}
-        write = replace(
-            event_write(event, fields if given else None, survivor.revision, attempt),
-            result=result,
-            releases=(merge.absorbed, identities),
-        )
-        try:
-            revision = await store.commit([write], fence)
-        except VersionConflict:
-            continue
-        except AlreadyApplied:
-            return ApplyResult("duplicate", attempts=attempt)
-        return ApplyResult("applied", attempts=attempt, revision=revision, result=result)
-    raise VersionConflict(event.record_key, 0, 0)  # outside edits on every attempt: again
 
 
 def _review(
