@@ -57,10 +57,11 @@ class Waiter:
 
     async def outcome(self, timeout_s: float) -> bytes | None:
         """The told outcome of the request's event, within ``timeout_s``, else None."""
-        if not self.live or timeout_s <= 0:
+        if not self.live or timeout_s <= 0 or self.future.done():
             return self.future.result() if self.future.done() else None
         try:
-            return await asyncio.wait_for(self.future, timeout_s)
+            async with asyncio.timeout(timeout_s):  # no task of its own, as wait_for makes
+                return await self.future
         except TimeoutError:
             return None
 
@@ -93,8 +94,10 @@ class OutcomeWaits:
         try:
             if self._reader is None:
                 self._reader = asyncio.create_task(self._read())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._live.wait(), SUBSCRIBE_TIMEOUT_S)
+            if not self._live.is_set():  # (live: the common case, nothing to wait for)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(SUBSCRIBE_TIMEOUT_S):
+                        await self._live.wait()
             waiter.live = self._live.is_set() and not future.done()
             yield waiter
         finally:
