@@ -394,6 +394,48 @@ def test_a_merge_undone_gives_each_record_back_what_it_had_and_keeps_them_apart(
     assert "not merged into another record" in again.stdout + again.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+@pytest.mark.parametrize("point", ["merge.reopened", "worker.after_send"])
+def test_a_worker_killed_during_an_undo_leaves_it_done_once(stack: Stack, point: str) -> None:
+    # Given 5 people merged, and a worker that dies (kill -9) at this step of the first
+    # undo it runs (merge.reopened: the record is live again, its release not queued yet;
+    # worker.after_send: the release queued, the reopen not acknowledged)
+    stack.receiver()
+    first = stack.worker(lanes=4)
+    stack.wait_all_owned()
+    people = range(5)
+    send_in_order(stack, [seq for n in people for seq in (form_events(n), crm_events(n))], 4)
+    store = stack.open_store()
+    merged = {n: _merged(stack, store, n) for n in people}
+    first.stop()
+    kill = {"point": point, "action": "kill", "match": "person:", "times": 1}
+    doomed = stack.worker(lanes=4, faults=[kill])
+    stack.wait_all_owned()
+    # When each merge is undone, and a worker takes over once the doomed one is gone
+    absorbed = {}
+    for n in people:
+        email, phone = person(n)
+        absorbed[n] = ({f"person:{email}", f"person:{phone}"} - {merged[n].key}).pop()
+        done = stack.keylane("merges", "undo", absorbed[n])
+        assert done.returncode == 0, done.stdout + done.stderr
+    _wait(stack, lambda: not doomed.alive(), f"the kill at {point}")
+    stack.worker(lanes=4)
+    # Then every undo completed once: each record live with what it had, nothing doubled
+    for n in people:
+        _wait(stack, lambda n=n: not _holds_both(store, merged[n].key), f"release {n}")
+        assert store.read(absorbed[n]).merged_into is None
+        assert store.kept_apart(absorbed[n], merged[n].key)
+    steps = [e for e in store.journal_entries() if e.source == "keylane.merge"]
+    for step in ("reopen-", "release-"):
+        assert len([e for e in steps if e.event_id.startswith(step)]) == len(people), steps
+    for n in people:
+        kept, other = store.read(merged[n].key).fields, store.read(absorbed[n]).fields
+        assert set(kept) & set(other) <= {"email", "name", "phone", "company"}
+        assert {"form_seq", "crm_seq"} <= set(kept) | set(other)
+    assert store.dead_letters(DeadLetterFilter()) == []
+
+
 def _holds_both(store: Store, key: str) -> bool:
     return {"form_seq", "crm_seq"} <= store.read(key).fields.keys()
 

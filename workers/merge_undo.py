@@ -55,6 +55,8 @@ async def reopen(
         await store.commit([write], fence)
     except AlreadyApplied:
         return ApplyResult("duplicate")
+    if rules.faults:  # reopened, the release not sent yet
+        await store.io.call(rules.faults.hit, "merge.reopened", event.record_key)
     return ApplyResult(
         "applied", attempts=1, result=result, sends=(release_event,), counted_as="merges_undone"
     )
