@@ -133,6 +133,11 @@ class OutcomeWaits:
                     waiter.future.set_result(None)
 
     def _idle(self) -> bool:
+        """Whether the reader should end: the receiver is stopping (a cancel of the reader
+        can land in a Redis read and come out as a lost subscription, which would
+        subscribe again), or no one has waited for ``linger_s``."""
+        if self._closing:
+            return True
         return not self._waiters and time.monotonic() - self._idle_since >= self._linger_s
 
     async def _read(self) -> None:

@@ -11,6 +11,7 @@ drained nothing lately (a sender told "1 s" would hammer a shard that does not m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -64,6 +65,7 @@ class QueueWatch:
     #: Events waiting in all shard queues, as last seen (summed once per poll: every
     #: delivery reads it).
     total_depth: int = 0
+    _stopped: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     @property
     def total_rate(self) -> float:
@@ -88,13 +90,22 @@ class QueueWatch:
         return _seconds_to_drain(self.total_depth - high_water // 2, self.total_rate)
 
     async def run(self) -> None:
-        """Poll until cancelled."""
-        while True:
+        """Poll every ``interval_s`` until :meth:`stop`."""
+        while not self._stopped.is_set():
             try:
                 await self.poll()
             except BrokerUnavailable as exc:
                 log.debug("queue poll failed: %s", exc)
-            await asyncio.sleep(self.interval_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval_s):
+                    await self._stopped.wait()
+
+    def stop(self) -> None:
+        """End :meth:`run` once the poll under way, if any, returns. (Not a cancel: one
+        that lands inside a Redis call can come out of it as a Redis error, a failed poll
+        like any other, and the loop polled on: a receiver hung on SIGTERM, 6 times in
+        25 stops.)"""
+        self._stopped.set()
 
     async def poll(self) -> None:
         """Read every shard once."""

@@ -424,9 +424,8 @@ def create_receiver(
         try:
             yield
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            receiver.watch.stop()
+            await watcher
             await receiver.waits.close()
             await queue.close()
 
