@@ -350,10 +350,10 @@ class RecordLane:
             return None
         events = [queued.event for queued in batch]
         if event.destination is not None:
-            sent = await self.dispatcher.send(self.store, fence, taken, events)
-            if isinstance(sent, Wait):
-                return sent
-            results = sent
+            dispatched = await self.dispatcher.send(self.store, fence, taken, events)
+            if isinstance(dispatched, Wait):
+                return dispatched
+            results = dispatched
         else:
             source = self.sources.get(event.source)
             results = await apply_events(
