@@ -216,6 +216,8 @@ def _forwarded(
         record_key = _record_key(mapped.get("record_key"), "the hook's record_key")
         also = _hook_also(mapped)
     identities = _identities(source, also)
+    if identities and source.task is None:  # a hook's: a destination's records are not merged
+        raise InvalidEvent("also: identities apply to keylane's own records and to tasks")
     return Intake(event_id, key_missing, event_type, record_key, {}, identities=identities)
 
 
