@@ -263,7 +263,7 @@ class Dispatcher:
             ctx.log.info("%s to %s%s", what, ctx.destination, detail)
             result = capped_result(outcome.result, self.settings.result_max_bytes)
             return await store.journal_delivered(
-                events, fence, ctx.attempt, result=result, keeps_keys=destination.merges
+                events, fence, ctx.attempt, result=result, keeps_keys=_kept_by(destination)
             )
         if isinstance(outcome, Refuse):
             ctx.log.info("refused by %s: %s", ctx.destination, outcome.reason)
@@ -274,7 +274,7 @@ class Dispatcher:
                     events, fence, ctx.attempt, result, outcome.reason
                 )
             return await store.journal_delivered(
-                events, fence, ctx.attempt, "refused", result, outcome.reason, destination.merges
+                events, fence, ctx.attempt, "refused", result, outcome.reason, _kept_by(destination)
             )
         if isinstance(outcome, GiveUp):
             reason = outcome.reason or destination.give_up_reason
@@ -326,6 +326,11 @@ def capped_result(result: dict[str, Any] | None, max_bytes: int) -> dict[str, An
     if size > max_bytes:
         return {"dropped": "result_too_large", "bytes": size, "max_bytes": max_bytes}
     return result
+
+
+def _kept_by(destination: Destination) -> str | None:
+    """The task whose keys keylane keeps rows of (one that merges), by its destination."""
+    return destination.config.name if destination.merges else None
 
 
 def _throttled(outcome: Outcome) -> bool:

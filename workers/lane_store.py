@@ -84,12 +84,12 @@ class LaneStore:
         outcome: JournalOutcome = "applied",
         result: dict[str, Any] | None = None,
         reason: str | None = None,
-        keeps_keys: bool = False,
+        keeps_keys: str | None = None,
     ) -> list[ApplyResult]:
         """Journal events a destination took, or refused (no record change), each with
         ``result``: together, or each on its own when one of them already has an outcome.
-        ``keeps_keys`` (a task that merges): with the row of the record's key, the
-        identities the events claim, and what a merge's absorb moves."""
+        ``keeps_keys`` (the name of a task that merges): with the row of the record's key,
+        the identities the events claim, and what a merge's absorb moves."""
         done = ApplyResult(outcome, attempts=attempts, reason=reason, result=result)
         return await self.io.store(_journal_delivered, list(events), fence, done, keeps_keys)
 
@@ -166,16 +166,16 @@ def _journal_entries(store: JournalStore, events: list[Event]) -> list[JournalEn
 
 
 def _journal_delivered(
-    store: Store, events: list[Event], fence: Fence, done: ApplyResult, keeps_keys: bool
+    store: Store, events: list[Event], fence: Fence, done: ApplyResult, keeps_keys: str | None
 ) -> list[ApplyResult]:
     attempts = done.attempts
     outcome: JournalOutcome = "refused" if done.outcome == "refused" else "applied"
     writes = [event_write(e, None, 0, attempts, outcome, done.result) for e in events]
-    if keeps_keys:
+    if keeps_keys is not None:
         writes = [
             replace(
                 write,
-                keeps_key=True,
+                keeps_key=keeps_keys,
                 identities=e.identities,
                 absorbs=None if e.merge is None else e.merge.absorbed,
             )

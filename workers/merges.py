@@ -144,6 +144,8 @@ def proposals(store: Store, event: Event, shards: ShardMap) -> tuple[Event, ...]
         other = live_end(store, key)
         if not (mine.exists and other.exists) or other.key == mine.key:
             continue
+        if mine.kept_for != other.kept_for:
+            continue  # a task's record and keylane's (or another task's): never one
         if store.kept_apart(mine.key, other.key):
             continue
         survivor, absorbed = survivor_first(
@@ -192,6 +194,8 @@ async def close(
     survivor = await store.io.store(live_end, merge.survivor)
     if not (absorbed.exists and survivor.exists) or absorbed.key == survivor.key:
         return await settle(store, event, fence, {"merge": "already one record"})
+    if absorbed.kept_for != survivor.kept_for:  # (a pair as it is now, after a chain)
+        return await settle(store, event, fence, {"merge": "records of two kinds"})
     first, second = survivor_first(
         (absorbed.key, absorbed.created_at), (survivor.key, survivor.created_at)
     )

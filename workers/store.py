@@ -72,6 +72,8 @@ class Record:
     created_at: float | None = None
     #: The record that absorbed this one: a tombstone, its fields as they were then.
     merged_into: str | None = None
+    #: The task whose record elsewhere this row stands for (None: keylane's own record).
+    kept_for: str | None = None
 
     @property
     def exists(self) -> bool:
@@ -141,9 +143,9 @@ class EventWrite:
     merged_into: str | None = None
     #: The identities of this absorbed record now name the written one (a merge's absorb).
     absorbs: str | None = None
-    #: The record is elsewhere (a task that merges): its row of no fields is written if
-    #: absent, for its creation time and, once merged, its tombstone.
-    keeps_key: bool = False
+    #: The record is elsewhere, kept by this task (one that merges): its row of no fields
+    #: is written if absent, for its creation time and, once merged, its tombstone.
+    keeps_key: str | None = None
     #: The tombstone is live again, kept apart from this survivor (a merge undone).
     reopens: str | None = None
     #: These identities of the written record name this reopened one again (a merge

@@ -128,11 +128,14 @@ CREATE TABLE IF NOT EXISTS held (
 #: adds each one a database lacks (``CREATE TABLE IF NOT EXISTS`` leaves an old table as
 #: it is). ``journal.result``: an event's result as JSON text, or NULL;
 #: ``records.created_at``: when the record was first written (NULL: before this column);
-#: ``records.merged_into``: the record that absorbed this one (a tombstone), or NULL.
+#: ``records.merged_into``: the record that absorbed this one (a tombstone), or NULL;
+#: ``records.kept_for``: the task whose record elsewhere this row of no fields stands for
+#: (its key's creation time and tombstone), or NULL for keylane's own records.
 ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("journal", "result", "result TEXT"),
     ("records", "created_at", "created_at {real}"),
     ("records", "merged_into", "merged_into TEXT"),
+    ("records", "kept_for", "kept_for TEXT"),
 )
 
 

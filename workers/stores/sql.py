@@ -128,8 +128,8 @@ class SqlStore(Store):
             revision = write_record(d, cur, first.record_key, fields, revision)
         elif first.decided_on_read:  # a refusal decided on that revision: still there?
             check_revision(cur, first.record_key, revision)
-        elif first.keeps_key:
-            keep_key(d, cur, first.record_key)
+        elif first.keeps_key is not None:
+            keep_key(d, cur, first.record_key, first.keeps_key)
         claimed = tuple(dict.fromkeys(i for write in writes for i in write.identities))
         if claimed:  # the batch's identities, once, in the write's transaction
             claim_identities(cur, first.record_key, claimed)

@@ -10,7 +10,7 @@ from ...routing.contract.errors import RecordMerged, VersionConflict
 from ..store import Record
 from .dialect import Cursor, Dialect, dump_json
 
-_COLUMNS = "key, {fields}, revision, updated_at, created_at, merged_into"
+_COLUMNS = "key, {fields}, revision, updated_at, created_at, merged_into, kept_for"
 
 
 def read_record(d: Dialect, cur: Cursor, record_key: str) -> Record:
@@ -23,7 +23,8 @@ def read_record(d: Dialect, cur: Cursor, record_key: str) -> Record:
 
 def _record(row: Any) -> Record:
     created_at = None if row[4] is None else float(row[4])
-    return Record(str(row[0]), json.loads(row[1]), int(row[2]), float(row[3]), created_at, row[5])
+    fields = json.loads(row[1])
+    return Record(str(row[0]), fields, int(row[2]), float(row[3]), created_at, row[5], row[6])
 
 
 def write_record(
@@ -58,14 +59,14 @@ def write_record(
     return int(row[0])
 
 
-def keep_key(d: Dialect, cur: Cursor, record_key: str) -> None:
-    """The row of a record kept elsewhere (a task's that merges), written once: no
-    fields, revision 1, its creation time."""
+def keep_key(d: Dialect, cur: Cursor, record_key: str, task: str) -> None:
+    """The row of a record kept elsewhere by ``task`` (a task that merges), written once:
+    no fields, revision 1, its creation time, whose it is."""
     now = time.time()
     cur.execute(
-        "INSERT INTO records (key, fields, revision, updated_at, created_at) "
-        f"VALUES (?, {d.json_param}, 1, ?, ?) ON CONFLICT (key) DO NOTHING",
-        (record_key, "{}", now, now),
+        "INSERT INTO records (key, fields, revision, updated_at, created_at, kept_for) "
+        f"VALUES (?, {d.json_param}, 1, ?, ?, ?) ON CONFLICT (key) DO NOTHING",
+        (record_key, "{}", now, now, task),
     )
 
 
