@@ -170,16 +170,17 @@ def undo(store: Store, broker: TriageBroker, absorbed: str) -> Handled:
     if survivor is None:
         what = "is not merged into another record" if tombstone.exists else "has no record"
         raise KeylaneError(f"{absorbed} {what}: nothing to undo")
+    if tombstone.kept_for is not None:
+        raise KeylaneError(
+            f"{absorbed} is a key of {tombstone.kept_for}, merged into {survivor} by its "
+            "on_merge where its records are: keylane holds no fields of them to give back "
+            "(undo it there)"
+        )
     entry = _absorb_entry(store, absorbed, survivor)
     if entry is None:
         raise KeylaneError(
             f"the merge of {absorbed} into {survivor} is under way (its absorb is not in "
             f"{survivor}'s journal yet): try again in a moment"
-        )
-    if "fields" not in (entry.result or {}):
-        raise KeylaneError(
-            f"{absorbed} was merged into {survivor} by a task's on_merge, where its records "
-            "are: keylane holds no fields of them to give back (undo it there)"
         )
     review_of = _review_of(entry.event_id)
     event = merge_event(broker.shards, "reopen", absorbed, survivor, None, review_of)
