@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from keylane.routing.contract.errors import AlreadyApplied, StaleFence, VersionConflict
+from keylane.routing.contract.events import Event
 from keylane.workers.blocking import BlockingPool
 from keylane.workers.lane_store import LaneStore, event_write
 from keylane.workers.results import ApplyResult
@@ -139,6 +140,36 @@ def test_delivered_events_already_journaled_are_duplicates_and_the_rest_applied(
     results = asyncio.run(lanes.journal_delivered(events, FENCE, attempts=1))
     assert [r.outcome for r in results] == ["applied", "duplicate", "applied"]
     assert all(asyncio.run(lanes.journal(events)))
+
+
+def test_a_merging_tasks_events_keep_their_keys_row_and_claim_identities_refused_or_not(
+    io: BlockingPool, opened: SqliteOpener
+) -> None:
+    # Given events of a task that merges, each naming an identity: one delivered, one
+    # refused, one refused with a review row
+    lanes = LaneStore(io)
+
+    def named(event_id: str, key: str, identity: str) -> Event:
+        return lane_event(event_id, key).model_copy(update={"identities": (identity,)})
+
+    kept = "task:sync_person"
+    delivered = [named("t1", "person:a", "email:a@example.com")]
+    refused = [named("t2", "person:b", "email:b@example.com")]
+    reviewed = [named("t3", "person:c", "email:c@example.com")]
+    # When each is journaled as the dispatcher journals it
+    asyncio.run(lanes.journal_delivered(delivered, FENCE, 1, keeps_keys=kept))
+    asyncio.run(lanes.journal_delivered(refused, FENCE, 1, "refused", None, "no", kept))
+    asyncio.run(lanes.journal_refused_with_review(reviewed, FENCE, 1, None, "no", kept))
+    # Then each key has its row of no fields, saying whose it is, and holds its identity
+    store = opened()
+    for key, letter in (("person:a", "a"), ("person:b", "b"), ("person:c", "c")):
+        row = store.read(key)
+        assert (row.exists, row.fields, row.kept_for) == (True, {}, kept)
+        assert store.identities_of(key) == [f"email:{letter}@example.com"]
+    # And without keeps_keys (a task that does not merge) no row is written
+    asyncio.run(lanes.journal_delivered([named("t4", "person:d", "email:d@x.co")], FENCE, 1))
+    assert store.read("person:d").exists is False
+    assert store.identities_of("person:d") == []
 
 
 def test_event_write_carries_the_events_identity_and_retry() -> None:

@@ -271,7 +271,7 @@ class Dispatcher:
             source = None if self.sources is None else self.sources.get(events[0].source)
             if source is not None and source.on_refusal == "review":
                 return await store.journal_refused_with_review(
-                    events, fence, ctx.attempt, result, outcome.reason
+                    events, fence, ctx.attempt, result, outcome.reason, _kept_by(destination)
                 )
             return await store.journal_delivered(
                 events, fence, ctx.attempt, "refused", result, outcome.reason, _kept_by(destination)

@@ -116,11 +116,13 @@ class LaneStore:
         attempts: int,
         result: dict[str, Any] | None,
         reason: str | None,
+        keeps_keys: str | None = None,
     ) -> list[ApplyResult]:
         """Journal events a destination refused, each with its review row in the same
-        transaction (a ``duplicate`` for one the journal already closed)."""
+        transaction (a ``duplicate`` for one the journal already closed); ``keeps_keys``
+        as for :meth:`journal_delivered`."""
         refused = ApplyResult("refused", attempts=attempts, reason=reason, result=result)
-        return await self.io.store(_refused_with_review, list(events), fence, refused)
+        return await self.io.store(_refused_with_review, list(events), fence, refused, keeps_keys)
 
     async def review(self, event: Event, fence: Fence | None) -> ApplyResult:
         """:func:`keylane.workers.dead_letters.review`."""
@@ -170,17 +172,10 @@ def _journal_delivered(
 ) -> list[ApplyResult]:
     attempts = done.attempts
     outcome: JournalOutcome = "refused" if done.outcome == "refused" else "applied"
-    writes = [event_write(e, None, 0, attempts, outcome, done.result) for e in events]
-    if keeps_keys is not None:
-        writes = [
-            replace(
-                write,
-                keeps_key=keeps_keys,
-                identities=e.identities,
-                absorbs=None if e.merge is None else e.merge.absorbed,
-            )
-            for write, e in zip(writes, events, strict=True)
-        ]
+    writes = [
+        _kept(event_write(e, None, 0, attempts, outcome, done.result), e, keeps_keys)
+        for e in events
+    ]
     try:
         store.commit_events(writes, fence)
         return [done] * len(events)
@@ -195,12 +190,22 @@ def _journal_delivered(
         return results
 
 
+def _kept(write: EventWrite, event: Event, keeps_keys: str | None) -> EventWrite:
+    """``write`` of an event of a task that merges (``keeps_keys``: its name): with the row
+    of its key, the identities it claims, and what a merge's absorb moves."""
+    if keeps_keys is None:
+        return write
+    absorbs = None if event.merge is None else event.merge.absorbed
+    return replace(write, keeps_key=keeps_keys, identities=event.identities, absorbs=absorbs)
+
+
 def _refused_with_review(
-    store: Store, events: list[Event], fence: Fence, refused: ApplyResult
+    store: Store, events: list[Event], fence: Fence, refused: ApplyResult, keeps_keys: str | None
 ) -> list[ApplyResult]:
     results = []
     for event in events:
         write = event_write(event, None, 0, refused.attempts, "refused", refused.result)
+        write = _kept(write, event, keeps_keys)
         try:
             results.append(dead_letters.refuse_with_review(store, event, write, fence, refused))
         except AlreadyApplied:
