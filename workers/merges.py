@@ -19,7 +19,9 @@
   (:class:`keylane.workers.dispatch.Dispatcher`), whose ``on_merge`` merges the two
   records where they are; its journal entry moves the identities.
 
-A person may undo a merge applied: :mod:`keylane.workers.merge_undo`.
+Which fields differ, what field ownership decides and what the survivor takes:
+:mod:`keylane.workers.merge_fields`. A person may undo a merge applied:
+:mod:`keylane.workers.merge_undo`.
 
 Every step is written with its journal entry in one transaction and is deterministic from
 what the store holds, so a redelivery (a crash between the commit and the acknowledgement)
@@ -29,7 +31,7 @@ sends again what the step sends, and the next lane's journal keeps it to one eff
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -42,11 +44,11 @@ from ..routing.contract.identities import (
     MergeStep,
     Side,
     merge_event_id,
-    same_value,
     survivor_first,
 )
 from .apply_rules import ApplyRules
 from .lane_store import LaneStore, event_write
+from .merge_fields import differing, owner_sides, taken_fields
 from .results import ApplyResult
 from .store import DeadLetterDraft, Fence, Record, Store
 
@@ -250,61 +252,6 @@ def _absorb_of(
     )
 
 
-def owner_sides(
-    store: Store,
-    absorbed: Record,
-    survivor: Record,
-    differ: dict[str, dict[str, Any]],
-    field_owners: Mapping[str, frozenset[str]],
-) -> dict[str, Side]:
-    """(In a pool thread.) The side whose value wins each differing field that field
-    ownership decides: the record whose value was written by a source that owns the field
-    by name, when the other's was not (both, neither, or not known: a person decides)."""
-    names = [name for name in differ if name in field_owners]
-    if not names:
-        return {}
-    by_absorbed = last_writers(store, absorbed, names)
-    by_survivor = last_writers(store, survivor, names)
-    sides: dict[str, Side] = {}
-    for name in names:
-        owners = field_owners[name]
-        absorbed_owns = by_absorbed.get(name) in owners
-        if absorbed_owns != (by_survivor.get(name) in owners):
-            sides[name] = "absorbed" if absorbed_owns else "survivor"
-    return sides
-
-
-def last_writers(store: Store, record: Record, names: Sequence[str]) -> dict[str, str]:
-    """The source of the journal entry that last wrote each of ``names`` on ``record``,
-    as far as its journal tells: "" when the value it wrote is not the record's any more
-    (an outside edit since), absent when no entry in the journal wrote it (pruned)."""
-    found: dict[str, str] = {}
-    for entry in reversed(store.journal_entries(record.key)):
-        written = (entry.result or {}).get("fields")
-        if entry.outcome != "applied" or not isinstance(written, dict):
-            continue
-        for name in names:
-            if name not in found and name in written:
-                found[name] = entry.source if written[name] == record.fields.get(name) else ""
-        if len(found) == len(names):
-            break
-    return found
-
-
-def differing(
-    absorbed: dict[str, Any], survivor: dict[str, Any], take: dict[str, Side] | None
-) -> dict[str, dict[str, Any]]:
-    """The fields both records hold with different values (two spellings of one email
-    or phone are one value) that no person chose a side for: field -> {"absorbed": value,
-    "survivor": value}."""
-    chosen = take or {}
-    return {
-        name: {"absorbed": value, "survivor": survivor[name]}
-        for name, value in absorbed.items()
-        if name in survivor and not same_value(name, value, survivor[name]) and name not in chosen
-    }
-
-
 async def absorb(
     store: LaneStore, event: Event, fence: Fence | None, rules: ApplyRules
 ) -> ApplyResult:
@@ -340,25 +287,6 @@ async def absorb(
             "applied", attempts=attempt, conflicts=attempt - 1, revision=revision, result=result
         )
     raise VersionConflict(event.record_key, 0, 0)  # outside edits on every attempt: again
-
-
-def taken_fields(
-    absorbed: dict[str, Any], survivor: dict[str, Any], take: dict[str, Side] | None
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """The survivor's fields after it absorbs, the absorbed values it took, and those it
-    did not take (its own differ and nobody chose the absorbed side: a change since the
-    close compared them; the tombstone keeps them, and so does the journal)."""
-    fields = dict(survivor)
-    taken: dict[str, Any] = {}
-    kept: dict[str, Any] = {}
-    for name, value in absorbed.items():
-        if name not in fields or (take or {}).get(name) == "absorbed":
-            if fields.get(name, object()) != value:
-                fields[name] = value
-                taken[name] = value
-        elif not same_value(name, fields[name], value):
-            kept[name] = value
-    return fields, taken, kept
 
 
 async def settle(

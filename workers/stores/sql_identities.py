@@ -28,12 +28,15 @@ def move_identities(cur: Cursor, absorbed: str, survivor: str) -> int:
 
 
 def return_identities(cur: Cursor, survivor: str, reopened: str, identities: Sequence[str]) -> None:
-    """Those of ``identities`` that name ``survivor`` name ``reopened`` again."""
-    for identity in identities:
-        cur.execute(
-            "UPDATE identities SET record_key = ? WHERE identity = ? AND record_key = ?",
-            (reopened, identity, survivor),
-        )
+    """Those of ``identities`` that name ``survivor`` name ``reopened`` again, in one
+    statement."""
+    if not identities:
+        return
+    marks = ", ".join("?" for _ in identities)
+    cur.execute(
+        f"UPDATE identities SET record_key = ? WHERE record_key = ? AND identity IN ({marks})",
+        (reopened, survivor, *identities),
+    )
 
 
 def owners(cur: Cursor, identities: Sequence[str]) -> dict[str, str]:
