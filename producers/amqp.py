@@ -25,6 +25,10 @@ script). The mark is written **after** the confirm, in Redis (an optional helper
 * a mark exists only for a confirmed message, so it can only replay the 2xx of an event
   that is in a queue or already applied.
 
+The marks' reads and writes of requests that run at once share round trips to Redis
+(:mod:`keylane.producers.mark_batches`): under load those two calls a request had cost the
+receiver more CPU than its publish.
+
 Redis down: no duplicate is answered 200 from a mark (each is published and the journal
 absorbs it), counters and ``/metrics`` lag; no event is lost or applied twice.
 """

@@ -32,6 +32,7 @@ from ..routing.contract.schedule_state import ScheduleState
 from ..routing.contract.schedules import RunLease
 from ..routing.contract.settings import Settings
 from ..routing.redis_keys import RedisKeys
+from .mark_batches import MarkBatches
 from .state_reads import flow_states, queue_flow_reads, queue_schedule_reads, schedule_states
 
 #: The most connections one process's gateway opens to Redis, and how long a call waits for
@@ -109,6 +110,9 @@ class ReceiverGateway:
         self.client = client
         self.keys = keys
         self.shards = shards
+        #: The dedupe marks of the two-step accept (RabbitMQ) and the outcome reads, many
+        #: requests' in one round trip.
+        self.marks = MarkBatches(client, LoadedScript(script_text("mark_seen")), keys.counters)
         self._accept_event = LoadedScript(script_text("accept"))
         self._accept_fenced = LoadedScript(script_text("fence_run") + script_text("accept"))
         self._record_id_reuse = LoadedScript(script_text("record_id_reuse"))
@@ -191,10 +195,9 @@ class ReceiverGateway:
         """The verdict an earlier delivery's dedupe mark gives (``duplicate`` or
         ``reused``, with the first delivery's answer), or None: the accept of a broker
         whose publish and mark are two steps (RabbitMQ, :mod:`keylane.producers.amqp`)."""
+        mark, outcome = self.keys.dedupe(source, event_id), self.keys.outcome(source, event_id)
         with broker_errors():
-            value, told = await self.client.mget(
-                self.keys.dedupe(source, event_id), self.keys.outcome(source, event_id)
-            )
+            value, told = await self.marks.read(mark, outcome)
         if value is None:
             return None
         digest, _, answer = reply_text(value).partition("\n")
@@ -217,22 +220,18 @@ class ReceiverGateway:
     ) -> None:
         """Mark ``event_id`` seen (after its message was confirmed), unless a concurrent
         delivery of it marked it first; count it accepted."""
-        pipe = self.client.pipeline(transaction=False)
+        key = self.keys.dedupe(source, event_id)
         mark = body_sha256.encode() + b"\n" + answer
-        pipe.set(self.keys.dedupe(source, event_id), mark, px=retention_ms, nx=True)
-        pipe.hincrby(self.keys.counters, "accepted", 1)
-        if key_missing:
-            pipe.hincrby(self.keys.counters, "keyless", 1)
+        counts = {"accepted": 1, "keyless": 1} if key_missing else {"accepted": 1}
         with broker_errors():
-            await pipe.execute()
+            await self.marks.mark(key, mark, retention_ms, counts)
 
     async def outcome_of(self, source: str, event_id: str) -> tuple[bytes | None, bool]:
         """The told outcome of an event (None until its lane decided it), and whether it
         was accepted (its dedupe mark is there), read together."""
+        outcome, dedupe = self.keys.outcome(source, event_id), self.keys.dedupe(source, event_id)
         with broker_errors():
-            told, mark = await self.client.mget(
-                self.keys.outcome(source, event_id), self.keys.dedupe(source, event_id)
-            )
+            told, mark = await self.marks.read(outcome, dedupe)
         return _bytes(told), mark is not None or told is not None
 
     def outcome_feed(self) -> OutcomeFeed:
@@ -302,6 +301,7 @@ class ReceiverGateway:
 
     async def close(self) -> None:
         """Release the connection pool."""
+        await self.marks.close()
         await self.client.aclose()
 
     async def _run(self, script: LoadedScript, keys: list[str], args: list[Any]) -> Any:
