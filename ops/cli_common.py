@@ -23,8 +23,8 @@ import click
 from ..routing.contract.errors import ConfigError, StoreMissing
 from ..routing.contract.logcontext import configure_logging
 from ..routing.contract.settings import InvalidSettings, Settings, env_var, load_settings
-from ..workers.store import Store
 from ..workers.stores import open_existing_store
+from ..workers.stores.sql import SqlStore
 from .embedded_redis import with_embedded_redis
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -130,8 +130,9 @@ def settings_of(ctx: click.Context) -> Settings:
     return settings
 
 
-def cli_store(settings: Settings) -> Store:
-    """The deployment's store, for one command. Commands never create one (``keylane up``
+def cli_store(settings: Settings) -> SqlStore:
+    """The deployment's store, for one command: the command owns the connection (closes
+    it) and hands each part the role it uses. Commands never create one (``keylane up``
     and ``keylane worker`` do): a command run from another folder would otherwise open a
     new, empty store there and answer "no such record". :class:`StoreMissing` says where
     it looked and how to point it at the deployment."""

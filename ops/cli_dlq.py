@@ -19,7 +19,7 @@ import click
 from ..routing.contract.errors import KeylaneError
 from ..routing.contract.sources import load_sources
 from ..workers.merges import MERGE_REVIEW
-from ..workers.store import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter, Store
+from ..workers.store import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter
 from .cli_common import age, cli_store, emit_json, operator, settings_of
 from .dlq_show import show_json, show_text
 from .tables import render_table
@@ -379,7 +379,7 @@ def dlq_export(ctx: click.Context, /, all_statuses: bool, output: Any, **selecti
 @click.pass_context
 def dlq_stats(ctx: click.Context, /, as_json: bool) -> None:
     """Counts by status, open rows by reason and source, and the oldest open row's age."""
-    store: Store = cli_store(settings_of(ctx))
+    store = cli_store(settings_of(ctx))
     try:
         summary = stats_summary(store.dead_letter_stats(), time.time())
     finally:

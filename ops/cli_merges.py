@@ -9,7 +9,7 @@ import click
 
 from ..routing.contract.identities import IdentityRule
 from ..workers.merges import MERGE_REVIEW
-from ..workers.store import DeadLetterFilter, Store
+from ..workers.store import DeadLetterFilter, JournalStore
 from .cli_common import cli_store, emit_json, operator, settings_of, when
 from .merge_review import (
     MergeSides,
@@ -125,7 +125,7 @@ def merges_apart(ctx: click.Context, row_id: int, note: str | None, as_json: boo
     """Keep the two records apart for good: no merge of them is proposed again."""
     store = cli_store(settings_of(ctx))
     try:
-        handled = keep_apart(store, open_review(store, row_id), operator(), note)
+        handled = keep_apart(store, store, open_review(store, row_id), operator(), note)
     finally:
         store.close()
     _report(handled, as_json)
@@ -144,7 +144,7 @@ def merges_undo(ctx: click.Context, record_key: str, as_json: bool) -> None:
     try:
         broker = open_triage_broker(settings, store)
         try:
-            handled = undo(store, broker, record_key)
+            handled = undo(store, store, broker, record_key)
         finally:
             broker.close()
     finally:
@@ -200,7 +200,15 @@ def merges_reconcile(
     try:
         broker = None if dry_run else open_triage_broker(settings, store)
         try:
-            found = reconcile(store, broker, stable_key, prefix, _progress(as_json))
+            found = reconcile(
+                broker,
+                stable_key,
+                prefix,
+                _progress(as_json),
+                records=store,
+                identities=store,
+                journal=store,
+            )
         finally:
             if broker is not None:
                 broker.close()
@@ -251,7 +259,7 @@ def _progress(quiet: bool) -> Callable[[Reconciled], None] | None:
     return show
 
 
-def _decided(store: Store, found: Reconciled, wait_s: int) -> dict[str, int]:
+def _decided(store: JournalStore, found: Reconciled, wait_s: int) -> dict[str, int]:
     deadline = time.monotonic() + wait_s
     while True:
         counts = outcomes(store, found.proposed)

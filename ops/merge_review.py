@@ -32,7 +32,14 @@ from ..routing.contract.errors import KeylaneError
 from ..routing.contract.identities import MERGE_SOURCE, Side, merge_event_id
 from ..routing.contract.message import build_event_message
 from ..workers.merges import MERGE_REVIEW, merge_event
-from ..workers.store import DeadLetter, JournalEntry, Store
+from ..workers.store import (
+    DeadLetter,
+    DeadLetterStore,
+    IdentityStore,
+    JournalEntry,
+    JournalStore,
+    RecordStore,
+)
 from .tables import render_table
 from .triage import Handled, TriageBroker
 
@@ -133,7 +140,11 @@ def parse_take(items: tuple[str, ...], take_all: str | None, sides: MergeSides) 
 
 
 def resolve(
-    store: Store, broker: TriageBroker, sides: MergeSides, take: dict[str, Side], by: str
+    store: DeadLetterStore,
+    broker: TriageBroker,
+    sides: MergeSides,
+    take: dict[str, Side],
+    by: str,
 ) -> Handled:
     """Queue the close again with ``take`` (once per row), then close the row."""
     row = sides.row
@@ -150,22 +161,27 @@ def resolve(
     return Handled(row.id, "queued" if queued else "already queued", detail)
 
 
-def keep_apart(store: Store, sides: MergeSides, by: str, note: str | None) -> Handled:
+def keep_apart(
+    identities: IdentityStore, rows: DeadLetterStore, sides: MergeSides, by: str, note: str | None
+) -> Handled:
     """Remember the pair as two records (never proposed again), then close the row."""
     row = sides.row
     if row.status != "open":
         return Handled(row.id, "skipped", f"status is {row.status}")
-    store.keep_apart(sides.absorbed, sides.survivor, by)
+    identities.keep_apart(sides.absorbed, sides.survivor, by)
     why = "kept apart" if note is None else f"kept apart: {note}"
-    store.set_dead_letter_status(row.id, "resolved", ("open",), by, why)
+    rows.set_dead_letter_status(row.id, "resolved", ("open",), by, why)
     return Handled(row.id, "closed", f"{sides.absorbed} and {sides.survivor} stay two records")
 
 
-def undo(store: Store, broker: TriageBroker, absorbed: str) -> Handled:
+def undo(
+    records: RecordStore, journal: JournalStore, broker: TriageBroker, absorbed: str
+) -> Handled:
     """Queue the reopen of the tombstone ``absorbed`` (once per pair): the merge undone
-    through both lanes; :class:`KeylaneError` for a record merged into none, a merge still
-    under way, or a task's."""
-    tombstone = store.read(absorbed)
+    through both lanes (the absorb found in the survivor's ``journal``);
+    :class:`KeylaneError` for a record merged into none, a merge still under way, or a
+    task's."""
+    tombstone = records.read(absorbed)
     survivor = tombstone.merged_into
     if survivor is None:
         what = "is not merged into another record" if tombstone.exists else "has no record"
@@ -176,7 +192,7 @@ def undo(store: Store, broker: TriageBroker, absorbed: str) -> Handled:
             "on_merge where its records are: keylane holds no fields of them to give back "
             "(undo it there)"
         )
-    entry = _absorb_entry(store, absorbed, survivor)
+    entry = _absorb_entry(journal, absorbed, survivor)
     if entry is None:
         raise KeylaneError(
             f"the merge of {absorbed} into {survivor} is under way (its absorb is not in "
@@ -194,7 +210,7 @@ def undo(store: Store, broker: TriageBroker, absorbed: str) -> Handled:
     return Handled(0, "queued" if queued else "already queued", detail)
 
 
-def _absorb_entry(store: Store, absorbed: str, survivor: str) -> JournalEntry | None:
+def _absorb_entry(store: JournalStore, absorbed: str, survivor: str) -> JournalEntry | None:
     """The journal entry of the absorb of ``absorbed`` into ``survivor`` (its event id
     names the pair, and the review row a person resolved, if any)."""
     entry = store.journal(MERGE_SOURCE, merge_event_id(absorbed, survivor, "absorb", None))
@@ -213,7 +229,7 @@ def _review_of(event_id: str) -> int | None:
     return int(row) if sep and row.isdigit() else None
 
 
-def open_review(store: Store, row_id: int) -> MergeSides:
+def open_review(store: DeadLetterStore, row_id: int) -> MergeSides:
     """The merge review row ``row_id``; :class:`KeylaneError` when there is none."""
     row = store.dead_letter(row_id)
     if row is None:

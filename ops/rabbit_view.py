@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 from ..routing.contract.errors import StoreMissing
 from ..routing.contract.settings import Settings
 from ..workers.brokers.rabbitmq import Survey, survey
-from ..workers.store import Parked, Store
+from ..workers.store import Parked
+from ..workers.stores.sql import SqlStore
 from .deployment_view import DeploymentView, head_event
 
 T = TypeVar("T")
@@ -41,7 +42,7 @@ class RabbitDeploymentView(DeploymentView):
     keeps_lease_log = False  # the broker's single active consumer owns each shard
 
     def __init__(
-        self, settings: Settings, helper: DeploymentView, store_factory: Callable[[], Store]
+        self, settings: Settings, helper: DeploymentView, store_factory: Callable[[], SqlStore]
     ) -> None:
         super().__init__(helper.client, helper.keys, helper.shards)
         self.settings = settings
@@ -140,9 +141,9 @@ class RabbitDeploymentView(DeploymentView):
             for worker, (beat, heard) in sorted(self.surveyed().beats.items())
         ]
 
-    def _from_store(self, read: Callable[[Store], T], default: T) -> T:
-        """``read`` on the store; ``default`` while it has no tables yet (no worker has
-        started on it)."""
+    def _from_store(self, read: Callable[[SqlStore], T], default: T) -> T:
+        """``read`` on a store connection opened for it (its fences, its parked and held
+        records); ``default`` while it has no tables yet (no worker has started on it)."""
         try:
             store = self._store_factory()
         except StoreMissing:

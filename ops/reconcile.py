@@ -32,7 +32,7 @@ from ..routing.contract.identities import (
 from ..routing.contract.message import build_event_message
 from ..workers.jobs import import_function
 from ..workers.merges import merge_event
-from ..workers.store import Record, Store
+from ..workers.store import IdentityStore, JournalStore, Record, RecordStore
 from .triage import TriageBroker
 
 #: Records read per page.
@@ -82,7 +82,7 @@ class Reconciled:
         return self.scanned / self.seconds if self.seconds > 0 else 0.0
 
 
-def live_records(store: Store, prefix: str) -> Iterator[Record]:
+def live_records(store: RecordStore, prefix: str) -> Iterator[Record]:
     """The live records whose keys start with ``prefix``, in key order, page by page."""
     after = ""
     while True:
@@ -94,19 +94,24 @@ def live_records(store: Store, prefix: str) -> Iterator[Record]:
 
 
 def reconcile(
-    store: Store,
     broker: TriageBroker | None,
     stable_key: StableKey,
     prefix: str = "",
     progress: Callable[[Reconciled], None] | None = None,
+    *,
+    records: RecordStore,
+    identities: IdentityStore,
+    journal: JournalStore,
 ) -> Reconciled:
-    """Propose the merge of each live record with the oldest record sharing its stable
-    key (``broker`` None: a dry run, nothing queued). ``progress`` is called every page."""
+    """Propose the merge of each live record (read page by page from ``records``) with the
+    oldest record sharing its stable key, unless the pair is kept apart (``identities``)
+    or its close was decided before (``journal``); ``broker`` None: a dry run, nothing
+    queued. ``progress`` is called every page."""
     found = Reconciled()
     started = time.monotonic()
     oldest: dict[str, tuple[str, float | None]] = {}  # stable key -> its oldest record
     grouped: set[str] = set()
-    for record in live_records(store, prefix):
+    for record in live_records(records, prefix):
         found.scanned += 1
         key = _key_of(stable_key, record)
         if key is not None:
@@ -119,7 +124,7 @@ def reconcile(
                 survivor, absorbed = survivor_first(other, mine)
                 oldest[key] = other if survivor == other[0] else mine
                 grouped.add(key)
-                _propose(store, broker, found, absorbed, survivor)
+                _propose(identities, journal, broker, found, absorbed, survivor)
         if progress is not None and found.scanned % PAGE == 0:
             found.groups = len(grouped)
             progress(found)
@@ -139,13 +144,18 @@ def _key_of(stable_key: StableKey, record: Record) -> str | None:
 
 
 def _propose(
-    store: Store, broker: TriageBroker | None, found: Reconciled, absorbed: str, survivor: str
+    identities: IdentityStore,
+    journal: JournalStore,
+    broker: TriageBroker | None,
+    found: Reconciled,
+    absorbed: str,
+    survivor: str,
 ) -> None:
-    if store.kept_apart(absorbed, survivor):
+    if identities.kept_apart(absorbed, survivor):
         found.kept_apart += 1
         return
     event_id = merge_event_id(absorbed, survivor, "close", None)
-    if store.journal(MERGE_SOURCE, event_id) is not None:
+    if journal.journal(MERGE_SOURCE, event_id) is not None:
         found.decided_before += 1  # reviewed (or under review) already: not again
         return
     if broker is None:
@@ -157,7 +167,7 @@ def _propose(
     found.proposed.append(event.event_id)
 
 
-def outcomes(store: Store, event_ids: list[str]) -> dict[str, int]:
+def outcomes(store: JournalStore, event_ids: list[str]) -> dict[str, int]:
     """How the proposed closes ended so far: merged, reviewed, not merged (kept apart or
     already one), and pending."""
     counts = {"merged": 0, "reviewed": 0, "not_merged": 0, "pending": 0}

@@ -15,9 +15,9 @@ Each goes to a complete archive file first (:mod:`.archive`), then leaves its ta
 delete transactions of ``KEYLANE_PRUNE_BATCH_ROWS`` rows, each followed by a pause at
 least as long as it took (and ``KEYLANE_PRUNE_PAUSE_MS``), so a lane never waits on the
 prune for more than one batch, and the prune holds the store half the time at most.
-One prune runs per store at a time (:meth:`Store.maintenance_lock`; another is skipped,
-not queued), and a run settles whatever an interrupted one left before it starts, so
-running it again, from any process, at any time, is always safe.
+One prune runs per store at a time (:meth:`RetentionStore.maintenance_lock`; another is
+skipped, not queued), and a run settles whatever an interrupted one left before it starts,
+so running it again, from any process, at any time, is always safe.
 """
 
 from __future__ import annotations
@@ -35,7 +35,14 @@ from ..routing.contract.faults import Faults
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources, load_sources
 from ..workers.faults import crash
-from ..workers.store import ArchiveRow, PrunedTable, Removal, Store, TableAge
+from ..workers.store import (
+    ArchiveRow,
+    JournalStore,
+    PrunedTable,
+    Removal,
+    RetentionStore,
+    TableAge,
+)
 from ..workers.stores import open_existing_store, open_store
 from .archive import Archive, day_of, read_rows
 from .deployment_view import RetentionRecords
@@ -124,7 +131,7 @@ def run_prune(
         store.migrate()
     records = retention_records(settings)
     try:
-        return prune(settings, store, records, now, dry_run, progress)
+        return prune(settings, store, store, records, now, dry_run, progress)
     finally:
         store.close()
         if records is not None:
@@ -142,7 +149,8 @@ def retention_records(settings: Settings) -> RetentionRecords | None:
 
 def prune(
     settings: Settings,
-    store: Store,
+    store: RetentionStore,
+    journal: JournalStore,
     records: RetentionRecords | None,
     now: float | None = None,
     dry_run: bool = False,
@@ -150,7 +158,8 @@ def prune(
     faults: Faults | None = None,
 ) -> PruneReport:
     """Archive and remove what is past its retention at ``now`` (see the module
-    docstring); with ``dry_run``, only count it. Returns what was done, or why nothing
+    docstring; ``journal`` says which sources it holds rows of: the same connection as
+    ``store``); with ``dry_run``, only count it. Returns what was done, or why nothing
     was (another prune of this store is running)."""
     now = time.time() if now is None else now
     report = PruneReport(started_at=time.time(), dry_run=dry_run)
@@ -159,7 +168,7 @@ def prune(
             report.skipped = "another prune of this store is running"
             report.finished_at = time.time()
             return report
-        run = _Run(settings, store, records, report, progress, faults)
+        run = _Run(settings, store, journal, records, report, progress, faults)
         if not dry_run:
             run.recover()
         run.journal(now, load_sources(settings))
@@ -206,7 +215,8 @@ class _Run:
     def __init__(
         self,
         settings: Settings,
-        store: Store,
+        store: RetentionStore,
+        journal_store: JournalStore,
         records: RetentionRecords | None,
         report: PruneReport,
         progress: Progress | None,
@@ -214,6 +224,7 @@ class _Run:
     ) -> None:
         self.settings = settings
         self.store = store
+        self.journal_store = journal_store
         self.records = records
         self.report = report
         self.progress = progress or (lambda table, done, due: None)
@@ -234,7 +245,7 @@ class _Run:
 
     def journal(self, now: float, sources: Sources) -> None:
         """Every source's journal rows past that source's retention."""
-        names = sorted(set(self.store.journal_sources()) | set(sources.names()))
+        names = sorted(set(self.journal_store.journal_sources()) | set(sources.names()))
         for source in names:
             retention = journal_retention_s(self.settings, sources, source)
             self.report.tables["journal"].retention_s[source] = retention

@@ -38,7 +38,13 @@ from ..routing.redis_keys import ONCE_MARKER_TTL_MS
 from ..workers.brokers.redis import RedisLaneBroker
 from ..workers.changes import apply_changes
 from ..workers.resources import open_resource
-from ..workers.store import DeadLetter, DeadLetterStatus, Store
+from ..workers.store import (
+    DeadLetter,
+    DeadLetterStatus,
+    DeadLetterStore,
+    ParkingStore,
+    RecordStore,
+)
 
 #: Reasons whose event cannot be applied by retrying it as it is.
 NOT_RETRYABLE = {
@@ -76,8 +82,9 @@ class TriageBroker(Protocol):
     def close(self) -> None: ...
 
 
-def open_triage_broker(settings: Settings, store: Store) -> TriageBroker:
-    """Where triage queues a row's messages on ``settings``' broker."""
+def open_triage_broker(settings: Settings, store: ParkingStore) -> TriageBroker:
+    """Where triage queues a row's messages on ``settings``' broker (on RabbitMQ, which
+    row holds a record and what waits behind it is ``store``'s parking)."""
     if settings.broker_is_rabbitmq:
         return AmqpTriageBroker(settings, store)
     return RedisLaneBroker.from_settings(settings)
@@ -89,7 +96,7 @@ class AmqpTriageBroker:
     holds a record, and what waits behind it, the store says (the shard's consumer parks
     a held record's messages there)."""
 
-    def __init__(self, settings: Settings, store: Store) -> None:
+    def __init__(self, settings: Settings, store: ParkingStore) -> None:
         self.shards = settings.shards
         self._store = store
         self._runner = asyncio.Runner()  # one loop for every publish, in the calling thread
@@ -116,9 +123,10 @@ class AmqpTriageBroker:
 
 
 class Triage:
-    """Operations on review rows, for the CLI."""
+    """Operations on review rows, for the CLI: their status in ``store``, their messages
+    through ``broker``."""
 
-    def __init__(self, store: Store, broker: TriageBroker) -> None:
+    def __init__(self, store: DeadLetterStore, broker: TriageBroker) -> None:
         self.store = store
         self.broker = broker
 
@@ -211,7 +219,7 @@ def kind_of(row: DeadLetter) -> DeadLetterKind:
 
 
 def record_now(
-    row: DeadLetter, store: Store, sources: Sources, sources_file: str | None
+    row: DeadLetter, store: RecordStore, sources: Sources, sources_file: str | None
 ) -> RecordNow:
     """A fresh read of the row's record, from wherever its event was written (say why
     not when it cannot be read from here)."""

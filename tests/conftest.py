@@ -26,8 +26,8 @@ from kombu import Connection
 
 from keylane.routing.contract.amqp_names import dead_queue, probe_queue, shard_queue
 from keylane.routing.contract.settings import Settings, load_settings
-from keylane.workers.store import Store
 from keylane.workers.stores import open_store
+from keylane.workers.stores.sql import SqlStore
 from tests.support.rabbitmq import RabbitCluster, find_rabbitmq_sbin, rabbit_settings
 from tests.support.services import (
     EmbeddedPostgres,
@@ -153,7 +153,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
+def store(store_url: str) -> Iterator[SqlStore]:
     """An open, migrated store."""
     s = open_store(store_url)
     s.migrate()

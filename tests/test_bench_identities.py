@@ -22,8 +22,9 @@ from keylane.ops.bench.identities import (
     with_identities,
 )
 from keylane.routing.contract.events import Envelope
-from keylane.workers.store import EventWrite, Store
+from keylane.workers.store import EventWrite
 from keylane.workers.stores import open_store
+from keylane.workers.stores.sql import SqlStore
 
 
 def test_each_event_names_two_identities_of_its_own_record() -> None:
@@ -48,7 +49,7 @@ def test_each_event_names_two_identities_of_its_own_record() -> None:
     assert sorted(set(index.values())) == sorted(set(work.record_keys))
 
 
-def _claimed(path: Path, claims: dict[str, tuple[str, ...]]) -> Store:
+def _claimed(path: Path, claims: dict[str, tuple[str, ...]]) -> SqlStore:
     """A store where each record was written once, claiming its identities."""
     store = open_store(f"sqlite:///{path}")
     store.migrate()

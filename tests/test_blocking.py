@@ -15,7 +15,7 @@ import pytest
 from keylane.routing.contract.errors import StoreUnavailable
 from keylane.routing.contract.logcontext import current_event, event_context
 from keylane.workers.blocking import BlockingPool
-from keylane.workers.store import Store
+from keylane.workers.store import RecordStore
 from tests.support.lane_parts import SqliteOpener
 
 
@@ -32,7 +32,7 @@ def pool(opened: SqliteOpener) -> Iterator[BlockingPool]:
     pool.stop()
 
 
-def read_revision(store: Store, key: str) -> tuple[str, int]:
+def read_revision(store: RecordStore, key: str) -> tuple[str, int]:
     return threading.current_thread().name, store.read(key).revision
 
 
@@ -79,7 +79,7 @@ def test_a_store_that_was_unavailable_is_closed_and_reopened(opened: SqliteOpene
     pool = BlockingPool(1, opened)
     pool.start()
 
-    def unavailable(store: Store) -> None:
+    def unavailable(store: RecordStore) -> None:
         store.read("contact:1")
         raise StoreUnavailable("the disk went away")
 

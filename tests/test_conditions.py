@@ -13,7 +13,8 @@ from keylane.routing.contract.errors import VersionConflict
 from keylane.routing.contract.events import Envelope
 from keylane.routing.contract.sources import parse_sources
 from keylane.workers.conditions import check_conditions, same
-from keylane.workers.store import EventWrite, Store
+from keylane.workers.store import EventWrite
+from keylane.workers.stores.sql import SqlStore
 from tests.support.stack import Stack
 
 
@@ -146,7 +147,7 @@ def _write(key: str, expected: int, **kw: Any) -> EventWrite:
 
 
 def test_a_refusal_is_written_only_while_the_record_is_at_the_revision_it_was_decided_on(
-    store: Store,
+    store: SqlStore,
 ) -> None:
     # Given a record at revision 1, and a refusal decided on revision 1
     store.commit_event(EventWrite("demo", "e0", "slot:1", 0, {"owner": "ada"}, 0, 1), None)
@@ -165,7 +166,7 @@ def test_a_refusal_is_written_only_while_the_record_is_at_the_revision_it_was_de
     assert (entry.outcome, entry.revision, entry.result) == ("refused", 2, result)
 
 
-def test_an_applied_write_journals_its_revision_and_the_new_values(store: Store) -> None:
+def test_an_applied_write_journals_its_revision_and_the_new_values(store: SqlStore) -> None:
     # Given a write carrying the new values of the fields it changed
     write = EventWrite("demo", "n1", "counter:1", 0, {"n": 1}, 0, 1, result={"fields": {"n": 1}})
     # When it commits / Then its journal entry carries the revision and the values

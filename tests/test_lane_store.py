@@ -15,7 +15,7 @@ from keylane.routing.contract.events import Event
 from keylane.workers.blocking import BlockingPool
 from keylane.workers.lane_store import LaneStore, event_write
 from keylane.workers.results import ApplyResult
-from keylane.workers.store import EventWrite, Fence, Store
+from keylane.workers.store import EventWrite, Fence, FenceStore
 from tests.support.lane_parts import SqliteOpener, lane_event
 
 FENCE = Fence(shard=2, token=1)
@@ -93,7 +93,7 @@ def test_a_refused_commit_is_raised_in_its_own_lane_and_the_others_apply(io: Blo
     assert asyncio.run(lanes.read("contact:9")).revision == 0
 
 
-def advance_fence(store: Store, shard: int, token: int) -> int:
+def advance_fence(store: FenceStore, shard: int, token: int) -> int:
     return store.advance_fence(shard, token)
 
 

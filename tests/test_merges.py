@@ -23,7 +23,8 @@ from keylane.routing.contract.identities import (
 )
 from keylane.workers.lane_store import event_write
 from keylane.workers.merges import live_end
-from keylane.workers.store import DeadLetterFilter, JournalEntry, Record, Store
+from keylane.workers.store import DeadLetterFilter, JournalEntry, JournalStore, Record, RecordStore
+from keylane.workers.stores.sql import SqlStore
 from tests.support.lane_parts import lane_event
 from tests.support.people import (
     TASK_SOURCES,
@@ -89,7 +90,7 @@ def test_the_older_record_survives_and_equal_times_fall_to_the_lower_key() -> No
 
 
 def test_identities_are_claimed_in_the_records_write_and_the_first_claim_stands(
-    store: Store,
+    store: SqlStore,
 ) -> None:
     # Given two records written by events that both name email:a@x
     first = event_write(lane_event("e1", "p:1"), {"n": 1}, 0, 1)
@@ -102,7 +103,7 @@ def test_identities_are_claimed_in_the_records_write_and_the_first_claim_stands(
     assert store.identities_of("p:2") == []
 
 
-def test_a_write_refused_by_its_revision_claims_nothing(store: Store) -> None:
+def test_a_write_refused_by_its_revision_claims_nothing(store: SqlStore) -> None:
     store.commit_event(event_write(lane_event("e1", "p:1"), {"n": 1}, 0, 1), None)
     stale = _claiming(event_write(lane_event("e2", "p:1"), {"n": 2}, 0, 1), "email:a@x")
     with pytest.raises(Exception, match="revision"):
@@ -110,7 +111,7 @@ def test_a_write_refused_by_its_revision_claims_nothing(store: Store) -> None:
     assert store.identity_owners(["email:a@x"]) == {}
 
 
-def test_a_closed_record_is_a_tombstone_that_is_never_written_again(store: Store) -> None:
+def test_a_closed_record_is_a_tombstone_that_is_never_written_again(store: SqlStore) -> None:
     # Given p:2 closed into p:1 (its identities moved there by the absorb)
     store.commit_event(_claiming(event_write(lane_event("e1", "p:1"), {"a": 1}, 0, 1)), None)
     store.commit_event(
@@ -144,7 +145,7 @@ def _replace(write: Any, **changes: Any) -> Any:
 # -- through the lanes: the two-door race -------------------------------------------------
 
 
-def _merged(stack: Stack, store: Store, n: int) -> Record:
+def _merged(stack: Stack, store: RecordStore, n: int) -> Record:
     """Person ``n``'s one record, once the survivor absorbed the other (a close alone
     already makes both keys end in one record): it holds both senders' fields."""
 
@@ -267,7 +268,7 @@ def _status(stack: Stack) -> dict[str, Any]:
     return dict(json.loads(answer.stdout))
 
 
-def _reviewed_pair(stack: Stack) -> tuple[Store, int, str]:
+def _reviewed_pair(stack: Stack) -> tuple[SqlStore, int, str]:
     """Person 1 told by the form (Acme) and the CRM (Globex): the merge's review row id,
     and the side whose record holds Globex."""
     stack.receiver()
@@ -438,7 +439,7 @@ def test_a_worker_killed_during_an_undo_leaves_it_done_once(stack: Stack, point:
     assert store.dead_letters(DeadLetterFilter()) == []
 
 
-def _release(store: Store, absorbed: str) -> JournalEntry | None:
+def _release(store: JournalStore, absorbed: str) -> JournalEntry | None:
     """The journal entry of the release of ``absorbed`` (a merge undone), if any."""
     found = [
         e
@@ -448,7 +449,7 @@ def _release(store: Store, absorbed: str) -> JournalEntry | None:
     return found[0] if found else None
 
 
-def _check_released(store: Store, absorbed: str, survivor: str) -> None:
+def _check_released(store: SqlStore, absorbed: str, survivor: str) -> None:
     """The survivor gave back each field its absorb took and still held as taken, and
     kept the others (changed since: a sender's later event, forwarded to it)."""
     release = _release(store, absorbed)
@@ -501,7 +502,7 @@ def test_a_worker_killed_at_each_step_of_a_merge_loses_and_doubles_nothing(
 # -- a reconcile: 10,000 records, 500 of them duplicates ----------------------------------
 
 
-def _write_records(store: Store, records: list[tuple[str, dict[str, Any]]]) -> None:
+def _write_records(store: RecordStore, records: list[tuple[str, dict[str, Any]]]) -> None:
     """Records written as the lanes would (a journal entry each), a thousand per commit."""
     from keylane.workers.store import Commit
 

@@ -27,7 +27,7 @@ import pytest
 from keylane.ops.audit import audit_journal, audit_lease_log
 from keylane.routing.contract.errors import ConfigError
 from keylane.workers.service import new_worker_id
-from keylane.workers.store import Store
+from keylane.workers.store import FenceStore
 from keylane.workers.writer import StoreWriter, process_state
 from tests.support.stack import REPO, Proc, Stack, event, settings_env, wait_until
 
@@ -159,12 +159,12 @@ def _worker_id(stack: Stack, proc: Proc) -> str:
     return found[0]
 
 
-def _registered(store: Store, holders: dict[int, tuple[str, int]], shards: set[int]) -> bool:
+def _registered(store: FenceStore, holders: dict[int, tuple[str, int]], shards: set[int]) -> bool:
     """Every one of ``shards`` is leased, and its token registered with the store."""
     return all(s in holders and store.fence_of(s) == holders[s][1] for s in shards)
 
 
-def _balanced(stack: Stack, store: Store, workers: int) -> bool:
+def _balanced(stack: Stack, store: FenceStore, workers: int) -> bool:
     holders = _holders(stack)
     counts: dict[str, int] = {}
     for worker, _ in holders.values():
@@ -273,7 +273,7 @@ def test_a_worker_paused_mid_write_costs_the_others_at_most_ttl_plus_one_heartbe
     assert audit_journal(store.journal_entries()) == []
 
 
-def _taken_over(stack: Stack, store: Store, shards: set[int], new_owner: str) -> bool:
+def _taken_over(stack: Stack, store: FenceStore, shards: set[int], new_owner: str) -> bool:
     holders = _holders(stack)
     return all(holders.get(s, ("", 0))[0] == new_owner for s in shards) and _registered(
         store, holders, shards

@@ -41,7 +41,7 @@ from keylane.routing.contract.message import parse_message
 from keylane.routing.contract.schedules import RunLease
 from keylane.routing.contract.settings import Settings
 from keylane.workers.app import CONTROL_QUEUE, create_app
-from keylane.workers.store import DeadLetterFilter, Store
+from keylane.workers.store import DeadLetterFilter, ParkingStore
 from tests.support.flower import AUTH as FLOWER_AUTH
 from tests.support.flower import answers as flower_answers
 from tests.support.flower import api as flower_api
@@ -784,7 +784,7 @@ def _careful(stack: Stack, key: str) -> Any:
     return post
 
 
-def _parked_ids(store: Store, key: str) -> list[str]:
+def _parked_ids(store: ParkingStore, key: str) -> list[str]:
     """The event ids of the record's parked messages, in order."""
     return [parse_message(row.raw).kwargs["event"]["event_id"] for row in store.parked(0, key)]
 

@@ -21,8 +21,9 @@ from keylane.routing.contract.message import RECORD_HEADER
 from keylane.routing.contract.settings import Settings, load_settings
 from keylane.workers.broker import Ack, Lease, Taken
 from keylane.workers.brokers.rabbitmq import RabbitLaneBroker
-from keylane.workers.store import Store
+from keylane.workers.store import FenceStore
 from keylane.workers.stores import open_store
+from keylane.workers.stores.sql import SqlStore
 from tests.support.rabbitmq import RabbitCluster
 from tests.support.stack import wait_until
 
@@ -58,7 +59,7 @@ def settings(
 
 
 @pytest.fixture
-def store(settings: Settings) -> Iterator[Store]:
+def store(settings: Settings) -> Iterator[SqlStore]:
     store = open_store(settings.store_dsn())
     store.migrate()
     yield store
@@ -131,7 +132,7 @@ def drained(broker: RabbitLaneBroker, lease: Lease, count: int) -> list[bytes]:
 
 
 def test_a_consumer_whose_lease_is_lost_lets_go_and_the_next_in_line_gets_its_messages(
-    settings: Settings, store: Store, broker: Callable[[], RabbitLaneBroker]
+    settings: Settings, store: FenceStore, broker: Callable[[], RabbitLaneBroker]
 ) -> None:
     # Given worker a, the shard's active consumer, holding its messages unacknowledged,
     # and worker b's consumer waiting in line behind it
@@ -154,7 +155,7 @@ def test_a_consumer_whose_lease_is_lost_lets_go_and_the_next_in_line_gets_its_me
 
 
 def test_a_renewal_finds_the_stores_newer_token_and_lets_the_consumer_go(
-    settings: Settings, store: Store, broker: Callable[[], RabbitLaneBroker]
+    settings: Settings, store: FenceStore, broker: Callable[[], RabbitLaneBroker]
 ) -> None:
     # Given worker a, the shard's active consumer, and worker b waiting in line
     sent = publish(settings, 3)
@@ -171,7 +172,7 @@ def test_a_renewal_finds_the_stores_newer_token_and_lets_the_consumer_go(
 
 
 def test_a_lost_lease_of_a_consumer_already_replaced_closes_nothing_else(
-    settings: Settings, store: Store, broker: Callable[[], RabbitLaneBroker]
+    settings: Settings, store: SqlStore, broker: Callable[[], RabbitLaneBroker]
 ) -> None:
     # Given worker a lost the shard and took it again under a new token
     publish(settings, 2)

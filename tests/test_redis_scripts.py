@@ -31,7 +31,7 @@ from keylane.routing.redis_keys import MESSAGE_NOTES, RedisKeys, message_digest
 from keylane.workers.broker import Ack, Lease, Taken
 from keylane.workers.brokers import redis as lane_redis
 from keylane.workers.brokers.redis import RedisLaneBroker
-from keylane.workers.store import Store
+from keylane.workers.stores.sql import SqlStore
 from tests.support.stack import Stack
 
 REPO = Path(__file__).resolve().parents[1]
@@ -244,7 +244,7 @@ def test_audit_reports_a_depth_count_that_drifted_from_the_lists(
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_keylane_audit_fails_on_a_drifted_depth_count(
-    settings: Settings, stack: Stack, store: Store
+    settings: Settings, stack: Stack, store: SqlStore
 ) -> None:
     # Given a deployment (a migrated store) whose shard 3 has one message in a record's
     # list, counted

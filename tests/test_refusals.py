@@ -20,7 +20,8 @@ from keylane.routing.contract.errors import AlreadyApplied, VersionConflict
 from keylane.workers.dead_letters import malformed, refuse_with_review
 from keylane.workers.lane_store import event_write
 from keylane.workers.results import ApplyResult
-from keylane.workers.store import DeadLetterFilter, Store
+from keylane.workers.store import DeadLetterFilter, DeadLetterStore
+from keylane.workers.stores.sql import SqlStore
 from tests.support.etag_server import EtagServer
 from tests.support.lane_parts import lane_event
 from tests.support.notion import HookServer
@@ -32,7 +33,7 @@ REFUSAL = {"reason": "condition_unmet", "why": "owner is present ('ada')", "revi
 # -- the store: a refusal and its review row are one transaction -------------------------
 
 
-def _refused(store: Store, event_id: str, revision: int) -> ApplyResult:
+def _refused(store: DeadLetterStore, event_id: str, revision: int) -> ApplyResult:
     """Journal the refusal of ``event_id`` on slot:1 at ``revision``, with its review row."""
     ev = lane_event(event_id, "slot:1")
     write = event_write(ev, None, revision, 1, "refused", REFUSAL, decided_on_read=True)
@@ -64,7 +65,7 @@ def _fail_review_rows(store_url: str) -> None:
 
 
 def test_a_refusal_whose_review_row_fails_is_not_journaled_either(
-    store: Store, store_url: str
+    store: SqlStore, store_url: str
 ) -> None:
     # Given a record at revision 1, and a store that fails the review row's insert
     store.commit_event(event_write(lane_event("e0", "slot:1"), {"owner": "ada"}, 0, 1), None)
@@ -77,7 +78,7 @@ def test_a_refusal_whose_review_row_fails_is_not_journaled_either(
     assert store.dead_letters(DeadLetterFilter()) == []
 
 
-def test_a_refusal_and_its_review_row_are_written_together_or_not_at_all(store: Store) -> None:
+def test_a_refusal_and_its_review_row_are_written_together_or_not_at_all(store: SqlStore) -> None:
     # Given a record at revision 1
     store.commit_event(event_write(lane_event("e0", "slot:1"), {"owner": "ada"}, 0, 1), None)
     # When a refusal decided on revision 0 (the record moved since) is journaled
@@ -106,7 +107,7 @@ def test_a_refusal_and_its_review_row_are_written_together_or_not_at_all(store: 
 
 
 def test_malformed_bytes_close_their_digest_and_retention_keeps_it_while_the_row_is_open(
-    store: Store,
+    store: SqlStore,
 ) -> None:
     # Given malformed bytes delivered twice
     first = malformed(store, 3, b"garbage", "not a message", None)

@@ -23,8 +23,9 @@ from keylane.ops.archive import PENDING, SETTLED, Archive, read_rows
 from keylane.ops.lookup import find_events
 from keylane.ops.retention import RetentionRecords, prune
 from keylane.routing.contract.settings import Settings
-from keylane.workers.store import Store
+from keylane.workers.store import JournalStore
 from keylane.workers.stores import open_store
+from keylane.workers.stores.sql import SqlStore
 from tests.support.readme import page_block
 from tests.support.stack import REPO, Stack, event, send_all, settings_env, wait_until
 from tests.test_store import draft
@@ -42,11 +43,11 @@ journal_retention_s = 3600
 """
 
 
-def seed(store: Store, count: int, source: str, prefix: str = "e", key_count: int = 50) -> None:
+def seed(store: SqlStore, count: int, source: str, prefix: str = "e", key_count: int = 50) -> None:
     """Journal ``count`` applied events of ``source`` (no record change), in bulk."""
     now = time.time()
     rows = [(source, f"{prefix}{i}", f"k:{i % key_count}", now) for i in range(count)]
-    with store.dialect.transaction() as cur:  # type: ignore[attr-defined]
+    with store.dialect.transaction() as cur:
         for start in range(0, count, 500):
             chunk = rows[start : start + 500]
             values = ", ".join("(?, ?, ?, 1, 'applied', NULL, 1, ?, NULL)" for _ in chunk)
@@ -71,7 +72,7 @@ def archived(settings: Settings, table: str = "journal") -> list[tuple[Path, dic
     return [(path, row) for path in files for row in read_rows(path)]
 
 
-def journal_ids(store: Store) -> list[tuple[str, str]]:
+def journal_ids(store: JournalStore) -> list[tuple[str, str]]:
     return [(e.source, e.event_id) for e in store.journal_entries()]
 
 
@@ -91,7 +92,7 @@ def keylane(settings: Settings, *args: str, **extra: Any) -> subprocess.Complete
 
 
 def test_a_prune_archives_what_is_past_its_retention_and_keeps_the_rest(
-    settings: Settings, store: Store, redis_url: str, tmp_path: Path
+    settings: Settings, store: SqlStore, redis_url: str, tmp_path: Path
 ) -> None:
     # Given sources with a journal retention of 1,000 s (young) and the floor (old: its
     # dedupe retention of 100 s), review rows, and a lease log with two old entries
@@ -117,7 +118,7 @@ def test_a_prune_archives_what_is_past_its_retention_and_keeps_the_rest(
     now = time.time() + 500
     try:
         # When a dry run looks first
-        dry = prune(s, store, records, now=now, dry_run=True)
+        dry = prune(s, store, store, records, now=now, dry_run=True)
         # Then it counts what is due and changes nothing
         assert dry.tables["journal"].due == 31  # old's 30, and the resolved event's
         assert dry.tables["dead_letters"].due == 1
@@ -126,7 +127,7 @@ def test_a_prune_archives_what_is_past_its_retention_and_keeps_the_rest(
         assert len(store.journal_entries()) == 52  # 30 + 20 + the two dead letters'
         assert not s.archive_path.exists()
         # When the prune runs 500 s from now
-        report = prune(s, store, records, now=now)
+        report = prune(s, store, store, records, now=now)
         # Then old's rows (and the resolved row's event) left, young's stayed
         assert report.tables["journal"].archived == 31
         assert {src for src, _ in journal_ids(store)} == {"young", "old"}
@@ -150,12 +151,12 @@ def test_a_prune_archives_what_is_past_its_retention_and_keeps_the_rest(
         assert figures["lease_log_rows"] == 1
         assert figures["last_prune_at"] >= report.started_at
         # When it runs again at the same time
-        again = prune(s, store, records, now=now)
+        again = prune(s, store, store, records, now=now)
         # Then nothing more is due
         assert sum(t.archived for t in again.tables.values()) == 0
         assert len(archived(s)) == 31
         # And later, young's rows go too
-        later = prune(s, store, records, now=now + 3600)
+        later = prune(s, store, store, records, now=now + 3600)
         assert later.tables["journal"].archived == 20
     finally:
         records.close()
@@ -163,7 +164,7 @@ def test_a_prune_archives_what_is_past_its_retention_and_keeps_the_rest(
 
 
 def test_a_second_prune_of_the_same_store_at_once_is_skipped(
-    settings: Settings, store: Store
+    settings: Settings, store: SqlStore
 ) -> None:
     # Given a prune holding the store's lock (another process, another connection)
     other = open_store(settings.store_dsn())
@@ -171,7 +172,7 @@ def test_a_second_prune_of_the_same_store_at_once_is_skipped(
         with other.maintenance_lock() as mine:
             assert mine
             # When another prune starts
-            report = prune(settings, store, None, now=time.time() + 10 * DAY)
+            report = prune(settings, store, store, None, now=time.time() + 10 * DAY)
         # Then it does nothing and says why
         assert report.skipped is not None
     finally:
@@ -198,7 +199,7 @@ KILLS = [
 
 @pytest.mark.parametrize(("store_url", "where"), KILLS, indirect=["store_url"])
 def test_a_prune_killed_mid_archive_then_run_again_leaves_each_row_in_one_place(
-    settings: Settings, store: Store, tmp_path: Path, where: str
+    settings: Settings, store: SqlStore, tmp_path: Path, where: str
 ) -> None:
     # Given 3,000 journal rows past their retention (1 s) and 100 that are not
     s = with_sources(
@@ -217,7 +218,7 @@ def test_a_prune_killed_mid_archive_then_run_again_leaves_each_row_in_one_place(
     in_files = [(r["source"], r["event_id"]) for _, r in archived(s)]
     assert in_table | set(in_files) == everything
     # When it runs again
-    rerun = prune(s, store, None)
+    rerun = prune(s, store, store, None)
     assert rerun.recovered_files == (0 if where == "writing a file" else 1)
     # Then every row is in exactly one place: the young in the table, the old archived
     in_table = set(journal_ids(store))
@@ -281,7 +282,7 @@ def test_lanes_keep_applying_while_a_prune_runs(stack: Stack, tmp_path: Path) ->
     try:
         wait_until(lambda: store.journal_size() > 10_000, 30, "first events applied")
         # When the prune archives the 10,000 rows
-        report = prune(stack.settings, store, records)
+        report = prune(stack.settings, store, store, records)
     finally:
         stop.set()
         thread.join(60)
@@ -341,7 +342,7 @@ def replayed_after_archiving(stack: Stack, remembered: bool) -> None:
     time.sleep(1.2)
     records = RetentionRecords.from_url(stack.settings.redis_dsn(), stack.settings.keys)
     try:
-        report = prune(stack.settings, store, records)
+        report = prune(stack.settings, store, store, records)
     finally:
         records.close()
     assert report.tables["journal"].archived == 1
@@ -388,9 +389,9 @@ def shape(line: str) -> str:
     return " ".join(re.sub(r"\d[\d,.:-]*", "#", line).split())
 
 
-def backdate(store: Store, table: str, column: str, seconds: float, prefix: str) -> None:
+def backdate(store: SqlStore, table: str, column: str, seconds: float, prefix: str) -> None:
     """Move ``column`` back by ``seconds`` in ``table``'s rows of events named ``prefix``..."""
-    with store.dialect.transaction() as cur:  # type: ignore[attr-defined]
+    with store.dialect.transaction() as cur:
         cur.execute(
             f"UPDATE {table} SET {column} = {column} - ? WHERE substr(event_id, 1, ?) = ?",
             (seconds, len(prefix), prefix),
@@ -399,7 +400,7 @@ def backdate(store: Store, table: str, column: str, seconds: float, prefix: str)
 
 @SQLITE  # the commands print the same from either store
 def test_the_readme_commands_run_as_written(
-    settings: Settings, store: Store, redis_url: str
+    settings: Settings, store: SqlStore, redis_url: str
 ) -> None:
     # Given the console example of the docs' page "Retention and the archive"
     example = page_block("retention.md", "$ keylane journal prune --dry-run")
@@ -420,11 +421,11 @@ def test_the_readme_commands_run_as_written(
     backdate(store, "journal", "recorded_at", 20 * DAY, "old-")
     backdate(store, "journal", "recorded_at", 5 * DAY, "evt_")
     backdate(store, "journal", "recorded_at", 40 * DAY, "d")
-    with store.dialect.transaction() as cur:  # type: ignore[attr-defined]
+    with store.dialect.transaction() as cur:
         cur.execute(
             "UPDATE journal SET record_key = 'contact:42', revision = 1 WHERE event_id = 'evt_1'"
         )
-    prune(settings, store, None, now=time.time() - 10 * DAY)  # archives the old- rows
+    prune(settings, store, store, None, now=time.time() - 10 * DAY)  # archives the old- rows
     backdate(store, "dead_letters", "status_at", 40 * DAY, "d")
     backdate(store, "dead_letters", "created_at", 40 * DAY, "d")
     client = redis.Redis.from_url(redis_url)
@@ -499,7 +500,7 @@ def test_a_prune_command_finds_no_store_creates_none_and_says_where_it_looked(
 
 
 def test_a_prune_with_an_archive_folder_that_is_a_file_is_one_line_exit_2(
-    settings: Settings, store: Store, tmp_path: Path
+    settings: Settings, store: SqlStore, tmp_path: Path
 ) -> None:
     # Given an archive folder under a file, and another that is a file
     (tmp_path / "a-file").write_text("not a folder")

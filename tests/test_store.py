@@ -24,9 +24,11 @@ from keylane.workers.store import (
     Commit,
     DeadLetterDraft,
     DeadLetterFilter,
+    DeadLetterStore,
     EventWrite,
     Fence,
-    Store,
+    FenceStore,
+    RecordStore,
 )
 from keylane.workers.stores import open_store
 from keylane.workers.stores.sql import SqlStore
@@ -113,7 +115,7 @@ def query(store_url: str, sql: str, params: Sequence[Any] = ()) -> list[tuple[An
 # -- records and revisions ---------------------------------------------------------------
 
 
-def test_an_absent_record_reads_as_revision_zero(store: Store) -> None:
+def test_an_absent_record_reads_as_revision_zero(store: RecordStore) -> None:
     # Given an empty store, When a record is read
     record = store.read("contact:1")
     # Then it has no fields, revision 0, and does not exist
@@ -124,7 +126,7 @@ def test_an_absent_record_reads_as_revision_zero(store: Store) -> None:
     assert not record.exists
 
 
-def test_the_first_write_creates_revision_one_and_each_write_adds_one(store: Store) -> None:
+def test_the_first_write_creates_revision_one_and_each_write_adds_one(store: RecordStore) -> None:
     # Given an empty store
     before = time.time()
     # When an event creates a record, and another changes it
@@ -140,7 +142,7 @@ def test_the_first_write_creates_revision_one_and_each_write_adds_one(store: Sto
     assert before - 1 <= record.updated_at <= time.time() + 1
 
 
-def test_a_stale_write_is_a_conflict_that_writes_nothing(store: Store) -> None:
+def test_a_stale_write_is_a_conflict_that_writes_nothing(store: SqlStore) -> None:
     # Given a record at revision 2
     store.commit_event(write("e1", "contact:1", {"n": 1}, expected=0), None)
     store.write_outside("contact:1", {"n": 1, "note": "edited"}, expected_revision=1)
@@ -160,7 +162,7 @@ def test_a_stale_write_is_a_conflict_that_writes_nothing(store: Store) -> None:
     assert store.journal_size() == 1
 
 
-def test_creating_a_record_that_exists_is_a_conflict(store: Store) -> None:
+def test_creating_a_record_that_exists_is_a_conflict(store: RecordStore) -> None:
     # Given a record at revision 1
     store.commit_event(write("e1", "contact:1", {"n": 1}, expected=0), None)
     # When another writer also believes it is absent, Then it conflicts with revision 1
@@ -170,7 +172,7 @@ def test_creating_a_record_that_exists_is_a_conflict(store: Store) -> None:
     assert store.read("contact:1").fields == {"n": 1}
 
 
-def test_updating_a_record_that_does_not_exist_is_a_conflict(store: Store) -> None:
+def test_updating_a_record_that_does_not_exist_is_a_conflict(store: SqlStore) -> None:
     # Given no record, When a write expects revision 3, Then it conflicts with 0
     with pytest.raises(VersionConflict) as caught:
         store.commit_event(write("e1", "contact:9", {"n": 1}, expected=3), None)
@@ -180,7 +182,7 @@ def test_updating_a_record_that_does_not_exist_is_a_conflict(store: Store) -> No
     assert store.journal_size() == 0
 
 
-def test_an_outside_write_bumps_the_revision_without_a_journal_entry(store: Store) -> None:
+def test_an_outside_write_bumps_the_revision_without_a_journal_entry(store: SqlStore) -> None:
     # Given an empty store
     # When a person creates a record, edits it, then edits it again from a stale read
     assert store.write_outside("contact:1", {"email": "a@b.c"}, 0) == 1
@@ -197,7 +199,7 @@ def test_an_outside_write_bumps_the_revision_without_a_journal_entry(store: Stor
 # -- the journal -------------------------------------------------------------------------
 
 
-def test_an_event_and_its_journal_entry_are_written_together(store: Store) -> None:
+def test_an_event_and_its_journal_entry_are_written_together(store: SqlStore) -> None:
     # Given a store whose shard fence is at 7
     store.advance_fence(SHARD, 7)
     before = time.time()
@@ -223,7 +225,9 @@ def test_an_event_and_its_journal_entry_are_written_together(store: Store) -> No
     assert store.journal_size() == 1
 
 
-def test_a_second_commit_of_an_event_is_already_applied_and_changes_nothing(store: Store) -> None:
+def test_a_second_commit_of_an_event_is_already_applied_and_changes_nothing(
+    store: SqlStore,
+) -> None:
     # Given an event applied to a record (revision 1)
     store.commit_event(write("evt-1", "contact:1", {"n": 1}, expected=0), None)
     entry = store.journal("crm", "evt-1")
@@ -249,7 +253,7 @@ def test_a_second_commit_of_an_event_is_already_applied_and_changes_nothing(stor
     assert store.journal_size() == 1
 
 
-def test_event_ids_are_per_source(store: Store) -> None:
+def test_event_ids_are_per_source(store: SqlStore) -> None:
     # Given an event id applied for one source
     store.commit_event(write("evt-1", "contact:1", {"n": 1}, expected=0, source="crm"), None)
     # When another source sends the same id, Then it is a different event and applies
@@ -258,7 +262,7 @@ def test_event_ids_are_per_source(store: Store) -> None:
     assert store.journal_size() == 2
 
 
-def test_a_conflicting_commit_leaves_no_journal_entry_so_the_retry_applies(store: Store) -> None:
+def test_a_conflicting_commit_leaves_no_journal_entry_so_the_retry_applies(store: SqlStore) -> None:
     # Given a record at revision 1 and an event that read it at revision 0
     store.write_outside("contact:1", {"n": 10}, 0)
     with pytest.raises(VersionConflict):
@@ -272,7 +276,7 @@ def test_a_conflicting_commit_leaves_no_journal_entry_so_the_retry_applies(store
     assert entry.revision == 2
 
 
-def test_an_operators_retry_of_a_dead_lettered_event_applies_once(store: Store) -> None:
+def test_an_operators_retry_of_a_dead_lettered_event_applies_once(store: SqlStore) -> None:
     # Given an event that was dead-lettered (its journal entry is closed)
     row = store.commit_dead_letter(draft("evt-1"), None)
     store.write_outside("contact:1", {"n": 1}, 0)
@@ -303,7 +307,7 @@ def test_an_operators_retry_of_a_dead_lettered_event_applies_once(store: Store) 
     assert store.journal_size() == 1
 
 
-def test_a_retry_that_conflicts_leaves_the_event_dead_lettered(store: Store) -> None:
+def test_a_retry_that_conflicts_leaves_the_event_dead_lettered(store: SqlStore) -> None:
     # Given a dead-lettered event and a record at revision 1
     row = store.commit_dead_letter(draft("evt-1"), None)
     store.write_outside("contact:1", {"n": 1}, 0)
@@ -317,7 +321,7 @@ def test_a_retry_that_conflicts_leaves_the_event_dead_lettered(store: Store) -> 
     assert store.commit_event(write("evt-1", "contact:1", {"n": 2}, 1, retry_of=row), None) == 2
 
 
-def test_journal_entries_list_by_record_then_revision(store: Store) -> None:
+def test_journal_entries_list_by_record_then_revision(store: SqlStore) -> None:
     # Given events on two records, one dead-lettered
     store.commit_event(write("b1", "contact:b", {"n": 1}, 0), None)
     store.commit_event(write("a1", "contact:a", {"n": 1}, 0), None)
@@ -340,7 +344,7 @@ def test_journal_entries_list_by_record_then_revision(store: Store) -> None:
 # -- fences ------------------------------------------------------------------------------
 
 
-def test_a_batch_writes_its_record_once_with_a_journal_entry_per_event(store: Store) -> None:
+def test_a_batch_writes_its_record_once_with_a_journal_entry_per_event(store: SqlStore) -> None:
     # Given a record at revision 1
     store.commit_event(write("e0", "contact:1", {"n": 0}, expected=0), None)
     # When three events of it are committed together, each write holding the fields as
@@ -362,7 +366,7 @@ def test_a_batch_writes_its_record_once_with_a_journal_entry_per_event(store: St
     assert store.journal("crm", "e4") is None
 
 
-def test_a_group_commit_refuses_each_commit_on_its_own(store: Store) -> None:
+def test_a_group_commit_refuses_each_commit_on_its_own(store: SqlStore) -> None:
     # Given two records, and a newer owner's fence on another shard
     store.commit_event(write("a0", "contact:a", {"n": 0}, expected=0), None)
     store.commit_event(write("b0", "contact:b", {"n": 0}, expected=0), None)
@@ -394,7 +398,7 @@ def test_a_group_commit_refuses_each_commit_on_its_own(store: Store) -> None:
     assert store.journal_size() == 4  # a0, b0, a1, b2
 
 
-def test_advance_fence_keeps_the_newest_token_per_shard(store: Store) -> None:
+def test_advance_fence_keeps_the_newest_token_per_shard(store: FenceStore) -> None:
     # Given no fences, Then every shard is at 0
     assert store.fence_of(SHARD) == 0
     # When tokens arrive out of order, Then each call returns the newest seen
@@ -408,7 +412,7 @@ def test_advance_fence_keeps_the_newest_token_per_shard(store: Store) -> None:
     assert store.advance_fence(SHARD + 1, 1) == 1
 
 
-def test_fences_reads_every_fenced_shards_newest_token_at_once(store: Store) -> None:
+def test_fences_reads_every_fenced_shards_newest_token_at_once(store: FenceStore) -> None:
     # Given no fences, Then none is read
     assert store.fences() == {}
     # When two shards are fenced, one of them twice (once by a claim)
@@ -420,7 +424,7 @@ def test_fences_reads_every_fenced_shards_newest_token_at_once(store: Store) -> 
     assert store.fence_of(SHARD) == 5
 
 
-def test_claim_fence_gives_each_claim_a_newer_token_and_fences_the_older(store: Store) -> None:
+def test_claim_fence_gives_each_claim_a_newer_token_and_fences_the_older(store: SqlStore) -> None:
     # Given a shard whose fence a lease-based broker advanced to 4
     store.advance_fence(SHARD, 4)
     # When two consumers claim it in turn (a broker with no counter of its own)
@@ -433,7 +437,7 @@ def test_claim_fence_gives_each_claim_a_newer_token_and_fences_the_older(store: 
         store.commit_event(write("claim-1", "contact:1", {"n": 1}, 0), Fence(SHARD, first))
 
 
-def test_parked_messages_keep_their_order_and_their_owners_fence(store: Store) -> None:
+def test_parked_messages_keep_their_order_and_their_owners_fence(store: SqlStore) -> None:
     # Given a shard's current consumer (token 3) parking a record's waiting messages twice
     store.advance_fence(SHARD, 3)
     store.park(SHARD, "contact:1", [(b"m1", 1), (b"m2\x00\xff", 0)], 100.0, Fence(SHARD, 3))
@@ -462,7 +466,7 @@ def test_parked_messages_keep_their_order_and_their_owners_fence(store: Store) -
 
 
 def test_a_held_record_is_released_by_its_row_only_and_a_retry_goes_ahead(
-    store: Store,
+    store: SqlStore,
 ) -> None:
     # Given a shard's current consumer (token 3), a record's open dead letter and two
     # messages parked behind it
@@ -502,7 +506,7 @@ def test_a_held_record_is_released_by_its_row_only_and_a_retry_goes_ahead(
     assert store.held(SHARD) == {}
 
 
-def test_a_write_with_an_older_token_is_refused_and_writes_nothing(store: Store) -> None:
+def test_a_write_with_an_older_token_is_refused_and_writes_nothing(store: SqlStore) -> None:
     # Given a shard whose fence was advanced to 7 by a new owner
     store.advance_fence(SHARD, 7)
     # When the old owner (token 6) commits an event, a dead letter, and a bare review row
@@ -522,7 +526,7 @@ def test_a_write_with_an_older_token_is_refused_and_writes_nothing(store: Store)
     assert store.fence_of(SHARD) == 7
 
 
-def test_a_write_with_the_current_or_a_newer_token_is_accepted(store: Store) -> None:
+def test_a_write_with_the_current_or_a_newer_token_is_accepted(store: SqlStore) -> None:
     # Given a shard fenced at 7
     store.advance_fence(SHARD, 7)
     # When the owner writes with 7, and a newer owner writes with 9 before advancing
@@ -537,7 +541,7 @@ def test_a_write_with_the_current_or_a_newer_token_is_accepted(store: Store) -> 
         store.commit_event(write("e3", "contact:1", {"n": 2}, 1), Fence(SHARD, 7))
 
 
-def test_a_fence_on_one_shard_does_not_stop_another(store: Store) -> None:
+def test_a_fence_on_one_shard_does_not_stop_another(store: SqlStore) -> None:
     # Given shard 3 fenced at 7, When an owner of shard 4 writes with token 1, Then it writes
     store.advance_fence(SHARD, 7)
     store.commit_event(write("e1", "contact:1", {"n": 1}, 0), Fence(SHARD + 1, 1))
@@ -547,7 +551,7 @@ def test_a_fence_on_one_shard_does_not_stop_another(store: Store) -> None:
 # -- dead letters ------------------------------------------------------------------------
 
 
-def test_a_dead_letter_keeps_everything_and_closes_its_event(store: Store) -> None:
+def test_a_dead_letter_keeps_everything_and_closes_its_event(store: SqlStore) -> None:
     # Given an event that could not be applied
     d = draft("evt-1", reason="type")
     before = time.time()
@@ -583,7 +587,7 @@ def test_a_dead_letter_keeps_everything_and_closes_its_event(store: Store) -> No
     assert [r.id for r in store.dead_letters(DeadLetterFilter())] == [row_id]
 
 
-def test_an_applied_event_cannot_be_dead_lettered(store: Store) -> None:
+def test_an_applied_event_cannot_be_dead_lettered(store: SqlStore) -> None:
     # Given an applied event
     store.commit_event(write("evt-1", "contact:1", {"n": 1}, 0), None)
     # When it is dead-lettered, Then it is refused and no row is written
@@ -596,7 +600,7 @@ def test_an_applied_event_cannot_be_dead_lettered(store: Store) -> None:
     assert entry.outcome == "applied"
 
 
-def test_a_review_row_without_closing_the_event_leaves_the_journal_alone(store: Store) -> None:
+def test_a_review_row_without_closing_the_event_leaves_the_journal_alone(store: SqlStore) -> None:
     # Given an applied event, and an event never seen
     store.commit_event(write("evt-1", "contact:1", {"n": 1}, 0), None)
     applied = store.journal("crm", "evt-1")
@@ -611,7 +615,7 @@ def test_a_review_row_without_closing_the_event_leaves_the_journal_alone(store: 
     assert store.commit_event(write("evt-2", "contact:2", {"n": 1}, 0), None) == 1
 
 
-def test_a_retry_that_is_dead_lettered_again_can_be_retried_again(store: Store) -> None:
+def test_a_retry_that_is_dead_lettered_again_can_be_retried_again(store: SqlStore) -> None:
     # Given a dead-lettered event whose retry is dead-lettered too
     first = store.commit_dead_letter(draft("evt-1"), None)
     second = store.commit_dead_letter(draft("evt-1", retry_of=first), None)
@@ -626,7 +630,7 @@ def test_a_retry_that_is_dead_lettered_again_can_be_retried_again(store: Store) 
 
 
 def test_a_second_copy_of_a_retry_whose_failure_was_discarded_is_a_duplicate(
-    store: Store,
+    store: SqlStore,
 ) -> None:
     # Given a dead-lettered event (row X) whose retry failed again (row Y), and the
     # operator discarded Y
@@ -646,7 +650,7 @@ def test_a_second_copy_of_a_retry_whose_failure_was_discarded_is_a_duplicate(
 
 
 def test_a_hold_waits_for_a_close_in_progress_and_then_holds_nothing(
-    store: Store, store_url: str
+    store: SqlStore, store_url: str
 ) -> None:
     # Given a record's open dead letter, and an operator closing it in a transaction that
     # has not committed yet (PostgreSQL; SQLite has one writer at a time)
@@ -683,7 +687,7 @@ def _backdate(store_url: str, row_id: int, age_s: float) -> None:
 
 
 def test_dead_letters_filter_by_status_reason_source_key_ids_age_and_limit(
-    store: Store, store_url: str
+    store: DeadLetterStore, store_url: str
 ) -> None:
     # Given review rows of several reasons, sources, keys and ages (oldest first)
     a = store.commit_dead_letter(draft("a", "contact:1", "conflict", "crm"), None)
@@ -718,7 +722,7 @@ def test_dead_letters_filter_by_status_reason_source_key_ids_age_and_limit(
     assert ids(statuses=("open",), record_key="contact:1", limit=1) == [a]
 
 
-def test_a_status_changes_only_from_an_allowed_status(store: Store) -> None:
+def test_a_status_changes_only_from_an_allowed_status(store: DeadLetterStore) -> None:
     # Given an open review row
     row = store.commit_dead_letter(draft("evt-1"), None)
     # When it is retried from open, Then it moves, recording who, when and why
@@ -745,7 +749,7 @@ def test_a_status_changes_only_from_an_allowed_status(store: Store) -> None:
 
 
 def test_a_status_change_allowed_from_no_status_changes_nothing(
-    store: Store, store_url: str, request: pytest.FixtureRequest
+    store: DeadLetterStore, store_url: str, request: pytest.FixtureRequest
 ) -> None:
     # Given an open review row
     row = store.commit_dead_letter(draft("evt-1"), None)
@@ -756,7 +760,9 @@ def test_a_status_change_allowed_from_no_status_changes_nothing(
     assert got.status == "open"
 
 
-def test_dead_letter_stats_count_by_status_reason_and_source(store: Store, store_url: str) -> None:
+def test_dead_letter_stats_count_by_status_reason_and_source(
+    store: DeadLetterStore, store_url: str
+) -> None:
     # Given rows of two reasons and sources, one discarded, one a day old
     a = store.commit_dead_letter(draft("a", reason="conflict", source="crm"), None)
     store.commit_dead_letter(draft("b", reason="conflict", source="crm"), None)
@@ -777,7 +783,7 @@ def test_dead_letter_stats_count_by_status_reason_and_source(store: Store, store
     assert oldest[("open", "conflict", "billing")] == pytest.approx(time.time(), abs=60)
 
 
-def test_no_dead_letters_means_empty_stats(store: Store) -> None:
+def test_no_dead_letters_means_empty_stats(store: DeadLetterStore) -> None:
     # Given no review rows, Then there are no stats and no rows
     assert store.dead_letter_stats() == []
     assert store.dead_letters(DeadLetterFilter()) == []
@@ -787,7 +793,7 @@ def test_no_dead_letters_means_empty_stats(store: Store) -> None:
 
 
 def test_a_store_from_before_holds_reads_as_holding_nothing_until_migrated(
-    store: Store, store_url: str
+    store: SqlStore, store_url: str
 ) -> None:
     # Given a store created before the held table existed (a rolling upgrade: the CLI is
     # updated first, and it never migrates)
@@ -809,7 +815,7 @@ def test_a_store_from_before_holds_reads_as_holding_nothing_until_migrated(
 
 
 def test_migrating_an_existing_store_again_keeps_what_it_holds(
-    store: Store, store_url: str
+    store: SqlStore, store_url: str
 ) -> None:
     # Given a store with a record, a journal entry, a fence and a review row
     store.commit_event(write("e-1", "contact:1", {"n": 1}, 0), Fence(SHARD, 2))
@@ -833,7 +839,7 @@ def test_migrating_an_existing_store_again_keeps_what_it_holds(
 # -- record keys and JSON ----------------------------------------------------------------
 
 
-def test_record_keys_lists_by_literal_prefix_in_key_order(store: Store) -> None:
+def test_record_keys_lists_by_literal_prefix_in_key_order(store: RecordStore) -> None:
     # Given records with look-alike keys
     keys = ["contact:2", "contact:10", "contact:1", "deal:1", "con%tact", "con_tact", "👍:1", "👍x"]
     for key in keys:
@@ -849,7 +855,7 @@ def test_record_keys_lists_by_literal_prefix_in_key_order(store: Store) -> None:
     assert store.record_keys("nothing") == []
 
 
-def test_scan_records_pages_through_a_prefix_in_key_order(store: Store) -> None:
+def test_scan_records_pages_through_a_prefix_in_key_order(store: RecordStore) -> None:
     # Given records under two prefixes
     for n in range(7):
         store.write_outside(f"contact:{n}", {"n": n}, 0)
@@ -878,7 +884,7 @@ JSON_SAMPLE = {
 }
 
 
-def test_fields_and_review_payloads_round_trip_unicode_and_nesting(store: Store) -> None:
+def test_fields_and_review_payloads_round_trip_unicode_and_nesting(store: SqlStore) -> None:
     # Given values with unicode, escapes, nesting, big ints and floats
     # When they are written as a record and as a review row's event and change
     store.commit_event(write("evt-1", "contact:ü", JSON_SAMPLE, 0), None)
@@ -907,7 +913,7 @@ json_values = st.recursive(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(fields=st.dictionaries(json_text, json_values, max_size=5))
-def test_any_json_fields_round_trip(store: Store, fields: dict[str, Any]) -> None:
+def test_any_json_fields_round_trip(store: RecordStore, fields: dict[str, Any]) -> None:
     # Given any JSON object (text without NUL, numbers below 1e15: see the tests below)
     record = store.read("any")
     # When it is written over the record, Then it reads back equal
@@ -917,7 +923,7 @@ def test_any_json_fields_round_trip(store: Store, fields: dict[str, Any]) -> Non
 
 @pytest.mark.parametrize("value", ["a\x00b", {"k\x00": 1}])
 def test_text_with_nul_round_trips(
-    store: Store, store_url: str, request: pytest.FixtureRequest, value: Any
+    store: SqlStore, store_url: str, request: pytest.FixtureRequest, value: Any
 ) -> None:
     # Given a JSON string holding NUL, which json.loads accepts from a sender ("\u0000")
     # When it is written as a record and a review row, Then both read back equal
@@ -931,7 +937,7 @@ def test_text_with_nul_round_trips(
 
 @pytest.mark.parametrize("value", [1e16, 1.2345678901234567e20, -3e300])
 def test_large_floats_round_trip_as_the_same_float(
-    store: Store, store_url: str, request: pytest.FixtureRequest, value: float
+    store: RecordStore, store_url: str, request: pytest.FixtureRequest, value: float
 ) -> None:
     # Given a float that Python writes in exponent form
     # When it is stored and read back, Then it is the same float, still a float
@@ -947,7 +953,7 @@ WRITERS = 8
 INCREMENTS = 200
 
 
-def test_concurrent_read_modify_write_increments_are_exact(store: Store, store_url: str) -> None:
+def test_concurrent_read_modify_write_increments_are_exact(store: SqlStore, store_url: str) -> None:
     # Given 8 writers, each with its own connection, incrementing one counter
     start = threading.Barrier(WRITERS, timeout=60)
     conflicts = [0] * WRITERS
@@ -1072,7 +1078,9 @@ def _fence_race(store_url: str, shard: int) -> None:
         new_owner.close()
 
 
-def test_once_a_fence_advance_commits_no_older_token_writes(store: Store, store_url: str) -> None:
+def test_once_a_fence_advance_commits_no_older_token_writes(
+    store: FenceStore, store_url: str
+) -> None:
     # Given a shard owned with token 1 (registered, as a lane does on acquiring it)
     # When the old owner keeps writing while a new owner advances the fence to 2,
     # three times on three shards
@@ -1112,7 +1120,7 @@ def _someone_waits_on(conn: Any, store_url: str) -> bool:
 
 
 def test_a_first_fenced_write_racing_a_fence_advance_is_refused(
-    store: Store, store_url: str, request: pytest.FixtureRequest
+    store: SqlStore, store_url: str, request: pytest.FixtureRequest
 ) -> None:
     # Given a shard with no fence row yet, and a new owner's advance to 2 in flight
     outcome: list[str] = []

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from keylane.routing.contract.errors import AlreadyApplied
-from keylane.workers.store import Commit, DeadLetterFilter, Store
+from keylane.workers.store import Commit, DeadLetterFilter, RecordStore, RetentionStore
 from keylane.workers.stores import open_store
+from keylane.workers.stores.sql import SqlStore
 from keylane.workers.stores.sql_retention import remove_archived
 from tests.test_store import _someone_waits_on, draft, is_postgres, write
 
@@ -26,7 +27,9 @@ def later() -> float:
     return cutoff
 
 
-def applied(store: Store, *event_ids: str, source: str = "crm", key: str = "contact:1") -> None:
+def applied(
+    store: RecordStore, *event_ids: str, source: str = "crm", key: str = "contact:1"
+) -> None:
     """Apply one increment per event id to ``key``."""
     for event_id in event_ids:
         record = store.read(key)
@@ -34,7 +37,7 @@ def applied(store: Store, *event_ids: str, source: str = "crm", key: str = "cont
         store.commit_event(write(event_id, key, {"n": n}, record.revision, source=source), None)
 
 
-def test_journal_rows_are_due_by_source_once_recorded_before_the_cutoff(store: Store) -> None:
+def test_journal_rows_are_due_by_source_once_recorded_before_the_cutoff(store: SqlStore) -> None:
     # Given two events of crm, then (after the cutoff) one of crm and one of forms
     applied(store, "e1", "e2")
     cutoff = later()
@@ -53,7 +56,7 @@ def test_journal_rows_are_due_by_source_once_recorded_before_the_cutoff(store: S
     assert [r["event_id"] for r in store.old_rows("journal", cutoff, 1, "crm")] == ["e1"]
 
 
-def test_archived_rows_leave_the_journal_and_their_ids_are_remembered(store: Store) -> None:
+def test_archived_rows_leave_the_journal_and_their_ids_are_remembered(store: SqlStore) -> None:
     # Given two old events and a new one
     applied(store, "e1", "e2")
     cutoff = later()
@@ -73,7 +76,7 @@ def test_archived_rows_leave_the_journal_and_their_ids_are_remembered(store: Sto
     assert ages["archived_ids"].rows == 2
 
 
-def test_a_replay_of_an_archived_event_is_refused_and_writes_nothing(store: Store) -> None:
+def test_a_replay_of_an_archived_event_is_refused_and_writes_nothing(store: SqlStore) -> None:
     # Given an event whose journal row was archived
     applied(store, "e1")
     store.remove_archived("journal", store.old_rows("journal", later(), 100, "crm"))
@@ -94,7 +97,7 @@ def test_a_replay_of_an_archived_event_is_refused_and_writes_nothing(store: Stor
     assert store.dead_letters(DeadLetterFilter()) == []
 
 
-def test_removing_the_same_rows_again_deletes_nothing_else(store: Store) -> None:
+def test_removing_the_same_rows_again_deletes_nothing_else(store: SqlStore) -> None:
     # Given rows removed once (a prune killed before it renamed its file runs again)
     applied(store, "e1", "e2")
     rows = store.old_rows("journal", later(), 100, "crm")
@@ -108,7 +111,7 @@ def test_removing_the_same_rows_again_deletes_nothing_else(store: Store) -> None
     assert store.table_ages()["archived_ids"].rows == 2
 
 
-def test_a_row_that_changed_after_it_was_read_stays_and_is_left_out(store: Store) -> None:
+def test_a_row_that_changed_after_it_was_read_stays_and_is_left_out(store: SqlStore) -> None:
     # Given a dead-lettered event whose review row was retried, and an applied one
     applied(store, "e1")
     row_id = store.commit_dead_letter(draft("d1"), None)
@@ -126,7 +129,7 @@ def test_a_row_that_changed_after_it_was_read_stays_and_is_left_out(store: Store
     assert entry.outcome == "applied"
 
 
-def test_a_dead_lettered_event_keeps_its_row_while_a_person_may_retry_it(store: Store) -> None:
+def test_a_dead_lettered_event_keeps_its_row_while_a_person_may_retry_it(store: SqlStore) -> None:
     # Given an event dead-lettered long ago whose review row is open
     row_id = store.commit_dead_letter(draft("d1"), None)
     # Then its journal row is not due, however old
@@ -138,7 +141,7 @@ def test_a_dead_lettered_event_keeps_its_row_while_a_person_may_retry_it(store: 
     assert [r["event_id"] for r in store.old_rows("journal", later(), 100, "crm")] == ["d1"]
 
 
-def test_closed_dead_letters_are_due_after_closing_and_open_ones_never(store: Store) -> None:
+def test_closed_dead_letters_are_due_after_closing_and_open_ones_never(store: SqlStore) -> None:
     # Given an open review row and a resolved one
     open_id = store.commit_dead_letter(draft("d1"), None)
     closed_id = store.commit_dead_letter(draft("d2"), None)
@@ -156,7 +159,7 @@ def test_closed_dead_letters_are_due_after_closing_and_open_ones_never(store: St
     assert store.table_ages()["dead_letters"].rows == 0  # closed rows
 
 
-def test_a_dead_letter_closed_again_after_it_was_read_stays(store: Store) -> None:
+def test_a_dead_letter_closed_again_after_it_was_read_stays(store: SqlStore) -> None:
     # Given a resolved row read for the archive
     row_id = store.commit_dead_letter(draft("d1"), None)
     store.set_dead_letter_status(row_id, "resolved", ("open",), "ada")
@@ -170,7 +173,7 @@ def test_a_dead_letter_closed_again_after_it_was_read_stays(store: Store) -> Non
     assert row.status == "discarded"
 
 
-def test_forgotten_archived_ids_make_a_replay_a_new_event(store: Store) -> None:
+def test_forgotten_archived_ids_make_a_replay_a_new_event(store: SqlStore) -> None:
     # Given an archived event
     applied(store, "e1")
     store.remove_archived("journal", store.old_rows("journal", later(), 100, "crm"))
@@ -183,7 +186,7 @@ def test_forgotten_archived_ids_make_a_replay_a_new_event(store: Store) -> None:
     assert store.forget_archived_ids(later(), 100).forgotten == 0
 
 
-def test_table_ages_give_rows_and_the_oldest_of_each(store: Store) -> None:
+def test_table_ages_give_rows_and_the_oldest_of_each(store: SqlStore) -> None:
     # Given an empty store, then three events of two sources
     assert store.table_ages()["journal"].rows == 0
     assert store.table_ages()["journal"].oldest is None
@@ -198,7 +201,7 @@ def test_table_ages_give_rows_and_the_oldest_of_each(store: Store) -> None:
     assert ages["journal"].oldest == first.recorded_at
 
 
-def test_find_journal_by_event_id_in_any_source_or_by_record(store: Store) -> None:
+def test_find_journal_by_event_id_in_any_source_or_by_record(store: SqlStore) -> None:
     # Given one event id used by two sources, and a record with two events
     applied(store, "e1", "e2")
     applied(store, "e1", source="forms", key="lead:1")
@@ -209,7 +212,9 @@ def test_find_journal_by_event_id_in_any_source_or_by_record(store: Store) -> No
     assert store.find_journal("nope") == []
 
 
-def test_one_process_at_a_time_holds_the_maintenance_lock(store: Store, store_url: str) -> None:
+def test_one_process_at_a_time_holds_the_maintenance_lock(
+    store: RetentionStore, store_url: str
+) -> None:
     # Given another connection to the same store
     other = open_store(store_url)
     try:
@@ -226,7 +231,7 @@ def test_one_process_at_a_time_holds_the_maintenance_lock(store: Store, store_ur
 
 
 def test_an_archiving_that_commits_while_a_replay_waits_refuses_the_replay(
-    store: Store, store_url: str
+    store: SqlStore, store_url: str
 ) -> None:
     # Given an old event, and a prune's delete of it written but not yet committed
     applied(store, "e1")
@@ -247,8 +252,8 @@ def test_an_archiving_that_commits_while_a_replay_waits_refuses_the_replay(
     pruner = open_store(store_url)
     thread = threading.Thread(target=lane)
     try:
-        with pruner.dialect.transaction() as cur:  # type: ignore[attr-defined]
-            remove_archived(pruner.dialect, cur, "journal", rows)  # type: ignore[attr-defined]
+        with pruner.dialect.transaction() as cur:
+            remove_archived(pruner.dialect, cur, "journal", rows)
             # When the event is replayed (and waits on the row being deleted)
             thread.start()
             deadline = time.monotonic() + 20
@@ -275,7 +280,7 @@ def _waits(cur: Any, store_url: str) -> bool:
     return bool(cur.fetchone()[0])
 
 
-def test_the_space_of_removed_rows_is_reclaimed(store: Store, store_url: str) -> None:
+def test_the_space_of_removed_rows_is_reclaimed(store: SqlStore, store_url: str) -> None:
     # Given 3,000 journal rows of which 2,000 were archived
     journal_only = [write(f"e{i}", "contact:1", {}, 0) for i in range(3000)]
     store.commit_group([Commit((replace(w, fields=None),), None) for w in journal_only])

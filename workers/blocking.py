@@ -7,9 +7,11 @@ that must block hands the call to this pool and awaits it, so a few threads serv
 lanes; ``lane_threads`` bounds how many blocking calls run at once.
 
 Each thread keeps its own store connection (a connection is never shared between threads),
-opened on first use and reopened after the store was unavailable. The threads are daemon
-threads: a user's function that never returns cannot keep the process from exiting (the
-lane that waits for it is given up by ownership's stuck-lane check).
+opened on first use and reopened after the store was unavailable. The pool owns these
+connections (a :class:`~keylane.workers.stores.sql.SqlStore` each, every role); a call
+takes the roles it uses of its thread's connection. The threads are daemon threads: a
+user's function that never returns cannot keep the process from exiting (the lane that
+waits for it is given up by ownership's stuck-lane check).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ..routing.contract.errors import StoreUnavailable
-from .store import Store
+from .store import StoreConnection
+from .stores.sql import SqlStore
 
 log = logging.getLogger("keylane.lanes")
 
@@ -47,7 +50,7 @@ _Job = tuple[
 class BlockingPool:
     """``size`` daemon threads running the lanes' blocking calls (see the module docstring)."""
 
-    def __init__(self, size: int, store_factory: Callable[[], Store], name: str = "keylane-io"):
+    def __init__(self, size: int, store_factory: Callable[[], SqlStore], name: str = "keylane-io"):
         self.size = size
         self._store_factory = store_factory
         self._name = name
@@ -66,9 +69,12 @@ class BlockingPool:
         (the event's log context, its Sentry scope)."""
         return await self._submit(fn, args, kwargs, wants_store=False)
 
-    async def store(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def store(
+        self, fn: Callable[Concatenate[SqlStore, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         """``fn(store, *args, **kwargs)`` in a pool thread, on that thread's store
-        connection."""
+        connection (``fn`` names the roles it uses: a function of two roles is handed the
+        connection as both, ``lambda store: fn(store, store, ...)``)."""
         return await self._submit(fn, args, kwargs, wants_store=True)
 
     async def _submit(
@@ -91,7 +97,7 @@ class BlockingPool:
             thread.join(timeout_s)
 
     def _serve(self) -> None:
-        store: Store | None = None
+        store: SqlStore | None = None
         while True:
             job = self._jobs.get()
             if job is None:
@@ -136,7 +142,7 @@ def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
         future.set_exception(exc)
 
 
-def _close(store: Store | None) -> None:
+def _close(store: StoreConnection | None) -> None:
     if store is not None:
         try:
             store.close()

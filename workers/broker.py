@@ -1,7 +1,10 @@
-"""What the lanes need from the broker that holds the shard queues: one interface in three
-roles (:class:`RecordQueue` for the lanes, :class:`ShardLeases` for the ownership,
-:class:`MessageNotes` for the notes kept with a message), one implementation per broker in
-:mod:`keylane.workers.brokers` (each the only module that imports its client library).
+"""What the lanes need from the broker that holds the shard queues, one interface per role:
+:class:`RecordQueue` for the lanes (take, finish, wait, send), :class:`ShardLeases` for the
+ownership (leases and membership), :class:`MessageNotes` for the notes kept with a message
+(the lanes, the dispatcher). One implementation per broker in :mod:`keylane.workers.brokers`
+(each the only module that imports its client library) is all three roles; the code that
+opens a broker (:func:`keylane.workers.brokers.choice.open_lane_broker`) holds it and hands
+each part the role it uses.
 
 The shard is the unit of **ownership**: one worker holds a shard's lease at a time, every
 acquisition advances the shard's fencing token, and every store write carries the token.
@@ -269,8 +272,3 @@ class MessageNotes(ABC):
     @abstractmethod
     def retries(self, shard: int, raw: bytes) -> int:
         """Failed calls of the message so far (see :meth:`note_retry`)."""
-
-
-class LaneBroker(RecordQueue, ShardLeases, MessageNotes):
-    """Every role of one broker holding the shard queues (one implementation per broker,
-    in :mod:`keylane.workers.brokers`); code that needs one role names that role."""

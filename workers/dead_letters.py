@@ -26,7 +26,14 @@ from ..routing.contract.errors import AlreadyApplied, MalformedMessage
 from ..routing.contract.events import Event
 from ..routing.contract.message import parse_message
 from .results import ApplyResult
-from .store import DeadLetterDraft, DeadLetterFilter, EventWrite, Fence, Store
+from .store import (
+    DeadLetterDraft,
+    DeadLetterFilter,
+    DeadLetterStore,
+    EventWrite,
+    Fence,
+    JournalStore,
+)
 
 log = logging.getLogger("keylane.alerts")
 
@@ -52,7 +59,11 @@ class Failure:
 
 
 def dead_letter(
-    store: Store, event: Event, fence: Fence | None, failure: Failure, close_event: bool = True
+    store: DeadLetterStore,
+    event: Event,
+    fence: Fence | None,
+    failure: Failure,
+    close_event: bool = True,
 ) -> ApplyResult:
     """Record ``event`` for review and (unless ``close_event`` is false) close it in the
     journal, in one transaction; a ``duplicate`` when the journal already closed it."""
@@ -90,13 +101,13 @@ def draft_of(event: Event, failure: Failure) -> DeadLetterDraft:
 
 
 def dead_letters(
-    store: Store, events: Sequence[Event], fence: Fence | None, failure: Failure
+    store: DeadLetterStore, events: Sequence[Event], fence: Fence | None, failure: Failure
 ) -> list[ApplyResult]:
     """A dead letter for each of ``events`` (one call's batch: the same failure)."""
     return [dead_letter(store, e, fence, failure) for e in events]
 
 
-def review(store: Store, event: Event, fence: Fence | None) -> ApplyResult:
+def review(store: DeadLetterStore, event: Event, fence: Fence | None) -> ApplyResult:
     """The review row of an event the receiver flagged (``event.review``), not applied."""
     assert event.review is not None
     error = REVIEW_ERRORS.get(event.review, event.review)
@@ -104,12 +115,16 @@ def review(store: Store, event: Event, fence: Fence | None) -> ApplyResult:
 
 
 def refuse_with_review(
-    store: Store, event: Event, write: EventWrite, fence: Fence | None, refused: ApplyResult
+    store: DeadLetterStore,
+    event: Event,
+    write: EventWrite,
+    fence: Fence | None,
+    refused: ApplyResult,
 ) -> ApplyResult:
     """Journal a refusal (``write``) and its review row in one transaction (a source's
     ``on_refusal = "review"``): ``refused`` with the row's id. The refusal stands: the row
     is for a person to see. A crash cannot leave one without the other. Raises as
-    :meth:`Store.commit_dead_letter` does (``VersionConflict``: decide it again)."""
+    :meth:`DeadLetterStore.commit_dead_letter` does (``VersionConflict``: decide it again)."""
     result = refused.result or {}
     why = str(result.get("why") or refused.reason or "refused")
     revision = refused.revision
@@ -118,7 +133,9 @@ def refuse_with_review(
     return replace(refused, dead_letter_id=row)
 
 
-def malformed(store: Store, shard: int, raw: bytes, error: str, fence: Fence | None) -> int:
+def malformed(
+    store: DeadLetterStore, shard: int, raw: bytes, error: str, fence: Fence | None
+) -> int:
     """The review row of bytes in a shard queue that are not a keylane message. The
     bytes' digest is closed in the journal (source ``""``) in the same transaction, so a
     redelivery adds no second row: it gets the first row's id."""
@@ -147,16 +164,16 @@ def malformed(store: Store, shard: int, raw: bytes, error: str, fence: Fence | N
         return store.commit_dead_letter(draft, fence, close_event=False)
 
 
-def open_dead_letter(store: Store, event: Event) -> int | None:
+def open_dead_letter(journal: JournalStore, rows: DeadLetterStore, event: Event) -> int | None:
     """The open dead letter of ``event`` when the journal closed it as dead-lettered (a
     redelivery after a crash that came before the record was held)."""
-    entry = store.journal(event.source, event.event_id)
+    entry = journal.journal(event.source, event.event_id)
     if entry is None or entry.outcome != "dead_lettered":
         return None
-    rows = store.dead_letters(
+    found = rows.dead_letters(
         DeadLetterFilter(statuses=("open",), sources=(event.source,), record_key=event.record_key)
     )
-    return next((row.id for row in rows if row.event_id == event.event_id), None)
+    return next((row.id for row in found if row.event_id == event.event_id), None)
 
 
 def alert(event: Event, result: ApplyResult) -> None:
@@ -187,7 +204,7 @@ def alert(event: Event, result: ApplyResult) -> None:
         )
 
 
-def past_delivery_limit(store: Store, raw: bytes, deliveries: int) -> ApplyResult | int:
+def past_delivery_limit(store: DeadLetterStore, raw: bytes, deliveries: int) -> ApplyResult | int:
     """The ``poison`` dead letter of a message the broker dead-lettered past its delivery
     limit (RabbitMQ: handed out that often and never acknowledged; a worker killed each
     time). A message that is not a keylane event is a ``malformed`` review row. No fence:

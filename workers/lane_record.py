@@ -49,14 +49,14 @@ from . import dead_letters, lane_tells
 from .apply import SourceHandler, apply_events, load_source_handler
 from .apply_rules import ApplyRules
 from .blocking import BlockingPool
-from .broker import Ack, Counts, Idle, LaneBroker, Lease, Outgoing, Taken, Tell
+from .broker import Ack, Counts, Idle, Lease, MessageNotes, Outgoing, RecordQueue, Taken, Tell
 from .dead_letters import Failure
 from .dispatch import Dispatcher, Wait
 from .doorbell import Doorbell
 from .lane_store import LaneStore
 from .ownership import Ownership
 from .results import ApplyResult
-from .store import Fence, Record, Store
+from .store import DeadLetterStore, Fence, Record, RecordStore
 
 log = logging.getLogger("keylane.lanes")
 
@@ -107,12 +107,14 @@ class Queued:
 class RecordLane:
     """A lane's work on one record (see the module docstring): the lanes' loop
     (:class:`keylane.workers.lanes.Lanes`) takes a record, then hands it to
-    :meth:`handle`."""
+    :meth:`handle`. The broker's two roles it uses: ``queue`` (take, finish, wait, send)
+    and ``notes`` (why a delivery failed)."""
 
     def __init__(
         self,
         settings: Settings,
-        broker: LaneBroker,
+        queue: RecordQueue,
+        notes: MessageNotes,
         ownership: Ownership,
         sources: Sources,
         faults: Faults,
@@ -123,7 +125,8 @@ class RecordLane:
         events: LaneEvents | None = None,
     ) -> None:
         self.settings = settings
-        self.broker = broker
+        self.queue = queue
+        self.notes = notes
         self.ownership = ownership
         self.sources = sources
         self.faults = faults
@@ -143,10 +146,10 @@ class RecordLane:
             sources.field_owners(),
         )
 
-    def take(self, store: Store, leases: list[Lease]) -> Step | Idle:
+    def take(self, store: RecordStore, leases: list[Lease]) -> Step | Idle:
         """(In a pool thread.) Take the first due record of ``leases``' shards and read it
         from the store: one blocking call for both."""
-        got = self.broker.take(leases)
+        got = self.queue.take(leases)
         return got if isinstance(got, Idle) else read_taken(store, got)
 
     async def handle(self, lane: int, lease: Lease, step: Step) -> Step | Idle | None:
@@ -232,7 +235,7 @@ class RecordLane:
             log.exception("handler error on %s (delivery %s)", ref, taken.deliveries)
             sentry_sdk.capture_exception(exc)
             error = f"{type(exc).__name__}: {exc}"
-            await self.io.call(self.broker.note_failure, lease.shard, taken.raw, error)
+            await self.io.call(self.notes.note_failure, lease.shard, taken.raw, error)
             delay_s = retry_delay_s(taken.deliveries, MAX_BACKOFF_S, random.random())
             why = {"reason": "handler_error", "error": error[:EXCERPT_CHARS]}
             await self._wait(lease, taken, batch, delay_s, why, "keep", failed)
@@ -258,7 +261,9 @@ class RecordLane:
             counted = result.counted_as or result.outcome
             acks.append(Ack(queued.raw, counted, result.conflicts, result.attempts, latency, tell))
         keep = not self._stop.is_set() and self.ownership.keep(lane, lease)
-        finished = await self.io.store(self._finish, lease, taken, acks, hold, keep)
+        finished = await self.io.store(
+            lambda store: self._finish(store, store, lease, taken, acks, hold, keep)
+        )
         if finished is False:
             self.ownership.lost(lease, "lease changed before the acknowledgement")
         if self._events is not None:
@@ -269,7 +274,8 @@ class RecordLane:
 
     def _finish(
         self,
-        store: Store,
+        records: RecordStore,
+        rows: DeadLetterStore,
         lease: Lease,
         taken: Taken,
         acks: list[Ack],
@@ -277,26 +283,26 @@ class RecordLane:
         then_take: bool,
     ) -> Step | Idle | bool:
         """(In a pool thread.) Acknowledge; with ``then_take``, also take the shard's next
-        record and read it from the store: one broker call and one read. After a hold,
-        the holding row is read again: if an operator closed it meanwhile, the release
-        they could not send yet goes now."""
-        nxt = self.broker.finish(lease, taken, acks, hold, then_take)
+        record and read it from ``records``: one broker call and one read. After a hold,
+        the holding row is read again (``rows``): if an operator closed it meanwhile, the
+        release they could not send yet goes now."""
+        nxt = self.queue.finish(lease, taken, acks, hold, then_take)
         if hold is not None and nxt is not False:
-            self._release_if_closed(store, lease, taken.record_key, hold)
+            self._release_if_closed(rows, lease, taken.record_key, hold)
         if not isinstance(nxt, Taken):
             return nxt
-        return read_taken(store, nxt)
+        return read_taken(records, nxt)
 
-    def _release_if_closed(self, store: Store, lease: Lease, key: str, hold: int) -> None:
+    def _release_if_closed(self, rows: DeadLetterStore, lease: Lease, key: str, hold: int) -> None:
         """(In a pool thread, after a hold.) If an operator closed the holding row while
         the hold was being written, send the release they could not. A failure here
         leaves the record held behind a closed row until ``dlq discard/resolve`` is run
         on it again (which sends the release): logged, never in the lane's way."""
         try:
-            row = store.dead_letter(hold)
+            row = rows.dead_letter(hold)
             if row is None or row.status in ("open", "retried"):
                 return
-            self.broker.release_closed(lease, key, hold)
+            self.queue.release_closed(lease, key, hold)
         except Exception as exc:
             log.warning("%s: could not check dead letter %s after the hold: %s", key, hold, exc)
             return
@@ -325,7 +331,7 @@ class RecordLane:
         messages = [taken.raw] if counts != "keep" else []
         if since is not None:  # what the calls since then took is not waited again
             delay_s = max(0.0, delay_s - (time.monotonic() - since))
-        waiting = await self.io.call(self.broker.wait, lease, taken, delay_s, why, counts, messages)
+        waiting = await self.io.call(self.queue.wait, lease, taken, delay_s, why, counts, messages)
         if not waiting:
             self.ownership.lost(lease, "lease changed before the record could wait")
             return
@@ -340,7 +346,7 @@ class RecordLane:
         if deliveries > self.settings.max_deliveries:
             # Started this often without finishing: failing every time (handler_error) or
             # killing its worker every time (poison). Record it and let the record move on.
-            last_error = await self.io.call(self.broker.last_failure, lease.shard, taken.raw)
+            last_error = await self.io.call(self.notes.last_failure, lease.shard, taken.raw)
             reason = "handler_error" if last_error else "poison"
             detail = last_error or "the worker died each time (killed, crashed or stuck)"
             error = f"started {deliveries - 1} times without finishing; last: {detail}"
@@ -361,7 +367,7 @@ class RecordLane:
             )
         outgoing = [self._outgoing(sent) for result in results for sent in result.sends]
         if outgoing:  # before the acknowledgement: a crash sends them again
-            await self.io.call(self.broker.send, outgoing)
+            await self.io.call(self.queue.send, outgoing)
             if self.faults:
                 await self.io.call(self.faults.hit, "worker.after_send", event.record_key)
         return results
@@ -388,7 +394,9 @@ class RecordLane:
         told = lane_tells.told_of(event, result, time.time())
         if result.outcome == "duplicate":
             try:
-                told = await self.io.store(lane_tells.journal_told, event)
+                told = await self.io.store(
+                    lambda store: lane_tells.journal_told(store, store, event)
+                )
             except Exception as exc:
                 log.warning("could not read the outcome of a duplicate to tell it: %s", exc)
         return lane_tells.tell_of(told, event, self.settings, self.sources)
@@ -415,12 +423,12 @@ class RecordLane:
             self.ownership.lost(lease, str(exc))
             return
         if not await self.io.call(
-            self.broker.finish, lease, taken, [Ack(taken.raw, "dead_lettered")]
+            self.queue.finish, lease, taken, [Ack(taken.raw, "dead_lettered")]
         ):
             self.ownership.lost(lease, "lease changed before the acknowledgement")
 
 
-def read_taken(store: Store, taken: Taken) -> Step:
+def read_taken(store: RecordStore, taken: Taken) -> Step:
     """(In a pool thread.) ``taken`` with its message parsed and its record read right
     after the take: the first attempt's fresh read, without a blocking call of its own."""
     try:

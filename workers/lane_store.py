@@ -2,7 +2,9 @@
 
 Every store call of a lane goes through :class:`LaneStore`: it runs in the lanes' blocking
 pool (:mod:`keylane.workers.blocking`), on that thread's store connection, while the lane's
-coroutine waits without holding a thread. A lane's reads, commits, journal look-ups and
+coroutine waits without holding a thread; each call takes the roles it uses of that
+connection (:class:`~keylane.workers.store.RecordStore`, ``JournalStore``,
+``DeadLetterStore``, ``IdentityStore``). A lane's reads, commits, journal look-ups and
 dead letters are its methods, so the store leg of an event reads as a sequence of awaits.
 
 Group commit: a store transaction costs about one disk flush, whatever it holds (SQLite
@@ -11,8 +13,8 @@ lanes each committed alone would be held to one event per flush. A lane hands it
 (:class:`~keylane.workers.store.Commit`: one event's write, or a record's batch) to
 :meth:`LaneStore.commit` and waits; while one transaction runs, the commits that arrive wait
 together for the next one. Each commit stays all or nothing on its own (a savepoint each,
-see :meth:`Store.commit_group`): one lane's conflict or stale fence never touches another's
-write, and a lane's answer is exactly what committing alone would have given.
+see :meth:`RecordStore.commit_group`): one lane's conflict or stale fence never touches
+another's write, and a lane's answer is exactly what committing alone would have given.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .results import ApplyResult
 from .store import (
     Commit,
     CommitRefused,
+    DeadLetterStore,
     EventWrite,
     Fence,
     JournalEntry,
@@ -38,7 +41,6 @@ from .store import (
     JournalStore,
     Record,
     RecordStore,
-    Store,
 )
 
 #: Commits in one transaction at most (a bound on how long its locks are held).
@@ -60,8 +62,8 @@ class LaneStore:
         return await self.io.store(_read, record_key)
 
     async def commit(self, writes: Sequence[EventWrite], fence: Fence | None) -> int:
-        """:meth:`Store.commit_events`, in the next group: the new revision, or its error
-        (:class:`VersionConflict`, :class:`AlreadyApplied`, :class:`StaleFence`)."""
+        """:meth:`RecordStore.commit_events`, in the next group: the new revision, or its
+        error (:class:`VersionConflict`, :class:`AlreadyApplied`, :class:`StaleFence`)."""
         future: asyncio.Future[int | CommitRefused] = asyncio.get_running_loop().create_future()
         self._waiting.append((Commit(tuple(writes), fence), future))
         if not self._running:
@@ -134,7 +136,7 @@ class LaneStore:
 
     async def open_dead_letter(self, event: Event) -> int | None:
         """:func:`keylane.workers.dead_letters.open_dead_letter`."""
-        return await self.io.store(dead_letters.open_dead_letter, event)
+        return await self.io.store(lambda store: dead_letters.open_dead_letter(store, store, event))
 
     async def _drain(self) -> None:
         try:
@@ -168,7 +170,11 @@ def _journal_entries(store: JournalStore, events: list[Event]) -> list[JournalEn
 
 
 def _journal_delivered(
-    store: Store, events: list[Event], fence: Fence, done: ApplyResult, keeps_keys: str | None
+    store: RecordStore,
+    events: list[Event],
+    fence: Fence,
+    done: ApplyResult,
+    keeps_keys: str | None,
 ) -> list[ApplyResult]:
     attempts = done.attempts
     outcome: JournalOutcome = "refused" if done.outcome == "refused" else "applied"
@@ -200,7 +206,11 @@ def _kept(write: EventWrite, event: Event, keeps_keys: str | None) -> EventWrite
 
 
 def _refused_with_review(
-    store: Store, events: list[Event], fence: Fence, refused: ApplyResult, keeps_keys: str | None
+    store: DeadLetterStore,
+    events: list[Event],
+    fence: Fence,
+    refused: ApplyResult,
+    keeps_keys: str | None,
 ) -> list[ApplyResult]:
     results = []
     for event in events:

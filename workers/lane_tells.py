@@ -25,7 +25,7 @@ from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources
 from .broker import Tell
 from .results import ApplyResult
-from .store import DeadLetterFilter, Store
+from .store import DeadLetterFilter, DeadLetterStore, JournalStore
 
 log = logging.getLogger("keylane.lanes")
 
@@ -56,10 +56,11 @@ def told_of(event: Event, result: ApplyResult, decided_at: float) -> Told | None
     )
 
 
-def journal_told(store: Store, event: Event) -> Told | None:
-    """(In a pool thread.) The outcome the journal keeps for ``event``, as told; None when
-    it has none to tell (no row, or archived: its record data is gone from the store)."""
-    entry = store.journal(event.source, event.event_id)
+def journal_told(journal: JournalStore, rows: DeadLetterStore, event: Event) -> Told | None:
+    """(In a pool thread.) The outcome the journal keeps for ``event``, as told, with the
+    review row that closed it; None when it has none to tell (no row, or archived: its
+    record data is gone from the store)."""
+    entry = journal.journal(event.source, event.event_id)
     if entry is None or entry.outcome not in _TOLD:
         return None
     dead_letter_id, reason = None, None
@@ -69,10 +70,10 @@ def journal_told(store: Store, event: Event) -> Told | None:
         # The event's newest row: the one that closed it (a retry that failed again
         # closed it with a newer row), or the review row made with its refusal (a
         # source with on_refusal = "review"; none otherwise).
-        rows = store.dead_letters(
+        found = rows.dead_letters(
             DeadLetterFilter(sources=(event.source,), record_key=event.record_key)
         )
-        mine = [row for row in rows if row.event_id == event.event_id]
+        mine = [row for row in found if row.event_id == event.event_id]
         if mine:
             dead_letter_id, reason = mine[-1].id, mine[-1].reason
     kept = ApplyResult(

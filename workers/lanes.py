@@ -30,12 +30,12 @@ from ..routing.contract.faults import Faults
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources
 from .blocking import BlockingPool
-from .broker import Idle, LaneBroker, Taken
+from .broker import Idle, MessageNotes, RecordQueue, Taken
 from .dispatch import Dispatcher
 from .doorbell import Doorbell
 from .lane_record import OUTAGE_WAIT_S, LaneEvents, RecordLane, Step
 from .ownership import Ownership
-from .store import Store
+from .stores.sql import SqlStore
 
 log = logging.getLogger("keylane.lanes")
 
@@ -50,33 +50,37 @@ RECLAIM_AFTER_S = 30.0
 
 
 class Lanes:
-    """The lanes of one worker process: an event loop in its own thread."""
+    """The lanes of one worker process: an event loop in its own thread. They take records
+    from ``queue`` and keep notes of their messages in ``notes`` (one broker's two roles),
+    and open the store connections of their blocking pool with ``store_factory``."""
 
     def __init__(
         self,
         settings: Settings,
-        broker: LaneBroker,
+        queue: RecordQueue,
+        notes: MessageNotes,
         ownership: Ownership,
         sources: Sources,
-        store_factory: Callable[[], Store],
+        store_factory: Callable[[], SqlStore],
         faults: Faults,
         dispatcher: Dispatcher,
         events: LaneEvents | None = None,
     ) -> None:
         self.settings = settings
         self.dispatcher = dispatcher
-        self.broker = broker
+        self.queue = queue
         self.ownership = ownership
         self.io = BlockingPool(settings.lane_threads, store_factory)
         #: The record each lane works on now, by lane (shard, record key).
         self._holding: dict[int, tuple[int, str]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.doorbell = Doorbell(broker, ownership.owns)
+        self.doorbell = Doorbell(queue, ownership.owns)
         #: What a lane does with the record it took.
         self.records = RecordLane(
             settings,
-            broker,
+            queue,
+            notes,
             ownership,
             sources,
             faults,
@@ -142,11 +146,11 @@ class Lanes:
             try:
                 for shard, lease in self.ownership.owned().items():
                     held = {key for s, key in self._holding.values() if s == shard}
-                    busy = await self.io.call(self.broker.in_flight, shard)
+                    busy = await self.io.call(self.queue.in_flight, shard)
                     orphans = [key for key in busy if key not in held]
                     if orphans:
                         found = await self.io.call(
-                            self.broker.reclaim, lease, orphans, RECLAIM_AFTER_S
+                            self.queue.reclaim, lease, orphans, RECLAIM_AFTER_S
                         )
                         if found > 0:
                             log.warning("shard %s: %s record(s) made due again", shard, found)

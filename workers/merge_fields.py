@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..routing.contract.identities import Side, same_value
-from .store import Record, Store
+from .store import JournalStore, Record
 
 
 def owner_sides(
-    store: Store,
+    store: JournalStore,
     absorbed: Record,
     survivor: Record,
     differ: dict[str, dict[str, Any]],
@@ -42,7 +42,7 @@ def owner_sides(
     return sides
 
 
-def last_writers(store: Store, record: Record, names: Sequence[str]) -> dict[str, str]:
+def last_writers(store: JournalStore, record: Record, names: Sequence[str]) -> dict[str, str]:
     """The source of the journal entry that last wrote each of ``names`` on ``record``,
     as far as its journal tells: "" when the value it wrote is not the record's any more
     (an outside edit since), absent when no entry in the journal wrote it (pruned)."""

@@ -25,7 +25,7 @@ from .apply_rules import ApplyRules
 from .lane_store import LaneStore, event_write
 from .merges import merge_event, settle
 from .results import ApplyResult
-from .store import Fence, JournalEntry, Store
+from .store import Fence, JournalEntry, JournalStore
 
 
 async def reopen(
@@ -98,5 +98,5 @@ async def release(
     raise VersionConflict(event.record_key, 0, 0)  # outside edits on every attempt: again
 
 
-def _entry(store: Store, event_id: str) -> JournalEntry | None:
+def _entry(store: JournalStore, event_id: str) -> JournalEntry | None:
     return store.journal(MERGE_SOURCE, event_id)

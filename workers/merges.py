@@ -50,7 +50,15 @@ from .apply_rules import ApplyRules
 from .lane_store import LaneStore, event_write
 from .merge_fields import differing, owner_sides, taken_fields
 from .results import ApplyResult
-from .store import DeadLetterDraft, Fence, Record, Store
+from .store import (
+    DeadLetterDraft,
+    DeadLetterStore,
+    Fence,
+    IdentityStore,
+    JournalStore,
+    Record,
+    RecordStore,
+)
 
 #: The longest chain of tombstones followed to a live record (a chain is as long as the
 #: merges that happened one after another before its events were forwarded).
@@ -94,7 +102,7 @@ def merge_event(
     )
 
 
-def live_end(store: Store, record_key: str) -> Record:
+def live_end(store: RecordStore, record_key: str) -> Record:
     """(In a pool thread.) The record ``record_key`` is now: itself, or the live record at
     the end of its chain of tombstones."""
     record = store.read(record_key)
@@ -122,7 +130,9 @@ async def with_proposals(
     last = settled[-1]
     identities = tuple(dict.fromkeys(i for n in settled for i in events[n].identities))
     asking = events[last].model_copy(update={"identities": identities})
-    proposed = await store.io.store(proposals, asking, shards)
+    proposed = await store.io.store(
+        lambda s: proposals(asking, shards, records=s, identities=s, journal=s)
+    )
     if not proposed:
         return results
     out = list(results)
@@ -130,30 +140,38 @@ async def with_proposals(
     return out
 
 
-def proposals(store: Store, event: Event, shards: ShardMap) -> tuple[Event, ...]:
+def proposals(
+    event: Event,
+    shards: ShardMap,
+    *,
+    records: RecordStore,
+    identities: IdentityStore,
+    journal: JournalStore,
+) -> tuple[Event, ...]:
     """(In a pool thread, after ``event`` was applied or found applied.) A close for each
-    live record one of ``event``'s identities names besides its own, unless a person kept
-    the two apart or the pair's close was decided already (reviewed); the older record
+    live record one of ``event``'s identities names besides its own (the index says which,
+    ``records`` where each chain of tombstones ends), unless a person kept the two apart or
+    the pair's close was decided already (reviewed: in the ``journal``); the older record
     survives. (An event of a task: the two keys of its records elsewhere.)"""
     if not event.identities:
         return ()
-    named = set(store.identity_owners(event.identities).values()) - {event.record_key}
+    named = set(identities.identity_owners(event.identities).values()) - {event.record_key}
     if not named:
         return ()
-    mine = live_end(store, event.record_key)
+    mine = live_end(records, event.record_key)
     found: list[Event] = []
     for key in sorted(named):
-        other = live_end(store, key)
+        other = live_end(records, key)
         if not (mine.exists and other.exists) or other.key == mine.key:
             continue
         if mine.kept_for != other.kept_for:
             continue  # a task's record and keylane's (or another task's): never one
-        if store.kept_apart(mine.key, other.key):
+        if identities.kept_apart(mine.key, other.key):
             continue
         survivor, absorbed = survivor_first(
             (mine.key, mine.created_at), (other.key, other.created_at)
         )
-        if store.journal(MERGE_SOURCE, merge_event_id(absorbed, survivor, "close", None)):
+        if journal.journal(MERGE_SOURCE, merge_event_id(absorbed, survivor, "close", None)):
             continue  # decided already: a review row waits for a person
         found.append(
             merge_event(shards, "close", absorbed, survivor, destination=event.destination)
@@ -306,16 +324,16 @@ async def settle(
     return ApplyResult("applied", attempts=1, result=result, sends=sends, counted_as=counted_as)
 
 
-def _kept_apart(store: Store, a: str, b: str) -> bool:
+def _kept_apart(store: IdentityStore, a: str, b: str) -> bool:
     return store.kept_apart(a, b)
 
 
-def _identities_of(store: Store, record_key: str) -> list[str]:
+def _identities_of(store: IdentityStore, record_key: str) -> list[str]:
     return store.identities_of(record_key)
 
 
 def _review(
-    store: Store,
+    store: DeadLetterStore,
     event: Event,
     fence: Fence | None,
     absorbed: Record,

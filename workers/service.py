@@ -15,8 +15,9 @@ from ..routing.contract.faults import Faults
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources, load_sources
 from . import dead_letters
-from .broker import LaneBroker
 from .brokers.choice import open_lane_broker
+from .brokers.rabbitmq import RabbitLaneBroker
+from .brokers.redis import RedisLaneBroker
 from .destinations import Destination, open_destinations
 from .dispatch import Dispatcher
 from .faults import crash
@@ -25,8 +26,8 @@ from .jobs import RECHECK_HANDLER, scheduled_jobs
 from .lane_record import LaneEvents
 from .lanes import Lanes
 from .ownership import Ownership
-from .store import Store
 from .stores import open_store
+from .stores.sql import SqlStore
 from .tasks import import_app
 from .writer import StoreWriter
 
@@ -88,11 +89,15 @@ class LaneService:
             if settings.store_is_sqlite and self.redis is not None
             else None
         )
+        # The broker and the store connections are this service's; each part gets the
+        # roles it uses: the ownership the leases and the fences, the lanes the record
+        # queue and the message notes, the dispatcher the notes.
         self.ownership = Ownership(
             settings, self.broker, self.open_store, self.worker_id, info, writer=self.writer
         )
         self.lanes = Lanes(
             settings,
+            self.broker,
             self.broker,
             self.ownership,
             self.sources,
@@ -102,7 +107,7 @@ class LaneService:
             events,
         )
 
-    def _open_broker(self) -> tuple[LaneBroker, DestinationFlow]:
+    def _open_broker(self) -> tuple[RedisLaneBroker | RabbitLaneBroker, DestinationFlow]:
         """The lane broker ``KEYLANE_BROKER_URL`` names (Redis unless it is amqp://), and
         destinations' flow control (always on Redis: on RabbitMQ an optional helper)."""
         s = self.settings
@@ -120,8 +125,8 @@ class LaneService:
         finally:
             store.close()
 
-    def open_store(self) -> Store:
-        """A new store connection (one per thread)."""
+    def open_store(self) -> SqlStore:
+        """A new store connection (one per thread), every role: its opener owns it."""
         s = self.settings
         return open_store(worker_store_url(s), s.store_timeout_ms, s.sqlite_synchronous)
 

@@ -1,9 +1,15 @@
-"""The record store interface, by role: records with revisions (:class:`RecordStore`), the
+"""The record store's interfaces, one per role, each over one connection
+(:class:`StoreConnection`): records with revisions (:class:`RecordStore`), the
 applied-events journal (:class:`JournalStore`), shard fences (:class:`FenceStore`),
 dead-letter review rows (:class:`DeadLetterStore`), what the prune removes
 (:class:`RetentionStore`), RabbitMQ's parked and held records (:class:`ParkingStore`) and
-the identity index (:class:`IdentityStore`);
-:class:`Store` is all of them over one connection.
+the identity index (:class:`IdentityStore`).
+
+One SQL implementation, :class:`keylane.workers.stores.sql.SqlStore`, is every role over
+one connection. Code is typed against the roles it calls (a function that calls several
+takes one parameter per role, and its caller passes the same connection for each); only
+the code that opens and closes a connection holds the
+:class:`~keylane.workers.stores.sql.SqlStore` itself (and the tests of the SQL store).
 
 Every implementation keeps four promises, checked by the shared test suite:
 
@@ -31,7 +37,7 @@ from ..routing.contract.errors import AlreadyApplied, StaleFence, VersionConflic
 #: ``refused``: a condition on the record did not hold (or a task refused): an answer,
 #: not a failure; never retried.
 JournalOutcome = Literal["applied", "dead_lettered", "refused"]
-#: The outcome :meth:`Store.journal` gives an event whose row was archived.
+#: The outcome :meth:`JournalStore.journal` gives an event whose row was archived.
 ARCHIVED: Literal["archived"] = "archived"
 DeadLetterStatus = Literal["open", "retried", "discarded", "resolved"]
 DEAD_LETTER_STATUSES: tuple[str, ...] = get_args(DeadLetterStatus)
@@ -83,7 +89,7 @@ class Record:
 
 @dataclass(frozen=True)
 class Parked:
-    """A message parked in the store (see :meth:`Store.park`)."""
+    """A message parked in the store (see :meth:`ParkingStore.park`)."""
 
     record_key: str
     seq: int
@@ -160,7 +166,7 @@ def with_revision(result: dict[str, Any] | None, revision: int) -> dict[str, Any
 
 @dataclass(frozen=True)
 class Commit:
-    """One lane's :meth:`Store.commit_events` call, as part of a group."""
+    """One lane's :meth:`RecordStore.commit_events` call, as part of a group."""
 
     writes: tuple[EventWrite, ...]
     fence: Fence | None
@@ -515,17 +521,3 @@ class IdentityStore(StoreConnection):
     def keep_apart(self, a: str, b: str, by: str) -> None:
         """Remember that ``a`` and ``b`` are two records: no merge of them is proposed
         again."""
-
-
-class Store(
-    RecordStore,
-    JournalStore,
-    FenceStore,
-    DeadLetterStore,
-    RetentionStore,
-    ParkingStore,
-    IdentityStore,
-):
-    """Every role of one connection to keylane's database (one SQL implementation,
-    :class:`keylane.workers.stores.sql.SqlStore`, over SQLite or PostgreSQL). See the
-    module docstring for the promises; code that needs one role names that role."""

@@ -31,8 +31,8 @@ import redis
 
 from ...routing.contract.settings import load_settings, settings_environ
 from ...workers.brokers.rabbitmq import delete_topology
-from ...workers.store import Store
 from ...workers.stores import open_store
+from ...workers.stores.sql import SqlStore
 from .e2e import check_store, workload
 from .load import run_load
 from .procs import (
@@ -74,7 +74,7 @@ class BrokerRun:
 @contextlib.contextmanager
 def deployment(
     broker_url: str | None, opts: argparse.Namespace, tmp: Path, port: int, receivers: int
-) -> Iterator[tuple[dict[str, str], Path, Store, list[str], list[Child]]]:
+) -> Iterator[tuple[dict[str, str], Path, SqlStore, list[str], list[Child]]]:
     """A fresh namespace and PostgreSQL schema on ``broker_url`` (None: Redis) with
     ``receivers`` receivers on ports from ``port``, ready: the workers' environment, the
     log folder, the store, the receivers' webhook URLs and processes. Cleaned up after."""

@@ -45,7 +45,7 @@ from ...routing import ShardMap
 from ...routing.contract.message import event_message
 from ...routing.contract.sources import DEMO, Sources
 from ...routing.redis_keys import RedisKeys
-from ...workers.store import Store
+from ...workers.store import JournalStore
 from ...workers.stores import open_store
 from ..deployment_view import DeploymentView
 from .e2e import (
@@ -153,7 +153,7 @@ class _Mark:
     bench_cpu_s: float
 
 
-def _mark(store: Store, workers: list[Child], client: redis.Redis) -> _Mark:
+def _mark(store: JournalStore, workers: list[Child], client: redis.Redis) -> _Mark:
     return _Mark(
         time.perf_counter(),
         store.journal_size(),
@@ -225,7 +225,12 @@ def _terminate(procs: list[Child]) -> None:
 
 
 def _watch(
-    bench: Bench, store: Store, view: DeploymentView, procs: list[Child], events: int, tag: str
+    bench: Bench,
+    store: JournalStore,
+    view: DeploymentView,
+    procs: list[Child],
+    events: int,
+    tag: str,
 ) -> tuple[_Mark | None, _Mark]:
     """Poll until the journal holds ``events`` entries: the marks when every shard was
     first owned (None if the journal was full first) and when the journal was full."""

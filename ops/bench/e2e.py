@@ -22,8 +22,9 @@ from ...routing.contract.events import Envelope, Event
 from ...routing.contract.sources import DEMO
 from ...workers.changes import apply_changes
 from ...workers.lane_store import event_write
-from ...workers.store import DeadLetterFilter, Fence, Store
+from ...workers.store import DeadLetterFilter, Fence, JournalStore
 from ...workers.stores import open_store
+from ...workers.stores.sql import SqlStore
 
 EVENT_TYPE = "bench.increment"
 
@@ -69,13 +70,13 @@ def workload(run: str, events: int, keys: int) -> Workload:
 
 
 def check_store(
-    store: Store,
+    store: SqlStore,
     work: Workload,
     journal_expected: int,
     spans: Sequence[tuple[float, float] | None] | None = None,
 ) -> list[str]:
     """Every way the store differs from ``work`` applied exactly once, in order (empty
-    when the invariants hold)."""
+    when the invariants hold): its journal, dead letters and records."""
     problems: list[str] = []
     size = store.journal_size()
     if size != journal_expected:
@@ -96,7 +97,7 @@ def check_store(
 
 
 def _check_order(
-    store: Store, work: Workload, spans: Sequence[tuple[float, float] | None]
+    store: JournalStore, work: Workload, spans: Sequence[tuple[float, float] | None]
 ) -> list[str]:
     applied: dict[str, list[tuple[int, float, float, str]]] = defaultdict(list)
     problems: list[str] = []

@@ -46,7 +46,7 @@ import click
 from ...routing import ShardMap
 from ...routing.contract.settings import DEFAULT_LANES
 from ...routing.redis_keys import RedisKeys
-from ...workers.store import Store
+from ...workers.store import IdentityStore, StoreConnection
 from ...workers.stores import open_store
 from ...workers.stores.postgres import PostgresDialect
 from ...workers.stores.sql import SqlStore
@@ -100,7 +100,7 @@ def expected_index(work: Workload) -> dict[str, str]:
     return out
 
 
-def check_index(store: Store, expected: dict[str, str]) -> list[str]:
+def check_index(store: IdentityStore, expected: dict[str, str]) -> list[str]:
     """Every way the store's identity index differs from ``expected`` (empty when it
     holds exactly those identities, each naming its record)."""
     problems: list[str] = []
@@ -160,7 +160,7 @@ class Run:
         return None if self.store_cpu_s is None else self.store_cpu_s * 1000 / self.events
 
 
-def _postgres_cpu_s(store: Store) -> float | None:
+def _postgres_cpu_s(store: StoreConnection) -> float | None:
     """CPU seconds used so far by every ``postgres`` process on this machine but the
     backend of ``store``'s own connection (this process's polling of the journal); None
     when ``store`` is not on PostgreSQL."""

@@ -11,8 +11,8 @@ import time
 from ...routing import ShardMap
 from ...routing.assignment import assign_shards
 from ...routing.redis_keys import RedisKeys
-from ...workers.store import Store
 from ...workers.stores import open_store
+from ...workers.stores.sql import SqlStore
 from ..deployment_view import DeploymentView
 from ..embedded_redis import free_port
 from . import profile
@@ -221,7 +221,7 @@ def run_audit(env: dict[str, str]) -> None:
 
 
 def _e2e_run(
-    bench: Bench, store: Store, receiver: Child, workers: list[Child], url: str, keys: int
+    bench: Bench, store: SqlStore, receiver: Child, workers: list[Child], url: str, keys: int
 ) -> E2eRun:
     opts = bench.opts
     work = workload(f"k{keys}", opts.events, keys)

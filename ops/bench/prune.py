@@ -41,9 +41,10 @@ from unittest import mock
 import click
 
 from ...routing.contract.settings import Settings, load_settings, settings_environ
-from ...workers.store import Commit, EventWrite, Store
+from ...workers.store import Commit, EventWrite, RecordStore
 from ...workers.stores import open_store
 from ...workers.stores import sql_journal as journal_sql
+from ...workers.stores.sql import SqlStore
 from ..archive import read_rows
 from ..retention import PruneReport, prune
 from .procs import fresh_store_url, say
@@ -60,7 +61,7 @@ class Writer:
     """Events written as a worker's group commit writes them: each a read-modify-write of
     its record (revisions kept here: this writer is the only one) and a journal entry."""
 
-    store: Store
+    store: RecordStore
     keys: int
     group: int
     prefix: str = "soak"
@@ -124,9 +125,9 @@ def increment(i: int) -> int:
 # -- sizes ---------------------------------------------------------------------------------
 
 
-def store_bytes(store: Store, url: str) -> dict[str, int]:
+def store_bytes(store: SqlStore, url: str) -> dict[str, int]:
     """The store's bytes by table (indexes included), and ``total``."""
-    with store.dialect.cursor() as cur:  # type: ignore[attr-defined]
+    with store.dialect.cursor() as cur:
         if url.startswith("sqlite"):
             cur.execute(
                 "SELECT COALESCE(m.tbl_name, d.name), SUM(d.pgsize) FROM dbstat d "
@@ -184,7 +185,7 @@ class Pruner(threading.Thread):
         store = open_store(self.settings.store_dsn())
         try:
             while not self.stop.wait(self.every_s):
-                self.reports.append(prune(self.settings, store, None))
+                self.reports.append(prune(self.settings, store, store, None))
         except BaseException as exc:
             self.error = exc
         finally:
@@ -235,7 +236,7 @@ def retention_settings(url: str, tmp: Path, retention_s: int, id_retention_s: in
 
 
 def _sample(
-    store: Store, url: str, s: Settings, events: int, elapsed: float, archived: int
+    store: SqlStore, url: str, s: Settings, events: int, elapsed: float, archived: int
 ) -> SoakSample:
     ages = store.table_ages()
     oldest = ages["journal"].oldest
@@ -312,7 +313,7 @@ def _print_soak(
         )
 
 
-def _check_soak(store: Store, settings: Settings, writer: Writer) -> list[str]:
+def _check_soak(store: SqlStore, settings: Settings, writer: Writer) -> list[str]:
     """Every event in exactly one place (table or archive), every record its exact sum."""
     seen = bytearray(writer.written)
     problems: list[str] = []
@@ -350,7 +351,7 @@ def lanes(kind: str, url: str, tmp: Path, opts: dict[str, Any]) -> list[str]:
     backlog = Writer(store, 1000, 256, prefix="old")
     say(f"{kind}: writing a backlog of {opts['backlog']:,} events")
     backlog.commit_next(opts["backlog"])
-    with store.dialect.transaction() as cur:  # type: ignore[attr-defined]
+    with store.dialect.transaction() as cur:
         cur.execute("UPDATE journal SET recorded_at = recorded_at - 86400")  # a day old
     writers = [
         Writer(open_store(url), opts["keys"], opts["group"], f"w{n}", opts["gap_ms"] / 1000)
@@ -448,7 +449,7 @@ def writepath(kind: str, url: str, tmp: Path, opts: dict[str, Any]) -> list[str]
             if variant == "ids":
                 _fill_ids(store, opts["ids"])
             if variant == "no-index":
-                with store.dialect.transaction() as cur:  # type: ignore[attr-defined]
+                with store.dialect.transaction() as cur:
                     cur.execute("DROP INDEX journal_age")
             writers[name] = (Writer(store, 1000, 1, prefix="wp"), variant)
             writers[name][0].commit_next(200)  # warm up
@@ -476,9 +477,9 @@ def writepath(kind: str, url: str, tmp: Path, opts: dict[str, Any]) -> list[str]
     return []
 
 
-def _fill_ids(store: Store, count: int) -> None:
+def _fill_ids(store: SqlStore, count: int) -> None:
     now = int(time.time())
-    with store.dialect.transaction() as cur:  # type: ignore[attr-defined]
+    with store.dialect.transaction() as cur:
         for start in range(0, count, 5000):
             n = min(5000, count - start)
             values = ", ".join("(?, ?)" for _ in range(n))

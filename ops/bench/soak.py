@@ -34,8 +34,9 @@ import redis
 
 from ...routing.contract.replies import reply_int
 from ...routing.redis_keys import RedisKeys
-from ...workers.store import Store
+from ...workers.store import JournalStore
 from ...workers.stores import open_store
+from ...workers.stores.sql import SqlStore
 from .load import run_load
 from .phases import start_receiver, start_workers
 from .procs import (
@@ -108,7 +109,7 @@ def increment(i: int) -> int:
     return (i * 7919) % 13 + 1
 
 
-def check(store: Store, events: int, keys: int) -> list[str]:
+def check(store: SqlStore, events: int, keys: int) -> list[str]:
     """How the store differs from every event applied exactly once."""
     problems = []
     size = store.journal_size()
@@ -180,7 +181,7 @@ def soak(bench: Bench, samples: int, keys: int) -> list[Sample]:
 
 
 def _sample(
-    bench: Bench, store: Store, receiver: Child, workers: list[Child], sent: int, t0: float
+    bench: Bench, store: JournalStore, receiver: Child, workers: list[Child], sent: int, t0: float
 ) -> Sample:
     return Sample(
         sent=sent,

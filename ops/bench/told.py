@@ -53,7 +53,7 @@ import click
 
 from ...routing.contract.replies import reply_int
 from ...routing.redis_keys import LATENCY_BUCKETS_S, RedisKeys
-from ...workers.store import Store
+from ...workers.store import JournalStore
 from ...workers.stores import open_store
 from ..embedded_redis import free_port
 from .phases import start_workers
@@ -289,7 +289,7 @@ def accepted_count(bench: Bench) -> int:
     return reply_int(bench.redis.hget(RedisKeys(bench.namespace).counters, "accepted"))
 
 
-def drain(bench: Bench, store: Store) -> None:
+def drain(bench: Bench, store: JournalStore) -> None:
     """Wait until the journal holds every accepted event."""
     wait_for(
         lambda: store.journal_size() >= accepted_count(bench),
@@ -313,7 +313,7 @@ def fresh_receiver(bench: Bench, name: str) -> Iterator[tuple[Child, str]]:
 
 def run_phase(
     bench: Bench,
-    store: Store,
+    store: JournalStore,
     workers: list[Child],
     opts: ToldOptions,
     mode: str,

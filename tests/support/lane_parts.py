@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any, cast
 
 from keylane.routing.contract.events import Event, parse_changes
-from keylane.workers.store import Store
 from keylane.workers.stores import open_store
 from keylane.workers.stores.sql import SqlStore
 from keylane.workers.stores.sqlite import SqliteDialect
@@ -20,15 +19,15 @@ class SqliteOpener:
 
     def __init__(self, path: Path) -> None:
         self.url = f"sqlite:///{path}"
-        self.stores: list[Store] = []
+        self.stores: list[SqlStore] = []
         self.statements: list[str] = []
         store = open_store(self.url)
         store.migrate()
         store.close()
 
-    def __call__(self) -> Store:
+    def __call__(self) -> SqlStore:
         store = open_store(self.url)
-        connection = cast(SqliteDialect, cast(SqlStore, store).dialect)._conn
+        connection = cast(SqliteDialect, store.dialect)._conn
         trace: Callable[[str], None] = self.statements.append
         connection.set_trace_callback(trace)
         self.stores.append(store)

@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from keylane.workers.store import Store
+from keylane.workers.stores.sql import SqlStore
 from tests.support.stack import Stack
 
 
@@ -106,7 +106,7 @@ class SequentialLoad:
             self.errors.append(f"gave up on {body['id']}")
         return False
 
-    def verify(self, store: Store) -> None:
+    def verify(self, store: SqlStore) -> None:
         """Every event applied exactly once, in order, for every key."""
         n = self.per_key
         for key in self.keys:

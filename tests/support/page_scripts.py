@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from keylane.workers.store import DeadLetterFilter, Store
+from keylane.workers.store import DeadLetterFilter, JournalStore
 from tests.support.readme import page_block
 from tests.support.stack import Stack
 
@@ -25,7 +25,7 @@ def run_page_script(stack: Stack, tmp_path: Path, page: str, first_line: str) ->
     return done.stdout
 
 
-def outcomes_of(store: Store, prefix: str) -> dict[str, str]:
+def outcomes_of(store: JournalStore, prefix: str) -> dict[str, str]:
     """The journal's outcome of each event whose id starts with ``prefix``."""
     return {e.event_id: e.outcome for e in store.journal_entries() if e.event_id.startswith(prefix)}
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from keylane.workers.merges import live_end
-from keylane.workers.store import DeadLetterFilter, Record, Store
+from keylane.workers.store import DeadLetterFilter, Record, RecordStore
 from tests.support.stack import Stack, wait_until
 
 
@@ -63,7 +63,7 @@ def send_in_order(stack: Stack, sequences: list[list[dict[str, Any]]], senders: 
             done.result()
 
 
-def one_record(store: Store, n: int) -> Record | None:
+def one_record(store: RecordStore, n: int) -> Record | None:
     email, phone = person(n)
     by_email = live_end(store, f"person:{email}")
     by_phone = live_end(store, f"person:{phone}")
@@ -106,7 +106,7 @@ def kill_during_merges(stack: Stack, point: str, people: range) -> None:
         sending.result()
 
 
-def streamed_in(store: Store, n: int) -> bool:
+def streamed_in(store: RecordStore, n: int) -> bool:
     """Whether person ``n`` is one record holding every event of :func:`streamed` (the
     absorb done: a close alone already makes both keys end in one record)."""
     record = one_record(store, n)

@@ -22,8 +22,8 @@ import httpx
 from keylane.ops.deployment_view import DeploymentView
 from keylane.routing.contract.settings import Settings, env_var, settings_environ
 from keylane.workers.brokers.redis import RedisLaneBroker
-from keylane.workers.store import Store
 from keylane.workers.stores import open_store
+from keylane.workers.stores.sql import SqlStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -114,7 +114,7 @@ class Stack:
     tmp: Path
     procs: list[Proc] = field(default_factory=list)
     url: str = ""
-    stores: list[Store] = field(default_factory=list)
+    stores: list[SqlStore] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)  # e.g. signing secrets
     http: httpx.Client | None = None
     _http_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -204,7 +204,7 @@ class Stack:
             on_timeout=self.logs,
         )
 
-    def open_store(self) -> Store:
+    def open_store(self) -> SqlStore:
         """A connection to the deployment's store (closed when the test ends)."""
         store = open_store(self.settings.store_dsn())
         self.stores.append(store)

@@ -1,9 +1,10 @@
 """The worker side's broker choice: the one module of this side that asks which broker the
 deployment runs on (``KEYLANE_BROKER_URL``: Redis unless it is ``amqp://``).
 
-* :func:`open_lane_broker` — the :class:`~keylane.workers.broker.LaneBroker` the lanes and
-  the ownership talk to, and the Redis beside it when there is one (destinations' flow
-  control, the SQLite store's one-writer claim; on RabbitMQ an optional helper);
+* :func:`open_lane_broker` — the lane broker (Redis or RabbitMQ, each every role of
+  :mod:`keylane.workers.broker`) whose roles the lanes and the ownership talk to, and the
+  Redis beside it when there is one (destinations' flow control, the SQLite store's
+  one-writer claim; on RabbitMQ an optional helper);
 * :func:`celery_transport` — where Celery's own consumer, heartbeats, remote control and
   task events go;
 * :func:`shard_queue_name` — a shard queue's name as Celery's tools (Flower) know it.
@@ -19,8 +20,7 @@ from kombu.entity import Queue
 
 from ...routing.contract.amqp_names import shard_queue
 from ...routing.contract.settings import Settings
-from ..broker import LaneBroker
-from ..store import Store
+from ..stores.sql import SqlStore
 from .rabbitmq import RabbitLaneBroker
 from .redis import RedisLaneBroker
 
@@ -30,11 +30,12 @@ CONTROL_QUEUE = "keylane.control"
 
 def open_lane_broker(
     settings: Settings,
-    open_store: Callable[[], Store],
+    open_store: Callable[[], SqlStore],
     past_delivery_limit: Callable[[bytes, dict[str, object]], None],
-) -> tuple[LaneBroker, RedisLaneBroker | None]:
+) -> tuple[RedisLaneBroker | RabbitLaneBroker, RedisLaneBroker | None]:
     """The lane broker, and the Redis beside it (None on RabbitMQ without
-    ``KEYLANE_REDIS_URL``). On RabbitMQ, ``open_store`` gives the consumers their store
+    ``KEYLANE_REDIS_URL``). The caller owns the broker (closes it) and hands each part
+    the role it uses. On RabbitMQ, ``open_store`` gives the consumers their store
     connections (held records are parked there) and ``past_delivery_limit`` is called
     with a message the broker would otherwise drop."""
     if not settings.broker_is_rabbitmq:

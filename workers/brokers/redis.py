@@ -54,7 +54,19 @@ from ...routing.redis_keys import (
     latency_bucket,
     message_digest,
 )
-from ..broker import Ack, Acquired, Counts, Idle, LaneBroker, Lease, Outgoing, Taken, Tell
+from ..broker import (
+    Ack,
+    Acquired,
+    Counts,
+    Idle,
+    Lease,
+    MessageNotes,
+    Outgoing,
+    RecordQueue,
+    ShardLeases,
+    Taken,
+    Tell,
+)
 from ..flow import DestinationFlow
 
 LEASE_LOG_MAXLEN = 100_000
@@ -84,8 +96,10 @@ def script_text(name: str) -> str:
     return SCRIPTS.source(name)
 
 
-class RedisLaneBroker(LaneBroker):
-    """:class:`LaneBroker` on Redis, through redis-py's connection pool (thread-safe)."""
+class RedisLaneBroker(RecordQueue, ShardLeases, MessageNotes):
+    """The lane broker on Redis, every role of :mod:`keylane.workers.broker` (the lanes'
+    :class:`RecordQueue`, the ownership's :class:`ShardLeases`, :class:`MessageNotes`),
+    through redis-py's connection pool (thread-safe)."""
 
     def __init__(self, client: redis.Redis, keys: RedisKeys, shards: ShardMap) -> None:
         self.client = client

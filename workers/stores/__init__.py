@@ -1,5 +1,6 @@
-"""Record stores: one interface (:mod:`keylane.workers.store`), one SQL store
-(:mod:`keylane.workers.stores.sql`) over a SQLite or PostgreSQL dialect."""
+"""Record stores: the interfaces by role (:mod:`keylane.workers.store`), one SQL store
+that is all of them (:mod:`keylane.workers.stores.sql`) over a SQLite or PostgreSQL
+dialect. Whoever opens a store owns its connection (closes it) and hands its roles on."""
 
 from __future__ import annotations
 
@@ -8,13 +9,12 @@ from typing import Literal
 from urllib.parse import urlparse
 
 from ...routing.contract.errors import ConfigError, StoreMissing
-from ..store import Store
 from .sql import SqlStore
 
 
 def open_store(
     url: str, timeout_ms: int = 5000, sqlite_synchronous: Literal["NORMAL", "FULL"] = "FULL"
-) -> Store:
+) -> SqlStore:
     """Open a store from ``sqlite:///path`` or ``postgresql://...``."""
     scheme = urlparse(url).scheme
     if scheme == "sqlite":
@@ -33,7 +33,7 @@ def open_store(
 
 def open_existing_store(
     url: str, timeout_ms: int = 5000, sqlite_synchronous: Literal["NORMAL", "FULL"] = "FULL"
-) -> Store:
+) -> SqlStore:
     """Open a store that a worker (or ``keylane up``) has created, creating nothing: a
     SQLite file that is not there, or a database without keylane's tables, raises
     :class:`StoreMissing` saying where it looked."""

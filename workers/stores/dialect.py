@@ -72,7 +72,7 @@ class Dialect(Protocol):
 
     def maintenance_lock(self) -> AbstractContextManager[bool]:
         """One holder per store at a time, released when its process dies (see
-        :meth:`Store.maintenance_lock`)."""
+        :meth:`RetentionStore.maintenance_lock`)."""
         ...
 
     def close(self) -> None:

@@ -1,5 +1,6 @@
-"""The SQL store: the :class:`~keylane.workers.store.Store` logic written once,
-over a :class:`~keylane.workers.stores.dialect.Dialect` (SQLite or PostgreSQL).
+"""The SQL store: every role of :mod:`keylane.workers.store` (records, journal, fences,
+dead letters, retention, RabbitMQ's parking, identities) written once, over one connection
+of a :class:`~keylane.workers.stores.dialect.Dialect` (SQLite or PostgreSQL).
 
 Each method is one transaction (or one read); the SQL it runs lives with its tables in
 :mod:`.sql_records`, :mod:`.sql_fences`, :mod:`.sql_journal` and :mod:`.sql_dead_letters`,
@@ -22,14 +23,20 @@ from ..store import (
     DeadLetterDraft,
     DeadLetterFilter,
     DeadLetterStatus,
+    DeadLetterStore,
     EventWrite,
     Fence,
+    FenceStore,
+    IdentityStore,
     JournalEntry,
+    JournalStore,
     Parked,
+    ParkingStore,
     PrunedTable,
     Record,
+    RecordStore,
     Removal,
-    Store,
+    RetentionStore,
     TableAge,
     with_revision,
 )
@@ -83,8 +90,19 @@ from .sql_records import (
 )
 
 
-class SqlStore(Store):
-    """A store in a SQL database; ``dialect`` holds the connection and its differences."""
+class SqlStore(
+    RecordStore,
+    JournalStore,
+    FenceStore,
+    DeadLetterStore,
+    RetentionStore,
+    ParkingStore,
+    IdentityStore,
+):
+    """A store in a SQL database, every role over one connection: ``dialect`` holds the
+    connection and its differences. The code that opens and closes a connection holds
+    this class (:func:`keylane.workers.stores.open_store`); it hands each part the role it
+    uses."""
 
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect

@@ -50,7 +50,7 @@ def journal_sources(cur: Cursor) -> list[str]:
 def old_rows(
     d: Dialect, cur: Cursor, table: PrunedTable, before: float, limit: int, source: str
 ) -> list[ArchiveRow]:
-    """Rows of ``table`` due for the archive (see :meth:`Store.old_rows`), oldest first."""
+    """Rows of ``table`` due for the archive (see :meth:`RetentionStore.old_rows`), oldest first."""
     if table == "journal":
         cur.execute(
             f"SELECT {JOURNAL_COLUMNS} {_JOURNAL_DUE} ORDER BY j.recorded_at LIMIT ?",
@@ -76,7 +76,7 @@ def count_old_rows(cur: Cursor, table: PrunedTable, before: float, source: str) 
 def remove_archived(
     d: Dialect, cur: Cursor, table: PrunedTable, rows: Sequence[ArchiveRow]
 ) -> list[ArchiveRow]:
-    """Delete the archived ``rows`` that are unchanged (see :meth:`Store.remove_archived`);
+    """Delete the archived ``rows`` that are unchanged (see :meth:`RetentionStore.remove_archived`);
     the rows now in the archive alone.
 
     Each statement names rows by their primary key (a list of keys of one source: an

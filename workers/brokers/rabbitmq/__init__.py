@@ -1,8 +1,9 @@
 """The lanes' broker on RabbitMQ (see :mod:`.broker` for what RabbitMQ gives and what
 keylane adds: the failure model). One concept per module:
 
-* :mod:`.broker` — :class:`RabbitLaneBroker`, the :class:`LaneBroker` itself: taking,
-  finishing and waiting records, dead letters past the delivery limit;
+* :mod:`.broker` — :class:`RabbitLaneBroker`, the lane broker itself (each role of
+  :mod:`keylane.workers.broker`): taking, finishing and waiting records, dead letters past
+  the delivery limit;
 * :mod:`.link` — the AMQP link: the connection thread, connect, topology, channel calls;
   the only module here that imports the AMQP client;
 * :mod:`.ownership` — shard consumers, the single active consumer, fencing tokens;

@@ -10,7 +10,7 @@ What RabbitMQ gives, and what keylane adds (facts checked in ``ops/docs/rabbitmq
   first delivery arrives; only then does it hold a :class:`Lease`.
 * **Fencing**: RabbitMQ has no token a consumer could show the store, so the store keeps
   one: at the first delivery of each consumer registration the worker claims the shard's
-  next token (:meth:`Store.claim_fence`, the same ``shard_fences`` row the Redis leases
+  next token (:meth:`FenceStore.claim_fence`, the same ``shard_fences`` row the Redis leases
   advance), then checks with one round trip on the same channel that its connection is
   still the one that received (a paused worker whose connection the broker dropped fails
   here). Every write transaction checks the token: a paused or partitioned consumer's
@@ -22,9 +22,9 @@ What RabbitMQ gives, and what keylane adds (facts checked in ``ops/docs/rabbitmq
 * **No delivery held past the consumer timeout** (the broker would close the channel and
   redeliver): a record that would keep its deliveries longer than half
   ``amqp_hold_budget_s`` (a long wait, or a backlog) is **parked**: its messages are
-  written to the store (``Store.park``, fenced), then acknowledged; its later deliveries
+  written to the store (``ParkingStore.park``, fenced), then acknowledged; its later deliveries
   are parked behind them; lanes take parked messages from the store when due and delete
-  each once done (``Store.unpark``). A new consumer reads its shards' parked records
+  each once done (``ParkingStore.unpark``). A new consumer reads its shards' parked records
   before it hands anything out.
 * **Hold policy**: a held record is a parked record that is never due until its dead
   letter's release (or the retry of that row) comes through the shard queue; the hold is
@@ -64,8 +64,18 @@ from typing import Any
 from ....routing.contract.amqp_names import dead_queue, shard_queue
 from ....routing.contract.errors import BrokerUnavailable, StaleFence
 from ....routing.contract.settings import Settings
-from ...broker import Ack, Counts, Idle, LaneBroker, Lease, Outgoing, Taken
-from ...store import Store
+from ...broker import (
+    Ack,
+    Counts,
+    Idle,
+    Lease,
+    MessageNotes,
+    Outgoing,
+    RecordQueue,
+    ShardLeases,
+    Taken,
+)
+from ...stores.sql import SqlStore
 from .consumers import ShardConsumer, batch_limit
 from .link import ack, message_body, publish_confirmed
 from .membership import Membership
@@ -75,13 +85,18 @@ from .ownership import DoorbellSubscription, Ownership
 log = logging.getLogger("keylane.rabbitmq")
 
 
-class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
-    """:class:`LaneBroker` on a RabbitMQ cluster (see the module docstring)."""
+class RabbitLaneBroker(
+    Membership, Ownership, DeliveryNotes, RecordQueue, ShardLeases, MessageNotes
+):
+    """The lane broker on a RabbitMQ cluster, every role of :mod:`keylane.workers.broker`
+    (see the module docstring). It opens its own store connection (``store_factory``) and
+    owns it: the RabbitMQ parking and holding (:class:`~keylane.workers.store.ParkingStore`)
+    and the fencing tokens it claims (:class:`~keylane.workers.store.FenceStore`)."""
 
     def __init__(
         self,
         settings: Settings,
-        store_factory: Callable[[], Store],
+        store_factory: Callable[[], SqlStore],
         on_dead: Callable[[bytes, dict[str, Any]], None] | None = None,
         after_ack: Callable[[Sequence[Ack]], None] | None = None,
     ) -> None:
@@ -91,7 +106,7 @@ class RabbitLaneBroker(Membership, Ownership, DeliveryNotes, LaneBroker):
         self._after_ack = after_ack
         self.urls = settings.amqp_urls()
         self._store_factory = store_factory
-        self._store: Store | None = None
+        self._store: SqlStore | None = None
         self._store_lock = threading.Lock()
         self._on_dead = on_dead
         self._lock = threading.RLock()

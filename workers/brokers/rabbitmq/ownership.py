@@ -28,7 +28,8 @@ log = logging.getLogger("keylane.rabbitmq")
 
 
 class DoorbellSubscription:
-    """The doorbell as :class:`LaneBroker` hands it out: shards that just got messages."""
+    """The doorbell as :meth:`~keylane.workers.broker.RecordQueue.doorbell` hands it out:
+    shards that just got messages."""
 
     def __init__(self, owner: Ownership) -> None:
         self._owner = owner

@@ -1,9 +1,9 @@
 """Parking: a record whose deliveries would be held longer than half
 ``amqp_hold_budget_s`` (a long wait, or a backlog) has its messages written to the store
-(``Store.park``, fenced), then acknowledged, so no delivery outlives the broker's consumer
+(``ParkingStore.park``, fenced), then acknowledged, so no delivery outlives the broker's consumer
 timeout; its later deliveries park behind them; lanes take parked messages from the store
-when due and delete each once done (``Store.unpark``). Also this broker's one store
-connection."""
+when due and delete each once done (``ParkingStore.unpark``). Also this broker's one store
+connection (its parking and holding, and the fencing tokens it claims)."""
 
 from __future__ import annotations
 
@@ -12,22 +12,25 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypeVar
 
 from ....routing.contract.errors import StaleFence, StoreUnavailable
 from ...broker import Ack, Counts, Lease, Taken
-from ...store import Fence, Store
+from ...store import Fence
+from ...stores.sql import SqlStore
 from .consumers import HELD, Delivery, ShardConsumer
 from .link import AmqpLink, ack
 
 log = logging.getLogger("keylane.rabbitmq")
 
+T = TypeVar("T")
+
 
 class Parking(AmqpLink):
     """The parked records of :class:`RabbitLaneBroker`, and its store connection."""
 
-    _store_factory: Callable[[], Store]
-    _store: Store | None
+    _store_factory: Callable[[], SqlStore]
+    _store: SqlStore | None
     _store_lock: threading.Lock
 
     def _behind_parked(self, consumer: ShardConsumer) -> list[tuple[str, list[Delivery]]]:
@@ -157,8 +160,10 @@ class Parking(AmqpLink):
             consumer.busy[key] = ([-first.seq], time.monotonic())
         return Taken(lease.shard, key, first.raw, first.deliveries + 1)
 
-    def _stored(self, fn: Callable[[Store], Any]) -> Any:
-        """Run ``fn`` on this broker's store connection (one at a time)."""
+    def _stored(self, fn: Callable[[SqlStore], T]) -> T:
+        """Run ``fn`` on this broker's store connection (one at a time): its
+        :class:`~keylane.workers.store.ParkingStore` and, for the ownership, its
+        :class:`~keylane.workers.store.FenceStore`."""
         with self._store_lock:
             try:
                 self._store = self._store or self._store_factory()
