@@ -163,3 +163,23 @@ def test_stop_wakes_every_lane_and_drops_the_timers(broker: RedisLaneBroker) -> 
     assert answers == [True, True, True]
     assert after_stop  # a stopped doorbell never makes a lane wait
     assert hints == []
+
+
+def test_more_rings_than_one_take_looks_at_stay_rung_for_the_next_take(
+    broker: RedisLaneBroker,
+) -> None:
+    """A worker that starts on a backlog has all its shards rung at once: a take looks at
+    a window of them, and the rest are there for the next take (a lane does not wait while
+    any is) instead of being forgotten until a poke."""
+
+    async def lanes(bell: Doorbell) -> tuple[list[int], bool, list[int], bool]:
+        for shard in (1, 2, 3):
+            bell.ring(shard)
+        first = bell.hints(2)
+        return first, await woken(bell, within_s=0.2), bell.hints(2), await woken(bell, 0.2)
+
+    first, not_waiting, second, then_waiting = on_a_loop(broker, lanes)
+    assert first == [1, 2]
+    assert not_waiting
+    assert second == [3]
+    assert not then_waiting

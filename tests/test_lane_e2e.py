@@ -174,3 +174,24 @@ def test_persistent_conflict_becomes_a_dead_letter_and_the_key_moves_on(stack: S
         10,
         "the shard to drain",
     )
+
+
+def test_a_worker_that_starts_on_a_backlog_over_many_shards_drains_it_without_a_poke(
+    stack: Stack,
+) -> None:
+    # Given 240 events over 48 records spread over more shards than one take looks at,
+    # accepted while no worker runs
+    stack.receiver()
+    shards = stack.settings.shards
+    keys = [f"backlog:{i}" for i in range(48)]
+    assert len({shards.shard_for_key(k) for k in keys}) > 16
+    events = [event(f"b-{i}", keys[i % 48], n={"increment": 1}) for i in range(240)]
+    answers = send_all(stack, events, senders=8)
+    assert {a.status_code for a in answers} == {202}
+    # When a worker of two lanes starts, its idle poll far off (every shard is rung as
+    # it is acquired: only the doorbell can send its lanes to the backlog)
+    stack.worker(lanes=2, idle_poll_ms=3_600_000)
+    # Then the whole backlog is applied, each record's 5 events once
+    stack.wait_journal(240, timeout_s=60)
+    store = stack.open_store()
+    assert {key: store.read(key).fields.get("n") for key in keys} == dict.fromkeys(keys, 5)

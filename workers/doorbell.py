@@ -81,11 +81,16 @@ class Doorbell:
         self._timers.pop(shard, None)
         self.ring(shard)
 
-    def hints(self) -> list[int]:
-        """The shards rung since the last call, oldest first (and forget them)."""
+    def hints(self, limit: int | None = None) -> list[int]:
+        """The shards rung and not handed out yet, oldest first, at most ``limit`` (and
+        forget those). The others stay rung for the next take (a worker that starts on a
+        backlog has every shard rung at once, more than one take looks at): a lane that
+        would wait finds them and takes again."""
         with self._lock:
-            rung, self._rung = list(self._rung), {}
-            return rung
+            rung = list(self._rung)
+            given = rung if limit is None else rung[:limit]
+            self._rung = dict.fromkeys(rung[len(given) :])
+        return given
 
     async def wait(self) -> None:
         """Sleep until a ring or a :meth:`poke`."""

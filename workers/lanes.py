@@ -191,8 +191,8 @@ class Lanes:
         looked at in the script). Shards with records waiting get a timer for when the
         first is due.
         """
-        hints = self.doorbell.hints()
-        window = min(len(hints), TAKE_WINDOW) if hints else TAKE_WINDOW
+        hints = self.doorbell.hints(TAKE_WINDOW)
+        window = len(hints) or TAKE_WINDOW
         leases = self.ownership.reserve(lane, hints, window)
         if not leases:
             return False
