@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections import Counter
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from ..routing import ShardMap
 from ..routing.contract.destinations import EXCERPT_CHARS, FlowState
@@ -32,7 +33,7 @@ from ..routing.contract.schedule_state import ScheduleState
 from ..routing.contract.schedules import RunLease
 from ..routing.contract.settings import Settings
 from ..routing.redis_keys import RedisKeys
-from .mark_batches import MarkBatches
+from .mark_batches import Mark, MarkBatches
 from .state_reads import flow_states, queue_flow_reads, queue_schedule_reads, schedule_states
 
 #: The most connections one process's gateway opens to Redis, and how long a call waits for
@@ -112,7 +113,8 @@ class ReceiverGateway:
         self.shards = shards
         #: The dedupe marks of the two-step accept (RabbitMQ) and the outcome reads, many
         #: requests' in one round trip.
-        self.marks = MarkBatches(client, LoadedScript(script_text("mark_seen")), keys.counters)
+        self.marks = MarkBatches(self.marks_round)
+        self._mark_seen = LoadedScript(script_text("mark_seen"))
         self._accept_event = LoadedScript(script_text("accept"))
         self._accept_fenced = LoadedScript(script_text("fence_run") + script_text("accept"))
         self._record_id_reuse = LoadedScript(script_text("record_id_reuse"))
@@ -224,7 +226,38 @@ class ReceiverGateway:
         mark = body_sha256.encode() + b"\n" + answer
         counts = {"accepted": 1, "keyless": 1} if key_missing else {"accepted": 1}
         with broker_errors():
-            await self.marks.mark(key, mark, retention_ms, counts)
+            await self.marks.mark(Mark(key, mark, retention_ms, counts))
+
+    async def marks_round(self, keys: list[str], marks: list[Mark]) -> tuple[Any, Any]:
+        """One round of :class:`~keylane.producers.mark_batches.MarkBatches`, one pipeline:
+        the values of ``keys`` (one ``MGET``) and ``marks`` written with their counts summed
+        (one call of ``mark_seen.lua``); a command's error in place of its reply."""
+        pipe = self.client.pipeline(transaction=False)
+        if keys:
+            pipe.mget(keys)
+        if marks:
+            pipe.evalsha(self._mark_seen.sha, *self._mark_seen_call(marks))
+        replies = list(await pipe.execute(raise_on_error=False))
+        values = replies.pop(0) if keys else []
+        written = replies.pop(0) if marks else None
+        if isinstance(written, NoScriptError):  # a restarted or flushed Redis
+            client: Any = self.client  # typed alike on every redis-py keylane allows
+            await client.script_load(self._mark_seen.script)
+            written = await client.evalsha(self._mark_seen.sha, *self._mark_seen_call(marks))
+        return values, written
+
+    def _mark_seen_call(self, marks: list[Mark]) -> list[Any]:
+        """``mark_seen.lua``'s key count, keys and arguments for ``marks``."""
+        counts: Counter[str] = Counter()
+        for mark in marks:
+            counts.update(mark.counts)
+        keys = [self.keys.counters, *(mark.key for mark in marks)]
+        args: list[Any] = [len(counts)]
+        for name, amount in counts.items():
+            args += [name, amount]
+        for mark in marks:
+            args += [mark.value, mark.ttl_ms]
+        return [len(keys), *keys, *args]
 
     async def outcome_of(self, source: str, event_id: str) -> tuple[bytes | None, bool]:
         """The told outcome of an event (None until its lane decided it), and whether it

@@ -6,30 +6,44 @@ through redis-py's whole call path (a pooled connection taken and given back, a 
 armed, the command packed and its reply parsed) cost the receiver more CPU than the
 publish itself: 38% of its busy time under load against 15%, profiled.
 
-:class:`MarkBatches` sends what every request asked for in the meantime as one pipeline of
-at most two commands: one ``MGET`` of all the keys read, one call of ``mark_seen.lua``
-with all the marks and the counts summed. One pipeline is in flight at a time; what
-arrives while it is out goes in the next, so batches grow with the load, and an idle
-receiver sends a request's call at once, with no timer. Each request gets its own values;
-a failed command fails the requests it carried, a lost connection every request of that
-pipeline (each raises what redis-py raised: a ``RedisError``).
+:class:`MarkBatches` gathers what every request asked for in the meantime into one
+**round**: the keys read and the marks written, which the gateway sends as one pipeline
+of at most two commands (:meth:`keylane.producers.gateway.ReceiverGateway.marks_round`:
+one ``MGET``, one call of ``mark_seen.lua`` with the counts summed). One round is in
+flight at a time; what arrives while it is out goes in the next, so rounds grow with the
+load, and an idle receiver sends a request's call at once, with no timer. Each request
+gets its own values; a failed command fails the requests it carried, a failed round every
+request of it (each raises what the gateway raised). This module only gathers and hands
+out: the gateway is the one that talks to Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
-
-#: The most requests of each kind in one pipeline (the rest go in the next).
+#: The most requests of each kind in one round (the rest go in the next).
 MAX_REQUESTS = 256
+
+
+@dataclass(frozen=True)
+class Mark:
+    """One dedupe mark to write: ``key`` set to ``value`` for ``ttl_ms`` unless it exists,
+    and ``counts`` added to the deployment's counters."""
+
+    key: str
+    value: bytes
+    ttl_ms: int
+    counts: Mapping[str, int]
+
+
+#: Sends one round: the keys to read and the marks to write, in one round trip. Returns
+#: the values read (one per key, or the exception that failed the read) and what the
+#: marks' write answered (or the exception that failed it).
+Round = Callable[[list[str], list[Mark]], Awaitable[tuple[Any, Any]]]
 
 
 @dataclass
@@ -39,29 +53,24 @@ class _Read:
 
 
 @dataclass
-class _Mark:
-    key: str
-    value: bytes
-    ttl_ms: int
-    counts: Mapping[str, int]
+class _Write:
+    mark: Mark
     done: asyncio.Future[None]
 
 
 @dataclass
-class _Round:
+class _Next:
     reads: list[_Read] = field(default_factory=list)
-    marks: list[_Mark] = field(default_factory=list)
+    writes: list[_Write] = field(default_factory=list)
 
 
 class MarkBatches:
-    """Reads of keys and writes of dedupe marks from many requests, sent together (see the
-    module docstring). ``script`` is ``mark_seen.lua``; ``counters`` the hash it counts in."""
+    """Reads of keys and writes of dedupe marks from many requests, sent together by
+    ``send_round`` (see the module docstring)."""
 
-    def __init__(self, client: aioredis.Redis, script: AsyncScript, counters: str) -> None:
-        self._client = client
-        self._script = script
-        self._counters = counters
-        self._next = _Round()
+    def __init__(self, send_round: Round) -> None:
+        self._send_round = send_round
+        self._next = _Next()
         self._sender: asyncio.Task[None] | None = None
 
     async def read(self, *keys: str) -> list[Any]:
@@ -71,11 +80,10 @@ class MarkBatches:
         self._wake()
         return await values
 
-    async def mark(self, key: str, value: bytes, ttl_ms: int, counts: Mapping[str, int]) -> None:
-        """Set ``key`` to ``value`` for ``ttl_ms`` unless it exists, and add ``counts`` to
-        the counters, with other requests' marks."""
+    async def mark(self, mark: Mark) -> None:
+        """Write ``mark``, with other requests' marks."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._next.marks.append(_Mark(key, value, ttl_ms, counts, done))
+        self._next.writes.append(_Write(mark, done))
         self._wake()
         await done
 
@@ -84,67 +92,44 @@ class MarkBatches:
             self._sender = asyncio.create_task(self._send())
 
     async def _send(self) -> None:
-        while self._next.reads or self._next.marks:
-            now, rest = self._next, _Round()
+        while self._next.reads or self._next.writes:
+            now, rest = self._next, _Next()
             rest.reads, now.reads = now.reads[MAX_REQUESTS:], now.reads[:MAX_REQUESTS]
-            rest.marks, now.marks = now.marks[MAX_REQUESTS:], now.marks[:MAX_REQUESTS]
+            rest.writes, now.writes = now.writes[MAX_REQUESTS:], now.writes[:MAX_REQUESTS]
             self._next = rest
             now.reads = [r for r in now.reads if not r.values.done()]  # gave up meanwhile
-            now.marks = [m for m in now.marks if not m.done.done()]
+            now.writes = [w for w in now.writes if not w.done.done()]
+            if not now.reads and not now.writes:
+                continue
             try:
-                await self._send_round(now)
+                await self._round(now)
             except BaseException as exc:  # every request of the round learns it failed
-                for future in [r.values for r in now.reads] + [m.done for m in now.marks]:
+                for future in [r.values for r in now.reads] + [w.done for w in now.writes]:
                     _fail(future, exc)
                 if isinstance(exc, asyncio.CancelledError):
                     raise
 
-    async def _send_round(self, now: _Round) -> None:
-        pipe = self._client.pipeline(transaction=False)
-        if now.reads:
-            pipe.mget([key for read in now.reads for key in read.keys])
-        if now.marks:
-            pipe.evalsha(self._script.sha, *self._mark_call(now.marks))
-        if not pipe.command_stack:
-            return
-        replies = await pipe.execute(raise_on_error=False)
-        if now.reads:
-            values = replies.pop(0)
-            at = 0
-            for read in now.reads:
-                end = at + len(read.keys)
-                _settle(read.values, values if isinstance(values, Exception) else values[at:end])
-                at = end
-        if now.marks:
-            reply = replies.pop(0)
-            if isinstance(reply, NoScriptError):  # a restarted or flushed Redis
-                await self._client.script_load(self._script.script)
-                reply = await self._client.evalsha(self._script.sha, *self._mark_call(now.marks))
-            for mark in now.marks:
-                _settle(mark.done, reply if isinstance(reply, Exception) else None)
-
-    def _mark_call(self, marks: list[_Mark]) -> list[Any]:
-        counts: Counter[str] = Counter()
-        for mark in marks:
-            counts.update(mark.counts)
-        keys = [self._counters, *(mark.key for mark in marks)]
-        args: list[Any] = [len(counts)]
-        for name, amount in counts.items():
-            args += [name, amount]
-        for mark in marks:
-            args += [mark.value, mark.ttl_ms]
-        return [len(keys), *keys, *args]
+    async def _round(self, now: _Next) -> None:
+        keys = [key for read in now.reads for key in read.keys]
+        values, written = await self._send_round(keys, [w.mark for w in now.writes])
+        at = 0
+        for read in now.reads:
+            end = at + len(read.keys)
+            _settle(read.values, values if isinstance(values, Exception) else values[at:end])
+            at = end
+        for write in now.writes:
+            _settle(write.done, written if isinstance(written, Exception) else None)
 
     async def close(self) -> None:
-        """Stop sending; what still waits is cancelled (the client is closed by its owner)."""
+        """Stop sending; what still waits is cancelled."""
         sender, self._sender = self._sender, None
         if sender is not None and not sender.done():
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sender
-        for future in [r.values for r in self._next.reads] + [m.done for m in self._next.marks]:
+        for future in [r.values for r in self._next.reads] + [w.done for w in self._next.writes]:
             future.cancel()
-        self._next = _Round()
+        self._next = _Next()
 
 
 def _settle(future: asyncio.Future[Any], value: Any) -> None:

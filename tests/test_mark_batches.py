@@ -1,5 +1,6 @@
-"""producers/mark_batches.py against a real Redis: many requests' dedupe-mark reads and
-writes in one round trip, each request told its own values and only its own errors."""
+"""producers/mark_batches.py, through the receiver's gateway (which sends each round), against
+a real Redis: many requests' dedupe-mark reads and writes in one round trip, each request
+told its own values and only its own errors."""
 
 from __future__ import annotations
 
@@ -14,12 +15,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from keylane.ops.embedded_redis import EmbeddedRedis
-from keylane.producers.gateway import LoadedScript, script_text
-from keylane.producers.mark_batches import MAX_REQUESTS, MarkBatches
+from keylane.producers.gateway import ReceiverGateway
+from keylane.producers.mark_batches import MAX_REQUESTS, Mark, MarkBatches
+from keylane.routing import ShardMap
+from keylane.routing.redis_keys import RedisKeys
 
 
 def batches(client: aioredis.Redis, namespace: str) -> MarkBatches:
-    return MarkBatches(client, LoadedScript(script_text("mark_seen")), f"{namespace}:counters")
+    """The marks of a gateway on ``client`` for ``namespace`` (its counters:
+    ``<namespace>:counters``)."""
+    return ReceiverGateway(client, RedisKeys(namespace), ShardMap()).marks
 
 
 @pytest.fixture
@@ -44,11 +49,11 @@ def test_a_thousand_requests_at_once_each_get_their_values_and_the_counts_add_up
             before = await asyncio.gather(*(marks.read(f"ns:m{i}") for i in range(n)))
             # Every other key marked twice at once: the first mark stays (NX).
             writes = [
-                marks.mark(f"ns:m{i}", f"first-{i}".encode(), 60_000, {"accepted": 1})
+                marks.mark(Mark(f"ns:m{i}", f"first-{i}".encode(), 60_000, {"accepted": 1}))
                 for i in range(n)
             ]
             writes += [
-                marks.mark(f"ns:m{i}", b"second", 60_000, {"accepted": 1, "keyless": 1})
+                marks.mark(Mark(f"ns:m{i}", b"second", 60_000, {"accepted": 1, "keyless": 1}))
                 for i in range(0, n, 2)
             ]
             await asyncio.gather(*writes)
@@ -80,7 +85,10 @@ def test_more_requests_than_one_pipeline_takes_all_answered(redis_url: str, name
         marks = batches(client, namespace)
         try:
             await asyncio.gather(
-                *(marks.mark(f"{namespace}:k{i}", str(i).encode(), 60_000, {}) for i in range(n))
+                *(
+                    marks.mark(Mark(f"{namespace}:k{i}", str(i).encode(), 60_000, {}))
+                    for i in range(n)
+                )
             )
             return await asyncio.gather(*(marks.read(f"{namespace}:k{i}") for i in range(n)))
         finally:
@@ -103,7 +111,9 @@ def test_a_failed_mark_fails_the_marks_only_and_the_reads_beside_them_are_answer
         marks = batches(client, namespace)
         try:
             calls = [marks.read(f"{namespace}:there") for _ in range(20)]
-            calls += [marks.mark(f"{namespace}:x{i}", b"m", 60_000, {"a": 1}) for i in range(20)]
+            calls += [
+                marks.mark(Mark(f"{namespace}:x{i}", b"m", 60_000, {"a": 1})) for i in range(20)
+            ]
             return await asyncio.gather(*calls, return_exceptions=True)
         finally:
             await marks.close()
@@ -119,10 +129,10 @@ def test_a_redis_that_forgot_the_script_gets_it_again(private_redis: EmbeddedRed
         client = aioredis.Redis.from_url(private_redis.url)
         marks = batches(client, "ns")
         try:
-            await marks.mark("ns:a", b"1", 60_000, {"accepted": 1})
+            await marks.mark(Mark("ns:a", b"1", 60_000, {"accepted": 1}))
             await client.script_flush()  # as a restarted Redis without the script
             await asyncio.gather(
-                *(marks.mark(f"ns:b{i}", b"2", 60_000, {"accepted": 1}) for i in range(10))
+                *(marks.mark(Mark(f"ns:b{i}", b"2", 60_000, {"accepted": 1})) for i in range(10))
             )
             assert await client.hget("ns:counters", "accepted") == b"11"
             assert await client.get("ns:b9") == b"2"
@@ -143,7 +153,9 @@ def test_a_lost_redis_fails_every_request_of_its_pipeline_and_none_hangs(
             await marks.read("ns:warm")
             private_redis.stop()
             calls = [marks.read("ns:a") for _ in range(10)]
-            calls += [marks.mark(f"ns:m{i}", b"1", 60_000, {"accepted": 1}) for i in range(10)]
+            calls += [
+                marks.mark(Mark(f"ns:m{i}", b"1", 60_000, {"accepted": 1})) for i in range(10)
+            ]
             async with asyncio.timeout(30):
                 return await asyncio.gather(*calls, return_exceptions=True)
         finally:
