@@ -152,6 +152,7 @@ def test_a_command_on_a_postgresql_schema_without_keylane_tables_creates_none(
             "kept_apart",
             "archived_ids",
             "parked",
+            "tries",
             "held",
         }
     finally:

@@ -19,6 +19,7 @@ from keylane.producers.amqp import AmqpPublisher
 from keylane.routing.contract.amqp_names import dead_queue, probe_queue, shard_queue
 from keylane.routing.contract.message import RECORD_HEADER
 from keylane.routing.contract.settings import Settings, load_settings
+from keylane.routing.redis_keys import message_digest
 from keylane.workers.broker import Ack, Lease, Taken
 from keylane.workers.brokers.rabbitmq import RabbitLaneBroker
 from keylane.workers.store import FenceStore
@@ -186,3 +187,75 @@ def test_a_lost_lease_of_a_consumer_already_replaced_closes_nothing_else(
     # Then the new consumer stands
     assert a.renew([second], 3000) == [True]
     assert isinstance(a.take([second]), Taken)
+
+
+def test_deliveries_a_lost_connection_took_back_untried_count_as_no_tries(
+    settings: Settings, store: SqlStore, broker: Callable[[], RabbitLaneBroker]
+) -> None:
+    # Given the head message of a shard delivered to five workers in turn, each of which
+    # lost its connection before a lane took it (RabbitMQ counts each such return)
+    sent = publish(settings, 2)
+    for n in range(5):
+        lost = broker()
+        acquired(lost, f"worker-{n}")
+        lost.close()
+    # When a sixth worker's lane takes it
+    worker = broker()
+    lease = acquired(worker, "worker-5")
+    taken = worker.take([lease])
+    assert isinstance(taken, Taken)
+    assert taken.raw == sent[0]
+    # Then it is counted as its second try at most (its first delivery may have been
+    # tried), not its sixth: past max_deliveries (5) it would be a poison dead letter
+    assert taken.deliveries == 2, taken.deliveries
+    # And a try that kills its worker counts: each next worker sees one more (until the
+    # broker's own limit, max_deliveries + amqp_delivery_margin returns, which counts them
+    # all)
+    seen = [taken.deliveries]
+    for n in range(6, 8):
+        worker.close()
+        worker = broker()
+        lease = acquired(worker, f"worker-{n}")
+        taken = worker.take([lease])
+        assert isinstance(taken, Taken)
+        assert taken.raw == sent[0]
+        seen.append(taken.deliveries)
+    assert seen == [2, 3, 4], seen
+    # And once the message is acknowledged its note leaves the store
+    assert worker.finish(lease, taken, [Ack(taken.raw)]) is True
+    wait_until(
+        lambda: not store.noted_tries(SHARD, [message_digest(sent[0])]),
+        30,
+        "the acknowledged message's note is gone",
+    )
+
+
+def test_parked_messages_carry_their_tries_not_the_returns_of_lost_connections(
+    settings: Settings, store: SqlStore, broker: Callable[[], RabbitLaneBroker]
+) -> None:
+    # Given a record's two messages, each returned untried by five lost connections
+    sent = publish(settings, 2)
+    for n in range(5):
+        lost = broker()
+        acquired(lost, f"worker-{n}")
+        lost.close()
+    # When a lane takes the first and must then wait longer than the broker may hold a
+    # delivery, so the record's messages are parked in the store
+    worker = broker()
+    lease = acquired(worker, "worker-5")
+    taken = worker.take([lease])
+    assert isinstance(taken, Taken)
+    assert taken.deliveries == 2
+    assert worker.wait(lease, taken, settings.amqp_hold_budget_s, {"reason": "test"}) is True
+
+    def both_parked() -> bool:
+        worker.take([lease])  # parks a delivery that came after the wait behind the first
+        return len(store.parked(SHARD, "rec:1")) == 2
+
+    wait_until(both_parked, 30, "both messages parked")
+    # Then each parked row counts its tries: the first tried once here (and maybe once on
+    # its first delivery), the second never, not the five returns
+    parked = store.parked(SHARD, "rec:1")
+    assert [(p.raw, p.deliveries) for p in parked] == [(sent[0], 2), (sent[1], 1)]
+    # And the first one's note left the store with it (the parked row counts on)
+    assert store.noted_tries(SHARD, [message_digest(raw) for raw in sent]) == {}

@@ -501,6 +501,26 @@ class ParkingStore(StoreConnection):
         holds it; nothing written)."""
 
 
+class TryNotes(StoreConnection):
+    """The tries of messages a broker handed out again, counted in the store: for a broker
+    whose own delivery count also counts deliveries no lane tried (RabbitMQ takes back
+    every unacknowledged delivery of a lost connection and counts each;
+    :mod:`keylane.workers.brokers.rabbitmq.tries`)."""
+
+    @abstractmethod
+    def note_try(self, shard: int, digest: str) -> int:
+        """Count one more try of the shard's message ``digest`` (committed before the try
+        starts); its tries noted so far, this one included."""
+
+    @abstractmethod
+    def noted_tries(self, shard: int, digests: Sequence[str]) -> dict[str, int]:
+        """The tries noted of the shard's messages ``digests`` (absent: none)."""
+
+    @abstractmethod
+    def forget_tries(self, shard: int, digests: Sequence[str]) -> None:
+        """The shard's messages ``digests`` are done with: their notes leave."""
+
+
 class IdentityStore(StoreConnection):
     """The identity index and the pairs kept apart: the lanes' merges
     (:mod:`keylane.workers.merges`), ``keylane records``, triage of a merge's review."""

@@ -9,6 +9,9 @@ may hold a delivery (RabbitMQ), base64-encoded, in order per record. ``held`` ho
 records of those brokers that wait behind a dead letter (a source's ``hold`` policy): their
 parked messages are not due until the row is closed or retried.
 
+``tries`` counts the tries of messages a broker handed out again, for a broker whose
+own count also counts deliveries no lane tried (RabbitMQ; :mod:`.sql_tries`).
+
 ``identities`` is the identity index (``kind:value`` -> the record it names), written by
 the lanes with the record's write; ``kept_apart`` holds the pairs of records a person said
 are two (a merge of them is never proposed again), the lower key first.
@@ -114,6 +117,14 @@ CREATE TABLE IF NOT EXISTS kept_apart (
     kept_at {real} NOT NULL,
     PRIMARY KEY (a, b)
 );
+CREATE TABLE IF NOT EXISTS tries (
+    shard INTEGER NOT NULL,
+    digest TEXT NOT NULL,
+    tries INTEGER NOT NULL,
+    tried_at {real} NOT NULL,
+    PRIMARY KEY (shard, digest)
+);
+CREATE INDEX IF NOT EXISTS tries_age ON tries (tried_at);
 CREATE TABLE IF NOT EXISTS held (
     shard INTEGER NOT NULL,
     record_key TEXT NOT NULL,

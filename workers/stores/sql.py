@@ -1,5 +1,5 @@
 """The SQL store: every role of :mod:`keylane.workers.store` (records, journal, fences,
-dead letters, retention, RabbitMQ's parking, identities) written once, over one connection
+dead letters, retention, RabbitMQ's parking and tries, identities) written once, over one connection
 of a :class:`~keylane.workers.stores.dialect.Dialect` (SQLite or PostgreSQL).
 
 Each method is one transaction (or one read); the SQL it runs lives with its tables in
@@ -38,6 +38,7 @@ from ..store import (
     Removal,
     RetentionStore,
     TableAge,
+    TryNotes,
     with_revision,
 )
 from . import sql_retention as retention
@@ -88,6 +89,7 @@ from .sql_records import (
     reopen_record,
     write_record,
 )
+from .sql_tries import forget_tries, note_try, noted_tries
 
 
 class SqlStore(
@@ -97,6 +99,7 @@ class SqlStore(
     DeadLetterStore,
     RetentionStore,
     ParkingStore,
+    TryNotes,
     IdentityStore,
 ):
     """A store in a SQL database, every role over one connection: ``dialect`` holds the
@@ -249,6 +252,18 @@ class SqlStore(
         with self.dialect.transaction() as cur:
             check_fence(self.dialect, cur, fence)
             return unpark_messages(cur, shard, record_key, seqs)
+
+    def note_try(self, shard: int, digest: str) -> int:
+        with self.dialect.transaction() as cur:
+            return note_try(cur, shard, digest, time.time())
+
+    def noted_tries(self, shard: int, digests: Sequence[str]) -> dict[str, int]:
+        with self.dialect.cursor() as cur:
+            return noted_tries(cur, shard, digests)
+
+    def forget_tries(self, shard: int, digests: Sequence[str]) -> None:
+        with self.dialect.transaction() as cur:
+            forget_tries(cur, shard, digests)
 
     def hold(self, shard: int, record_key: str, dead_letter_id: int, fence: Fence) -> int | None:
         with self.dialect.transaction() as cur:

@@ -34,9 +34,12 @@ What RabbitMQ gives, and what keylane adds (facts checked in ``ops/docs/rabbitmq
   next consumer would run later messages while this one still holds earlier ones): what
   it held returns to the head of the queue, in order.
 * **Delivery limit**: ``x-delivery-limit`` is ``max_deliveries + amqp_delivery_margin``;
-  the lanes see ``x-delivery-count`` and dead-letter a message past ``max_deliveries``
-  themselves; a message that goes past the broker's limit anyway (a worker killed every
-  time it was handed out) is dead-lettered at least once to the ``<ns>.dead`` queue,
+  the lanes count a message's tries (``x-delivery-count``, brought down to the tries
+  noted in the store: a lost connection's untried deliveries count there too; see
+  :mod:`.tries`) and dead-letter a message past ``max_deliveries`` themselves; a
+  message that goes past the broker's limit anyway (a worker killed every time it was
+  handed out, or more connections lost than the margin while it waited untried) is
+  dead-lettered at least once to the ``<ns>.dead`` queue,
   which this broker consumes and hands to ``on_dead`` (a ``poison`` dead letter in the
   store): never dropped.
 * **Even spread**: a worker consumes only the shards the rendezvous assignment over the
@@ -51,6 +54,7 @@ broker (acks, consuming, closing a channel) are queued to that thread.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import queue
@@ -76,6 +80,7 @@ from ...broker import (
     Taken,
 )
 from ...stores.sql import SqlStore
+from . import tries
 from .consumers import ShardConsumer, batch_limit
 from .link import ack, message_body, publish_confirmed
 from .membership import Membership
@@ -165,11 +170,23 @@ class RabbitLaneBroker(
             if taken is None:
                 continue
             if isinstance(taken, Taken):
-                return taken
+                return self._tried(consumer, taken)
             unparked = self._take_parked(consumer, lease, taken)
             if unparked is not None:
                 return unparked
         return Idle(due_in)
+
+    def _tried(self, consumer: ShardConsumer, taken: Taken) -> Taken:
+        """``taken`` as its lane gets it: a redelivered message's try noted in the store
+        before it starts, and counted from the notes (:mod:`.tries`)."""
+        with self._lock:
+            handed, _ = consumer.busy.get(taken.record_key, ([], 0.0))
+            first = consumer.deliveries.get(handed[0]) if handed else None
+        if first is None or not first.returned or first.noted:
+            return taken
+        tries.note_try(self._stored, consumer.shard, first)
+        with self._lock:
+            return dataclasses.replace(taken, deliveries=first.returned + first.taken)
 
     def _take_from(
         self, consumer: ShardConsumer, now: float, parked_ok: bool = False
@@ -281,7 +298,8 @@ class RabbitLaneBroker(
             nxt = self._take_from(consumer, time.monotonic()) if then_take else None
         if done:
             self._submit(functools.partial(ack, channel, [d.tag for d in done]))
-        return nxt if isinstance(nxt, Taken) else True
+            tries.forget(self._stored, consumer.shard, done)
+        return self._tried(consumer, nxt) if isinstance(nxt, Taken) else True
 
     def wait(
         self,

@@ -33,12 +33,15 @@ class Delivery:
     raw: bytes
     record_key: str
     batch: str
-    #: Times the broker handed it out before (``x-delivery-count``).
+    #: Times it was tried before this delivery: the broker's ``x-delivery-count``, brought
+    #: down to the tries the store noted once a lane takes it (:mod:`.tries`).
     returned: int
     #: Times a lane of this worker took it.
     taken: int = 0
     received: float = field(default_factory=time.monotonic)
     notes: dict[str, Any] = field(default_factory=dict)
+    #: Whether a try of this delivery is noted in the store (:mod:`.tries`).
+    noted: bool = False
     #: A release (``keylane_unhold``): the dead letter it releases the record from.
     unhold: int | None = None
     #: An operator's retry (``keylane_retry_of``): the dead letter it retries.

@@ -18,6 +18,7 @@ from ....routing.contract.errors import StaleFence, StoreUnavailable
 from ...broker import Ack, Counts, Lease, Taken
 from ...store import Fence
 from ...stores.sql import SqlStore
+from . import tries
 from .consumers import HELD, Delivery, ShardConsumer
 from .link import AmqpLink, ack
 
@@ -106,6 +107,7 @@ class Parking(AmqpLink):
         """(The record busy.) Write ``deliveries`` to the store behind what is parked,
         fenced, due at ``due_at`` (a held record's: the store's hold decides), then
         acknowledge them. False (and nothing changed) when the store refused."""
+        tries.settle(self._stored, lease.shard, deliveries)
         messages = [(d.raw, d.returned + d.taken) for d in deliveries]
         fence = Fence(lease.shard, lease.token)
         stored_due = due_at if due_at != HELD else time.time()
@@ -126,6 +128,7 @@ class Parking(AmqpLink):
             alive, channel = consumer.alive, consumer.channel
         if alive:  # else the broker gives them back: parked again behind, the journal dedupes
             self._submit(functools.partial(ack, channel, [d.tag for d in deliveries]))
+        tries.forget(self._stored, lease.shard, deliveries)  # the parked rows count on
         log.info("shard %s: parked %s message(s) of %s", lease.shard, len(messages), key)
         return True
 
