@@ -399,6 +399,42 @@ def test_a_merge_undone_gives_each_record_back_what_it_had_and_keeps_them_apart(
     assert "not merged into another record" in again.stdout + again.stderr
 
 
+def test_an_absorb_and_its_release_that_meet_outside_edits_read_again_and_count_them(
+    stack: Stack,
+) -> None:
+    # Given a worker where the survivor's absorb, and later its release, each meet an
+    # outside edit of the survivor on their first two writes
+    bumps = [
+        {"point": point, "action": "bump", "match": "person:", "times": 2}
+        for point in ("merge.absorbing", "merge.releasing")
+    ]
+    stack.receiver()
+    stack.worker(lanes=4, faults=bumps)
+    stack.wait_all_owned()
+    # When a person is told by the form, then by the CRM
+    send_in_order(stack, [form_events(1)], senders=1)
+    stack.wait_journal(2)
+    send_in_order(stack, [crm_events(1)], senders=1)
+    store = stack.open_store()
+    merged = _merged(stack, store, 1)
+    # Then the absorb was written on its third read, and its two conflicts are counted
+    (absorb,) = [e for e in store.journal_entries(merged.key) if e.event_id.startswith("absorb-")]
+    assert absorb.attempts == 3
+    _wait(stack, lambda: stack.view().counters().get("conflicts") == 2, "2 conflicts counted")
+    # When the merge is undone
+    absorbed = f"person:{person(1)[1]}"
+    done = stack.keylane("merges", "undo", absorbed)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Then the release too was written on its third read, gave back what the absorb took,
+    # and its conflicts are counted as the absorb's are
+    _wait(stack, lambda: _release(store, absorbed) is not None, "the release")
+    release = _release(store, absorbed)
+    assert release is not None
+    assert release.attempts == 3
+    _check_released(store, absorbed, merged.key)
+    _wait(stack, lambda: stack.view().counters().get("conflicts") == 4, "4 conflicts counted")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 @pytest.mark.parametrize("point", ["merge.reopened", "worker.after_send"])

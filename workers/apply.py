@@ -17,7 +17,6 @@ event behind later events of the same record.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -33,7 +32,6 @@ from ..routing.contract.errors import (
     VersionConflict,
 )
 from ..routing.contract.events import Change, Event, parse_changes
-from ..routing.contract.faults import Faults
 from ..routing.contract.sources import SourceConfig
 from . import merge_undo, merges
 from .apply_rules import ApplyRules
@@ -41,10 +39,11 @@ from .blocking import BlockingPool
 from .changes import apply_changes
 from .conditions import REFUSED_BY_CONDITION, check_conditions
 from .dead_letters import Failure
+from .faults import before_write
 from .jobs import import_function
 from .lane_store import LaneStore, event_write
 from .results import ApplyResult
-from .store import EventWrite, Fence, Record, RecordStore, with_revision
+from .store import EventWrite, Fence, Record, with_revision
 
 #: A source's lane-side handler: (event, record as freshly read) -> the change to apply,
 #: or None for none; a plain function or an ``async def``. It runs on every attempt, so it
@@ -150,7 +149,7 @@ async def apply_batch(
         if isinstance(writes, ApplyResult):
             return [writes]
         if faults:
-            await store.io.store(_before_write, faults, first)
+            await store.io.store(before_write, faults, "worker.before_write", first.record_key)
         try:
             if writes[0].outcome == "refused":
                 return [await _refuse(store, fence, source, first, writes[0], attempt)]
@@ -250,10 +249,6 @@ async def _refuse(
     return refused
 
 
-def _before_write(store: RecordStore, faults: Faults, event: Event) -> None:
-    faults.hit("worker.before_write", event.record_key, bump=lambda: _bump(store, event))
-
-
 #: The dead-letter reason of a change that cannot apply to the record as read (first match).
 _REFUSALS: dict[type[Exception], str] = {
     FieldNotOwned: "not_owned",
@@ -321,10 +316,3 @@ class _ChangesOf:
         if time.monotonic() > self.deadline:
             raise HandlerTimeout(f"handler ran past its limit of {self.limit_s:.1f}s")
         return result
-
-
-def _bump(store: RecordStore, event: Event) -> None:
-    """An outside write that leaves the fields as they are but advances the revision."""
-    record = store.read(event.record_key)
-    with contextlib.suppress(VersionConflict):
-        store.write_outside(event.record_key, record.fields, record.revision)

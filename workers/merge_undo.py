@@ -22,8 +22,9 @@ from ..routing.contract.errors import AlreadyApplied, VersionConflict
 from ..routing.contract.events import Event
 from ..routing.contract.identities import MERGE_SOURCE, merge_event_id
 from .apply_rules import ApplyRules
+from .faults import before_write
 from .lane_store import LaneStore, event_write
-from .merges import merge_event, settle
+from .merges import commit_attempt, merge_event, settle
 from .results import ApplyResult
 from .store import Fence, JournalEntry, JournalStore
 
@@ -88,13 +89,11 @@ async def release(
             result=result,
             releases=(merge.absorbed, identities),
         )
-        try:
-            revision = await store.commit([write], fence)
-        except VersionConflict:
-            continue
-        except AlreadyApplied:
-            return ApplyResult("duplicate", attempts=attempt)
-        return ApplyResult("applied", attempts=attempt, revision=revision, result=result)
+        if rules.faults:
+            await store.io.store(before_write, rules.faults, "merge.releasing", event.record_key)
+        outcome = await commit_attempt(store, write, fence, attempt)
+        if outcome is not None:
+            return outcome
     raise VersionConflict(event.record_key, 0, 0)  # outside edits on every attempt: again
 
 

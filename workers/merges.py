@@ -47,12 +47,14 @@ from ..routing.contract.identities import (
     survivor_first,
 )
 from .apply_rules import ApplyRules
+from .faults import before_write
 from .lane_store import LaneStore, event_write
 from .merge_fields import differing, owner_sides, taken_fields
 from .results import ApplyResult
 from .store import (
     DeadLetterDraft,
     DeadLetterStore,
+    EventWrite,
     Fence,
     IdentityStore,
     JournalStore,
@@ -292,19 +294,31 @@ async def absorb(
             result=result,
         )
         if faults:
-            await store.io.call(faults.hit, "merge.absorbing", event.record_key)
-        try:
-            revision = await store.commit([write], fence)
-        except VersionConflict:
+            await store.io.store(before_write, faults, "merge.absorbing", event.record_key)
+        outcome = await commit_attempt(store, write, fence, attempt)
+        if outcome is None:
             continue
-        except AlreadyApplied:
-            return ApplyResult("duplicate", attempts=attempt)
-        if faults:
+        if faults and outcome.outcome == "applied":
             await store.io.call(faults.hit, "merge.absorbed", event.record_key)
-        return ApplyResult(
-            "applied", attempts=attempt, conflicts=attempt - 1, revision=revision, result=result
-        )
+        return outcome
     raise VersionConflict(event.record_key, 0, 0)  # outside edits on every attempt: again
+
+
+async def commit_attempt(
+    store: LaneStore, write: EventWrite, fence: Fence | None, attempt: int
+) -> ApplyResult | None:
+    """One attempt at a merge's write (an absorb, or its release): applied, a duplicate
+    (its journal row is there), or None when the survivor moved since it was read (the
+    caller reads it again). Conflicts before it count as for any event's write."""
+    try:
+        revision = await store.commit([write], fence)
+    except VersionConflict:
+        return None
+    except AlreadyApplied:
+        return ApplyResult("duplicate", attempts=attempt, conflicts=attempt - 1)
+    return ApplyResult(
+        "applied", attempts=attempt, conflicts=attempt - 1, revision=revision, result=write.result
+    )
 
 
 async def settle(
