@@ -37,7 +37,10 @@ from tests.support.stack import Stack
 REPO = Path(__file__).resolve().parents[1]
 #: Each script folder, and the modules that run its scripts by name.
 FOLDERS = {
-    gateway.SCRIPTS: ("producers/gateway.py",),
+    gateway.SCRIPTS: (
+        "producers/gateway/receiver_gateway.py",
+        "producers/gateway/schedule_gateway.py",
+    ),
     lane_redis.SCRIPTS: ("workers/brokers/redis.py", "workers/flow.py"),
 }
 SHARDS = ShardMap(2)

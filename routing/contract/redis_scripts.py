@@ -1,7 +1,7 @@
 """Both sides' Redis scripts, as text: the one loader, the one error mapping, and the layouts
 Python and Lua share.
 
-Why here, below both gateways: the receiver's gateway (``producers/gateway.py``) and the lanes'
+Why here, below both gateways: the producers' gateway (``producers/gateway/``) and the lanes'
 broker (``workers/brokers/redis.py``) never import each other, and this layer imports no
 client library. So what is plain text and plain Python is written once, here: finding a
 script by name in the folder beside its gateway, putting before it the helper it includes

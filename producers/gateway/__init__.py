@@ -1,0 +1,46 @@
+"""The producers' one gateway to Redis, one module per concept:
+
+* :mod:`.receiver_gateway`: the receiver's accept script, the review message of a reused
+  id, the dedupe marks of the RabbitMQ receiver, and the reads behind backpressure and
+  ``/metrics``;
+* :mod:`.outcome_feed`: the told outcomes a receiver's waiting requests hear;
+* :mod:`.schedule_gateway`: the scheduler's steps, run leases and run log;
+* :mod:`.redis_calls`: how each of them runs a Lua script (``scripts/`` beside it) and
+  turns a Redis error into :class:`BrokerUnavailable`.
+
+Only the modules of this package import the Redis client on the producer side
+(``tests/test_layers.py``).
+"""
+
+from .outcome_feed import OutcomeFeed
+from .receiver_gateway import (
+    POOL_CONNECTIONS,
+    POOL_WAIT_S,
+    Enqueue,
+    EnqueueResult,
+    MetricSnapshot,
+    QueueSnapshot,
+    ReceiverGateway,
+    Verdict,
+)
+from .redis_calls import SCRIPTS, LoadedScript, broker_errors, run_script, script_text
+from .schedule_gateway import ScheduleGateway, StepReply
+
+__all__ = [
+    "POOL_CONNECTIONS",
+    "POOL_WAIT_S",
+    "SCRIPTS",
+    "Enqueue",
+    "EnqueueResult",
+    "LoadedScript",
+    "MetricSnapshot",
+    "OutcomeFeed",
+    "QueueSnapshot",
+    "ReceiverGateway",
+    "ScheduleGateway",
+    "StepReply",
+    "Verdict",
+    "broker_errors",
+    "run_script",
+    "script_text",
+]
