@@ -8,13 +8,16 @@ from __future__ import annotations
 import ast
 import json
 import re
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
 import pytest
 
 from keylane.ops.audit import admitted_counts, audit_depth
+from keylane.ops.embedded_redis import EmbeddedRedis
 from keylane.producers import gateway
 from keylane.routing import ShardMap
 from keylane.routing.contract.events import Change, Event
@@ -28,7 +31,7 @@ from keylane.routing.contract.redis_scripts import (
 )
 from keylane.routing.contract.settings import Settings
 from keylane.routing.redis_keys import MESSAGE_NOTES, RedisKeys, message_digest
-from keylane.workers.broker import Ack, Lease, Taken
+from keylane.workers.broker import Ack, Lease, Taken, Tell
 from keylane.workers.brokers import redis as lane_redis
 from keylane.workers.brokers.redis import RedisLaneBroker
 from keylane.workers.stores.sql import SqlStore
@@ -199,6 +202,62 @@ def test_a_finished_message_leaves_none_of_its_notes(broker: RedisLaneBroker) ->
     broker.finish(lease, got, [Ack(got.raw)])
     # Then its delivery count and all its notes are forgotten
     assert broker.client.hgetall(deliveries) == {}
+
+
+def test_the_helper_counts_and_tells_a_rabbitmq_ack_in_one_call_as_finish_does(
+    tmp_path: Path,
+) -> None:
+    # Given the Redis helper of a RabbitMQ deployment (a Redis of its own, to count calls),
+    # and a listener on the outcomes channel
+    server = EmbeddedRedis(tmp_path / "redis")
+    server.start()
+    helper = RedisLaneBroker.from_url(server.url, RedisKeys("ns"), SHARDS)
+    try:
+        k = helper.keys
+        listener = helper.client.pubsub(ignore_subscribe_messages=True)
+        listener.subscribe(k.outcomes)
+        helper.client.script_load(lane_redis.script_text("after_ack"))
+        helper.client.config_resetstat()
+        first = Tell("crm", "e1", b'{"status": "applied"}', 60_000, False)
+        # When two acknowledgements are counted and told after their ack, and then a
+        # third tells the first event again (a duplicate's tell) with another body, and a
+        # fourth replaces it (an operator's retry decided it anew)
+        helper.after_ack(
+            [
+                Ack(b"m1", "applied", conflicts=1, attempts=2, latency_s=0.02, tell=first),
+                Ack(b"m2", "dead_lettered", attempts=5, latency_s=0.5),
+            ]
+        )
+        helper.after_ack([Ack(b"m3", "duplicate", tell=replace(first, body=b"other"))])
+        helper.after_ack([Ack(b"m4", "applied", tell=replace(first, body=b"anew", replace=True))])
+        helper.after_ack([Ack(b"m5")])  # nothing to count or tell: no call
+        # Then the counters and the latency histogram hold what finish.lua would count
+        counters = {f.decode(): int(v) for f, v in helper.client.hgetall(k.counters).items()}
+        assert counters == {
+            "applied": 2,
+            "dead_lettered": 1,
+            "duplicate": 1,
+            "conflicts": 1,
+            "attempts": 7,
+        }
+        assert int(helper.client.hget(k.latency, "count") or 0) == 2
+        # And the first tell stood against the second, the replacing one did not, and each
+        # was published as kept
+        published: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while len(published) < 3 and time.monotonic() < deadline:
+            heard = listener.get_message(timeout=0.5)
+            if heard is not None:
+                published.append(heard["data"])
+        assert published == [first.body, first.body, b"anew"]
+        assert helper.client.get(k.outcome("crm", "e1")) == b"anew"
+        assert 0 < int(helper.client.pttl(k.outcome("crm", "e1"))) <= 60_000
+        # And each acknowledgement was one script call, the fourth none
+        assert helper.client.info("commandstats")["cmdstat_evalsha"]["calls"] == 3
+        listener.close()
+    finally:
+        helper.close()
+        server.stop()
 
 
 def test_the_depth_count_matches_the_lists_while_records_are_due_in_flight_and_held(

@@ -269,9 +269,20 @@ class RedisLaneBroker(RecordQueue, ShardLeases, MessageNotes):
             ADMIT_MAX,
             k.outcomes,
         ]
+        reply = self._run("finish", keys, args + self._ack_args(acks))
+        if isinstance(reply, list) and len(reply) == 1:  # then_take: nothing due
+            due_ms = int(reply[0])
+            return Idle({lease.shard: due_ms / 1000} if due_ms >= 0 else {})
+        if isinstance(reply, list):
+            return _taken(lease.shard, reply)
+        return bool(reply)
+
+    def _ack_args(self, acks: Sequence[Ack]) -> list[Any]:
+        """The values ``ACK`` names for each acknowledged message, in order (what
+        ``finish.lua`` and ``after_ack.lua`` count and tell)."""
+        args: list[Any] = []
         for ack in acks:
-            latency_s = ack.latency_s
-            tell = ack.tell
+            latency_s, tell = ack.latency_s, ack.tell
             args += [
                 ack.raw,
                 ack.outcome,
@@ -281,13 +292,7 @@ class RedisLaneBroker(RecordQueue, ShardLeases, MessageNotes):
                 f"{latency_s or 0.0:.6f}",
                 *(("", "", 0, "0") if tell is None else self._told(tell)),
             ]
-        reply = self._run("finish", keys, args)
-        if isinstance(reply, list) and len(reply) == 1:  # then_take: nothing due
-            due_ms = int(reply[0])
-            return Idle({lease.shard: due_ms / 1000} if due_ms >= 0 else {})
-        if isinstance(reply, list):
-            return _taken(lease.shard, reply)
-        return bool(reply)
+        return args
 
     def _told(self, tell: Tell) -> tuple[str, bytes, int, str]:
         key = self.keys.outcome(tell.source, tell.event_id)
@@ -296,40 +301,12 @@ class RedisLaneBroker(RecordQueue, ShardLeases, MessageNotes):
     def after_ack(self, acks: Sequence[Ack]) -> None:
         """What :meth:`finish` does beside the acknowledgement, for the RabbitMQ broker
         through this Redis helper after its ack: count the outcomes (counters and the
-        latency histogram, as ``finish.lua`` does), then keep and publish the told ones."""
+        latency histogram) and keep and publish the told ones, as ``finish.lua`` does,
+        in one script call (``after_ack.lua``)."""
+        if not any(ack.outcome or ack.tell is not None for ack in acks):
+            return
         k = self.keys
-        pipe = self.client.pipeline(transaction=False)
-        for ack in acks:
-            if not ack.outcome:
-                continue
-            pipe.hincrby(k.counters, ack.outcome, 1)
-            if ack.conflicts > 0:
-                pipe.hincrby(k.counters, "conflicts", ack.conflicts)
-            if ack.attempts > 0:
-                pipe.hincrby(k.counters, "attempts", ack.attempts)
-            if ack.latency_s is not None:
-                pipe.hincrby(k.latency, latency_bucket(ack.latency_s), 1)
-                pipe.hincrby(k.latency, "count", 1)
-                pipe.hincrbyfloat(k.latency, "sum", ack.latency_s)
-        _do(pipe.execute)
-        tells = [ack.tell for ack in acks if ack.tell is not None]
-        if tells:
-            self.tell(tells)
-
-    def tell(self, tells: Sequence[Tell]) -> None:
-        """Keep and publish decided outcomes (a key already there stands, and is published
-        again). On Redis the lanes' :meth:`finish` tells in the same step as the
-        acknowledgement."""
-        pipe = self.client.pipeline(transaction=False)
-        for tell in tells:
-            key = self.keys.outcome(tell.source, tell.event_id)
-            pipe.set(key, tell.body, px=tell.ttl_ms, nx=not tell.replace)
-            pipe.get(key)
-        replies = _do(pipe.execute)
-        pipe = self.client.pipeline(transaction=False)
-        for tell, stored in zip(tells, replies[1::2], strict=True):
-            pipe.publish(self.keys.outcomes, stored or tell.body)
-        _do(pipe.execute)
+        self._run("after_ack", [k.counters, k.latency], [k.outcomes, *self._ack_args(acks)])
 
     def wait(
         self,

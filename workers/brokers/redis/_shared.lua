@@ -203,6 +203,43 @@ local function take_due(K, now)
   end
 end
 
+-- How many ARGV values one acknowledged message takes (ACK names them, by offset).
+local function ack_width()
+  local width = 0
+  for _ in pairs(ACK) do width = width + 1 end
+  return width
+end
+
+-- Count an acknowledged message's outcome (the counters, the latency histogram) and keep
+-- and publish its told outcome on channel; i is its first ARGV value (see ACK). A told
+-- outcome is kept under its key (unless replacing, a key already there stands: the first
+-- tell, which is what is published).
+local function count_and_tell(counters, latency, channel, i)
+  local outcome = ARGV[i + ACK.outcome]
+  if outcome ~= '' then
+    redis.call('HINCRBY', counters, outcome, 1)
+    local conflicts, attempts = ARGV[i + ACK.conflicts], ARGV[i + ACK.attempts]
+    if tonumber(conflicts) > 0 then redis.call('HINCRBY', counters, 'conflicts', conflicts) end
+    if tonumber(attempts) > 0 then redis.call('HINCRBY', counters, 'attempts', attempts) end
+    local bucket = ARGV[i + ACK.latency_bucket]
+    if bucket ~= '' then
+      redis.call('HINCRBY', latency, bucket, 1)
+      redis.call('HINCRBY', latency, 'count', 1)
+      redis.call('HINCRBYFLOAT', latency, 'sum', ARGV[i + ACK.latency_s])
+    end
+  end
+  local told_key = ARGV[i + ACK.told_key]
+  if told_key ~= '' then
+    local told, ttl = ARGV[i + ACK.told], ARGV[i + ACK.told_ttl_ms]
+    if ARGV[i + ACK.told_replace] == '1' then
+      redis.call('SET', told_key, told, 'PX', ttl)
+    elseif not redis.call('SET', told_key, told, 'PX', ttl, 'NX') then
+      told = redis.call('GET', told_key) or told
+    end
+    redis.call('PUBLISH', channel, told)
+  end
+end
+
 -- The keys of one shard by name: SHARD_KEYS from KEYS[base + 1 ..], then the deployment's
 -- COMMON_KEYS (shared by every shard) from the end of KEYS.
 local function shard_keys(base)

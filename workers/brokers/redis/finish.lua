@@ -9,8 +9,7 @@
 -- names (generated): message, outcome counter ('' counts nothing), conflicts, attempts,
 -- latency bucket ('' none), latency seconds, and the told outcome: its key ('' nothing
 -- told), its JSON, its TTL in ms and whether it replaces ('1') a tell before it. A told
--- outcome is kept under its key (unless replacing, a key already there stands: the first
--- tell) and published on the channel, in this same step.
+-- outcome is kept and published on the channel in this same step (count_and_tell).
 -- Returns 0 when the lease is not ours (nothing done), else 1, or with then_take the
 -- record handed out (see take.lua), or {wait}: nothing is due, wait = ms until the
 -- shard's first waiting record is due (-1: none waits).
@@ -22,37 +21,15 @@ if redis.call('GET', K.lease) ~= lease then return 0 end
 local now = now_ms()
 local rec = K.rec_prefix .. key
 local was_held = redis.call('HEXISTS', K.held, key) == 1
-local channel, width = ARGV[7], 0
-for _ in pairs(ACK) do width = width + 1 end
-for i = 8, #ARGV, width do
-  local m, outcome = ARGV[i + ACK.message], ARGV[i + ACK.outcome]
+local channel = ARGV[7]
+for i = 8, #ARGV, ack_width() do
+  local m = ARGV[i + ACK.message]
   if redis.call('LREM', rec, 1, m) == 1 and not was_held then
     redis.call('HINCRBY', K.depth, shard, -1)
   end
   forget(K.deliveries, redis.sha1hex(m))
   redis.call('HINCRBY', drained, shard, 1)
-  if outcome ~= '' then
-    redis.call('HINCRBY', K.counters, outcome, 1)
-    local conflicts, attempts = ARGV[i + ACK.conflicts], ARGV[i + ACK.attempts]
-    if tonumber(conflicts) > 0 then redis.call('HINCRBY', K.counters, 'conflicts', conflicts) end
-    if tonumber(attempts) > 0 then redis.call('HINCRBY', K.counters, 'attempts', attempts) end
-    local bucket = ARGV[i + ACK.latency_bucket]
-    if bucket ~= '' then
-      redis.call('HINCRBY', latency, bucket, 1)
-      redis.call('HINCRBY', latency, 'count', 1)
-      redis.call('HINCRBYFLOAT', latency, 'sum', ARGV[i + ACK.latency_s])
-    end
-  end
-  local told_key = ARGV[i + ACK.told_key]
-  if told_key ~= '' then
-    local told, ttl = ARGV[i + ACK.told], ARGV[i + ACK.told_ttl_ms]
-    if ARGV[i + ACK.told_replace] == '1' then
-      redis.call('SET', told_key, told, 'PX', ttl)
-    elseif not redis.call('SET', told_key, told, 'PX', ttl, 'NX') then
-      told = redis.call('GET', told_key) or told
-    end
-    redis.call('PUBLISH', channel, told)
-  end
+  count_and_tell(K.counters, latency, channel, i)
 end
 redis.call('HDEL', K.busy, key)
 local left = redis.call('LLEN', rec)
