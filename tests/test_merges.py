@@ -159,6 +159,20 @@ def _merged(stack: Stack, store: RecordStore, n: int) -> Record:
     return record
 
 
+def _person_merged(stack: Stack, **worker_env: Any) -> tuple[SqlStore, Record]:
+    """Person 1 told by the form (email) first, then by the CRM (phone, its last event
+    linking the email), through a receiver and a worker of 4 lanes (``worker_env``): the
+    store, and the record the two merged into."""
+    stack.receiver()
+    stack.worker(lanes=4, **worker_env)
+    stack.wait_all_owned()
+    send_in_order(stack, [form_events(1)], senders=1)
+    stack.wait_journal(2)
+    send_in_order(stack, [crm_events(1)], senders=1)
+    store = stack.open_store()
+    return store, _merged(stack, store, 1)
+
+
 def _wait(stack: Stack, ready: Callable[[], bool], what: str) -> None:
     wait_until(ready, 120, what, on_timeout=stack.logs, interval_s=0.2)
 
@@ -348,14 +362,7 @@ def test_a_merge_undone_gives_each_record_back_what_it_had_and_keeps_them_apart(
 ) -> None:
     # Given a person merged from a form's record (email, told first) and the CRM's (phone,
     # its last event linking the email: the CRM's record is closed with all its events)
-    stack.receiver()
-    stack.worker(lanes=4)
-    stack.wait_all_owned()
-    send_in_order(stack, [form_events(1)], senders=1)
-    stack.wait_journal(2)
-    send_in_order(stack, [crm_events(1)], senders=1)
-    store = stack.open_store()
-    merged = _merged(stack, store, 1)
+    store, merged = _person_merged(stack)
     email, phone = person(1)
     absorbed = f"person:{phone}"
     assert merged.key == f"person:{email}"
@@ -408,15 +415,8 @@ def test_an_absorb_and_its_release_that_meet_outside_edits_read_again_and_count_
         {"point": point, "action": "bump", "match": "person:", "times": 2}
         for point in ("merge.absorbing", "merge.releasing")
     ]
-    stack.receiver()
-    stack.worker(lanes=4, faults=bumps)
-    stack.wait_all_owned()
     # When a person is told by the form, then by the CRM
-    send_in_order(stack, [form_events(1)], senders=1)
-    stack.wait_journal(2)
-    send_in_order(stack, [crm_events(1)], senders=1)
-    store = stack.open_store()
-    merged = _merged(stack, store, 1)
+    store, merged = _person_merged(stack, faults=bumps)
     # Then the absorb was written on its third read, and its two conflicts are counted
     (absorb,) = [e for e in store.journal_entries(merged.key) if e.event_id.startswith("absorb-")]
     assert absorb.attempts == 3

@@ -189,22 +189,40 @@ def test_a_lost_lease_of_a_consumer_already_replaced_closes_nothing_else(
     assert isinstance(a.take([second]), Taken)
 
 
+def taken_after_lost_connections(
+    settings: Settings, broker: Callable[[], RabbitLaneBroker], losses: int
+) -> tuple[list[bytes], RabbitLaneBroker, Lease, Taken]:
+    """Two messages of one record delivered to ``losses`` workers in turn, each of which
+    lost its connection before a lane took either; then the next worker's lane takes the
+    first: what was sent, that worker, its lease and what its lane took."""
+    sent = publish(settings, 2)
+    for n in range(losses):
+        lost = broker()
+        acquired(lost, f"worker-{n}")
+        lost.close()
+    return (sent, *head_taken(broker, f"worker-{losses}", sent[0]))
+
+
+def head_taken(
+    broker: Callable[[], RabbitLaneBroker], name: str, head: bytes
+) -> tuple[RabbitLaneBroker, Lease, Taken]:
+    """A new worker ``name`` that holds the shard, its lease, and what its lane took:
+    the shard's ``head`` message."""
+    worker = broker()
+    lease = acquired(worker, name)
+    taken = worker.take([lease])
+    assert isinstance(taken, Taken)
+    assert taken.raw == head
+    return worker, lease, taken
+
+
 def test_deliveries_a_lost_connection_took_back_untried_count_as_no_tries(
     settings: Settings, store: SqlStore, broker: Callable[[], RabbitLaneBroker]
 ) -> None:
     # Given the head message of a shard delivered to five workers in turn, each of which
     # lost its connection before a lane took it (RabbitMQ counts each such return)
-    sent = publish(settings, 2)
-    for n in range(5):
-        lost = broker()
-        acquired(lost, f"worker-{n}")
-        lost.close()
     # When a sixth worker's lane takes it
-    worker = broker()
-    lease = acquired(worker, "worker-5")
-    taken = worker.take([lease])
-    assert isinstance(taken, Taken)
-    assert taken.raw == sent[0]
+    sent, worker, lease, taken = taken_after_lost_connections(settings, broker, 5)
     # Then it is counted as its second try at most (its first delivery may have been
     # tried), not its sixth: past max_deliveries (5) it would be a poison dead letter
     assert taken.deliveries == 2, taken.deliveries
@@ -214,11 +232,7 @@ def test_deliveries_a_lost_connection_took_back_untried_count_as_no_tries(
     seen = [taken.deliveries]
     for n in range(6, 8):
         worker.close()
-        worker = broker()
-        lease = acquired(worker, f"worker-{n}")
-        taken = worker.take([lease])
-        assert isinstance(taken, Taken)
-        assert taken.raw == sent[0]
+        worker, lease, taken = head_taken(broker, f"worker-{n}", sent[0])
         seen.append(taken.deliveries)
     assert seen == [2, 3, 4], seen
     # And once the message is acknowledged its note leaves the store
@@ -234,17 +248,9 @@ def test_parked_messages_carry_their_tries_not_the_returns_of_lost_connections(
     settings: Settings, store: SqlStore, broker: Callable[[], RabbitLaneBroker]
 ) -> None:
     # Given a record's two messages, each returned untried by five lost connections
-    sent = publish(settings, 2)
-    for n in range(5):
-        lost = broker()
-        acquired(lost, f"worker-{n}")
-        lost.close()
     # When a lane takes the first and must then wait longer than the broker may hold a
     # delivery, so the record's messages are parked in the store
-    worker = broker()
-    lease = acquired(worker, "worker-5")
-    taken = worker.take([lease])
-    assert isinstance(taken, Taken)
+    sent, worker, lease, taken = taken_after_lost_connections(settings, broker, 5)
     assert taken.deliveries == 2
     assert worker.wait(lease, taken, settings.amqp_hold_budget_s, {"reason": "test"}) is True
 
