@@ -397,6 +397,10 @@ class Bench:
                 "KEYLANE_SHARD_COUNT": str(opts.shards),
                 "KEYLANE_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
                 "KEYLANE_LOG_LEVEL": "WARNING",
+                # One event per write, so a record's revision counts its events and the
+                # check sees each event's place: a sender faster than the lanes would
+                # otherwise let a lane write a record's queued events together.
+                "KEYLANE_BATCH_MAX": "1",
                 # Part (a) leaves every event queued (some 100,000 a round on a fast
                 # machine); keep the shard and global limits out of its way.
                 "KEYLANE_SHARD_HIGH_WATER": str(1_000_000),
