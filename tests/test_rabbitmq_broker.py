@@ -1077,6 +1077,12 @@ def test_flower_and_celery_inspect_see_the_workers_on_rabbitmq(
         return any("flower:1" in r["args"] and r["state"] == "SUCCESS" for r in rows)
 
     wait_until(applied, 60, "Flower to show the event applied", on_timeout=stack.logs)
+    # And Celery's consumer left out its native delayed delivery (keylane sends no ETA
+    # task): no celery_delayed_* queue on the cluster, no warning about it in the log
+    rows = rabbitmq.ctl_json("list_queues", "name")
+    assert isinstance(rows, list)
+    assert not [r["name"] for r in rows if r["name"].startswith("celery_delayed")]
+    assert "delayed delivery" not in worker.log()
 
 
 def test_losing_the_redis_helper_loses_and_doubles_no_event(

@@ -19,6 +19,7 @@ from typing import Any
 
 from celery import bootsteps
 from celery.exceptions import SecurityWarning
+from celery.worker.consumer import Consumer
 from celery.worker.control import control_command, inspect_command
 from kombu.entity import Queue
 
@@ -246,6 +247,21 @@ def active_queues(state: Any) -> list[dict[str, Any]]:
     return [dict(Queue(name).as_dict(recurse=True)) for name in names]
 
 
+class CeleryConsumer(Consumer):
+    """Celery's consumer without its native delayed delivery. Celery includes that step
+    when a queue is a quorum queue, as the control queue is on RabbitMQ; it would declare
+    28 ``celery_delayed_*`` quorum queues and their exchanges on the cluster and log a
+    warning for every queue of the app at each start, for ETA tasks keylane never sends
+    (a record's waits are its lane's own)."""
+
+    class Blueprint(Consumer.Blueprint):
+        default_steps = [
+            step
+            for step in Consumer.Blueprint.default_steps
+            if not step.endswith(":DelayedDelivery")
+        ]
+
+
 def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
     """Run a worker in this process until it is told to stop. On SQLite, first become the
     store's one writer, or raise :class:`ConfigError` (another worker is)."""
@@ -267,6 +283,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
         hostname=f"keylane-{os.getpid()}@{socket.gethostname()}",
         pool="solo",
         concurrency=1,
+        consumer_cls=CeleryConsumer,
         queues=[CONTROL_QUEUE],
         without_mingle=True,
         without_gossip=True,
