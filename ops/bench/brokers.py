@@ -23,18 +23,20 @@ import functools
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 
-from ...routing.contract.settings import load_settings, settings_environ
+from ...routing.contract.settings import Settings, load_settings, settings_environ
 from ...workers.brokers.rabbitmq import delete_topology
 from ...workers.stores import open_store
 from ...workers.stores.sql import SqlStore
+from ..views import open_view
 from .e2e import check_store, workload
 from .load import run_load
+from .phases import all_shards_owned
 from .procs import (
     BenchFailure,
     Child,
@@ -71,13 +73,24 @@ class BrokerRun:
     cpu_s: dict[str, float]
 
 
+@dataclass(frozen=True)
+class Deployment:
+    """A fresh namespace and PostgreSQL schema with its receivers running."""
+
+    settings: Settings
+    env: dict[str, str]  # the processes' environment
+    logs: Path
+    store: SqlStore
+    urls: list[str]  # the receivers' webhook URLs
+    receivers: list[Child]
+
+
 @contextlib.contextmanager
 def deployment(
     broker_url: str | None, opts: argparse.Namespace, tmp: Path, port: int, receivers: int
-) -> Iterator[tuple[dict[str, str], Path, SqlStore, list[str], list[Child]]]:
+) -> Iterator[Deployment]:
     """A fresh namespace and PostgreSQL schema on ``broker_url`` (None: Redis) with
-    ``receivers`` receivers on ports from ``port``, ready: the workers' environment, the
-    log folder, the store, the receivers' webhook URLs and processes. Cleaned up after."""
+    ``receivers`` receivers on ports from ``port``, ready. Cleaned up after."""
     name = "rabbitmq" if broker_url else "redis"
     namespace = new_namespace()
     with contextlib.ExitStack() as es:
@@ -114,7 +127,7 @@ def deployment(
             wait_for(functools.partial(_ready, url), 60, "the receiver", receiver.log_tail)
             urls.append(f"{url}/webhooks/demo")
             started.append(receiver)
-        yield env, logs, store, urls, started
+        yield Deployment(settings, env, logs, store, urls, started)
 
 
 @dataclass(frozen=True)
@@ -137,13 +150,13 @@ def accept_only(
     """One receiver alone (no worker) under wrk for ``--wrk-s`` seconds: what one receiver
     process accepts per second on ``broker_url`` (None: Redis), and the CPU it and the
     rest of the machine (the broker's nodes, Redis) spent."""
-    with deployment(broker_url, opts, tmp, port, 1) as (_env, _logs, _store, urls, receivers):
+    with deployment(broker_url, opts, tmp, port, 1) as dep:
         wrk = ensure_wrk()
         tag = "warm-" + new_namespace()[-6:]
-        run_wrk(wrk, urls[0], tag, opts.wrk_connections, 2)
-        receiver0, machine0 = receivers[0].cpu_s(), machine_busy_s()
-        measured = run_wrk(wrk, urls[0], tag + "x", opts.wrk_connections, opts.wrk_s)
-        receiver_s = receivers[0].cpu_s() - receiver0
+        run_wrk(wrk, dep.urls[0], tag, opts.wrk_connections, 2)
+        receiver0, machine0 = dep.receivers[0].cpu_s(), machine_busy_s()
+        measured = run_wrk(wrk, dep.urls[0], tag + "x", opts.wrk_connections, opts.wrk_s)
+        receiver_s = dep.receivers[0].cpu_s() - receiver0
         machine_s = machine_busy_s() - machine0
     return AcceptRun("rabbitmq" if broker_url else "redis", measured, receiver_s, machine_s)
 
@@ -153,20 +166,27 @@ def run_one(broker_url: str | None, opts: argparse.Namespace, tmp: Path, port: i
     name = "rabbitmq" if broker_url else "redis"
     work = workload(f"{name}-{new_namespace()[-6:]}", opts.events, opts.keys)
     with contextlib.ExitStack() as es:
-        env, logs, store, urls, receivers = es.enter_context(
-            deployment(broker_url, opts, tmp, port, opts.receivers)
-        )
+        dep = es.enter_context(deployment(broker_url, opts, tmp, port, opts.receivers))
+        store = dep.store
+        argv = keylane_argv("worker", "--lanes", str(opts.lanes))
         workers = [
-            es.enter_context(
-                child(f"worker-{n}", keylane_argv("worker", "--lanes", str(opts.lanes)), env, logs)
-            )
+            es.enter_context(child(f"worker-{n}", argv, dep.env, dep.logs))
             for n in range(opts.workers)
         ]
-        time.sleep(opts.settle_s)  # workers join and take their shards
-        roles = {"receivers": receivers, "workers": workers}
+        # The load starts once the workers have split the shards: a handover under load
+        # gives back what the previous owner held, measured as redeliveries.
+        logs_tail = functools.partial(_logs_tail, workers)
+        wait_for(
+            lambda: _split(dep.settings, workers, logs_tail),
+            120,
+            "the workers to split the shards",
+            logs_tail,
+            interval_s=0.5,
+        )
+        roles = {"receivers": dep.receivers, "workers": workers}
         cpu0 = _cpu_by_role(roles)
         started = time.perf_counter()
-        load = run_load(urls, work.bodies, opts.senders, retry=True)
+        load = run_load(dep.urls, work.bodies, opts.senders, retry=True)
         wait_for(
             lambda: store.journal_size() >= load.accepted,
             600,
@@ -206,6 +226,17 @@ def _cpu_by_role(roles: dict[str, list[Child]]) -> dict[str, float]:
     return out
 
 
+def _split(settings: Settings, workers: list[Child], logs_tail: Callable[[], str]) -> bool:
+    """Whether ``workers`` have split the shards, in a new view (a view on RabbitMQ reads
+    the members' beats once)."""
+    with contextlib.closing(open_view(settings)) as view:
+        return all_shards_owned(view, settings.shard_count, workers, logs_tail)
+
+
+def _logs_tail(children: list[Child]) -> str:
+    return "\n".join(f"== {c.name}\n{c.log_tail()}" for c in children)
+
+
 def _ready(url: str) -> bool:
     import httpx
 
@@ -229,7 +260,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lanes", type=int, default=64)
     parser.add_argument("--senders", type=int, default=16)
     parser.add_argument("--port", type=int, default=18090)
-    parser.add_argument("--settle-s", type=float, default=5.0)
     parser.add_argument(
         "--wrk-s", type=int, default=10, help="seconds of wrk against one receiver alone (0: none)"
     )

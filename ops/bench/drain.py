@@ -238,7 +238,7 @@ def _watch(
     deadline = time.monotonic() + timeout_s
     owned: _Mark | None = None
     while time.monotonic() < deadline:
-        if owned is None and all_shards_owned(bench, view, procs):
+        if owned is None and all_shards_owned(view, bench.opts.shards, procs, bench.logs_tail):
             owned = _mark(store, procs, bench.redis)
         elif not all(p.alive() for p in procs):
             raise BenchFailure(f"{tag}: a worker exited:\n{bench.logs_tail()}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from ...routing import ShardMap
 from ...routing.assignment import assign_shards
@@ -164,7 +165,7 @@ def start_workers(bench: Bench) -> list[Child]:
     view = DeploymentView(bench.redis, RedisKeys(bench.namespace), ShardMap(opts.shards))
     say(f"(b) starting {opts.workers} worker(s) x {opts.lanes} lanes")
     wait_for(
-        lambda: all_shards_owned(bench, view, workers),
+        lambda: all_shards_owned(view, opts.shards, workers, bench.logs_tail),
         90,
         "every shard to be owned by the workers",
         bench.logs_tail,
@@ -173,14 +174,15 @@ def start_workers(bench: Bench) -> list[Child]:
     return workers
 
 
-def all_shards_owned(bench: Bench, view: DeploymentView, workers: list[Child]) -> bool:
-    """Every shard is leased, each by the one of ``workers`` the balanced split gives it
+def all_shards_owned(
+    view: DeploymentView, shards: int, workers: list[Child], logs_tail: Callable[[], str]
+) -> bool:
+    """Every shard is owned, each by the one of ``workers`` the balanced split gives it
     to (the split has settled); :class:`BenchFailure` if a worker has exited."""
     if not all(w.alive() for w in workers):
-        raise BenchFailure(f"a worker exited:\n{bench.logs_tail()}")
+        raise BenchFailure(f"a worker exited:\n{logs_tail()}")
     owner_of = {shard: h.rsplit("/", 1)[0] for shard, h in view.lease_values().items()}
     owners = set(owner_of.values())
-    shards = bench.opts.shards
     if len(owner_of) != shards or len(owners) != min(len(workers), shards):
         return False
     split = assign_shards(shards, owners)

@@ -230,7 +230,7 @@ class KeylaneSystem:
         bench.wait_http(receiver, f"{self.url}/readyz")
         view = DeploymentView(bench.redis, RedisKeys(bench.namespace), ShardMap(bench.opts.shards))
         wait_for(
-            lambda: all_shards_owned(bench, view, workers),
+            lambda: all_shards_owned(view, bench.opts.shards, workers, bench.logs_tail),
             120,
             "every shard to be owned by the keylane workers",
             bench.logs_tail,
