@@ -20,6 +20,9 @@ from concurrent.futures import Future
 from typing import Any
 
 from amqp import Message  # type: ignore[import-untyped]
+from amqp.abstract_channel import (  # type: ignore[import-untyped]
+    IGNORED_METHOD_DURING_CHANNEL_CLOSE,
+)
 from amqp.exceptions import (  # type: ignore[import-untyped]
     ConnectionError as AmqpConnectionError,
 )
@@ -166,6 +169,33 @@ def ack(channel: Any, tags: Sequence[int]) -> None:
         channel.basic_ack(tag)
 
 
+class DeliveriesToAClosingChannel(logging.Filter):
+    """Drops py-amqp's warning about each delivery that reaches a channel being closed: a
+    shard let go while its queue still sends (a handover, a lost lease) meets some every
+    time, and the broker gives them back to the queue by design. Any other method
+    ignored on a closing channel is still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (
+            record.msg == IGNORED_METHOD_DURING_CHANNEL_CLOSE
+            and isinstance(args, tuple)
+            and args[:1] == (BASIC_DELIVER,)
+        )
+
+
+#: ``basic.deliver``: (class, method) as py-amqp names it.
+BASIC_DELIVER = (60, 60)
+_CLOSING_FILTER = DeliveriesToAClosingChannel()
+
+
+def quiet_closing_channels() -> None:
+    """Install :class:`DeliveriesToAClosingChannel` on py-amqp's logger (once)."""
+    amqp_log = logging.getLogger("amqp")
+    if _CLOSING_FILTER not in amqp_log.filters:
+        amqp_log.addFilter(_CLOSING_FILTER)
+
+
 def close_channel(channel: Any) -> None:
     """Close ``channel``: what it held goes back to its queue, in order."""
     with contextlib.suppress(Exception):
@@ -226,6 +256,7 @@ class AmqpLink(ABC):
         """(AMQP thread, on connect.) Consume the messages the broker dead-lettered."""
 
     def _run(self) -> None:
+        quiet_closing_channels()
         while not self._stop.is_set():
             try:
                 self._serve()
