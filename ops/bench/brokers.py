@@ -9,9 +9,10 @@ receivers (the senders spread over them) and ``--workers`` worker processes on a
 PostgreSQL schema and namespace, waits until the workers have split the shards, POSTs the
 workload's increments (``--senders`` concurrent clients, a 503 retried with the same
 body), and measures the accept rate (202 per second) and the end-to-end rate (events
-applied per second, from the first POST until the journal holds them all). Then it checks the invariants as ``keylane.ops.bench``
-does: every event applied exactly once (each record's sum and revision) and in order per
-record (a delivery answered before another of its record was sent has the lower revision).
+applied per second, from the first POST until the journal holds them all). Then it checks
+the invariants as ``keylane.ops.bench`` does: every event applied exactly once (each
+record's sum and revision) and in order per record (a delivery answered before another of
+its record was sent has the lower revision).
 Exit 1 when one does not hold. Redis runs first (the default broker), RabbitMQ second.
 """
 
