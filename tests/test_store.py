@@ -4,6 +4,7 @@ PostgreSQL alike: store-assigned revisions, an atomic journal, fences, review ro
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sqlite3
 import threading
 import time
@@ -1027,7 +1028,12 @@ def _fence_race(store_url: str, shard: int) -> None:
         own = open_store(store_url, timeout_ms=30_000)
         try:
             after = 0
-            for i in range(10_000):
+            # Until 20 writes were started after the advance, however long the advance
+            # takes to come on a busy machine (a fixed count of writes ran out first)
+            deadline = time.monotonic() + 120
+            for i in itertools.count():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the fence advance never came")
                 late = advanced.is_set()
                 record = own.read(key)
                 try:
