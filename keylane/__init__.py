@@ -74,7 +74,7 @@ from .routing.contract.events import Change, Event
 from .routing.contract.sources import FieldOwnership
 from .workers.destinations import Conflict, Context, Done, GiveUp, Outcome, Refuse, RetryLater
 from .workers.resource import Review, Snapshot, VersionedResource, Written, apply_versioned
-from .workers.store import Record
+from .workers.store_rows import Record
 
 __version__ = "0.1.0"
 

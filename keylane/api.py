@@ -32,7 +32,7 @@ from .workers.resource import (
     VersionedResource,
 )
 from .workers.resources import open_resource
-from .workers.store import Record
+from .workers.store_rows import Record
 from .workers.tasks import KeyRule, TaskSpec, register
 
 #: What a task function looks like: it gets the event and its context, and returns

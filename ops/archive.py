@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ..routing.contract.errors import ConfigError
 from ..routing.contract.faults import NO_FAULTS, Faults
-from ..workers.store import ArchiveRow
+from ..workers.store_rows import ArchiveRow
 from ..workers.stores.dialect import dump_json
 
 SETTLED = ".jsonl.gz"

@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 from ..routing.contract.settings import Settings
-from ..workers.store import JournalEntry
+from ..workers.store_rows import JournalEntry
 from .views import open_view
 
 

@@ -19,7 +19,7 @@ import click
 from ..routing.contract.errors import KeylaneError
 from ..routing.contract.sources import load_sources
 from ..workers.merges import MERGE_REVIEW
-from ..workers.store import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter
+from ..workers.store_rows import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter
 from .cli_common import age, cli_store, emit_json, operator, settings_of
 from .dlq_show import show_json, show_text
 from .tables import render_table

@@ -9,7 +9,8 @@ import click
 
 from ..routing.contract.identities import IdentityRule
 from ..workers.merges import MERGE_REVIEW
-from ..workers.store import DeadLetterFilter, JournalStore
+from ..workers.store import JournalStore
+from ..workers.store_rows import DeadLetterFilter
 from .cli_common import cli_store, emit_json, operator, settings_of, when
 from .merge_review import (
     MergeSides,

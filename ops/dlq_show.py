@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from ..workers.merges import MERGE_REVIEW
-from ..workers.store import DeadLetter
+from ..workers.store_rows import DeadLetter
 from .cli_common import when
 from .merge_review import MergeSides, merge_lines
 from .tables import render_table

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..workers.store import ARCHIVED, JournalStore
+from ..workers.store import JournalStore
+from ..workers.store_rows import ARCHIVED
 from .archive import Archive, day_of
 
 

@@ -32,14 +32,8 @@ from ..routing.contract.errors import KeylaneError
 from ..routing.contract.identities import MERGE_SOURCE, Side, merge_event_id
 from ..routing.contract.message import build_event_message
 from ..workers.merges import MERGE_REVIEW, merge_event
-from ..workers.store import (
-    DeadLetter,
-    DeadLetterStore,
-    IdentityStore,
-    JournalEntry,
-    JournalStore,
-    RecordStore,
-)
+from ..workers.store import DeadLetterStore, IdentityStore, JournalStore, RecordStore
+from ..workers.store_rows import DeadLetter, JournalEntry
 from .tables import render_table
 from .triage import Handled, TriageBroker
 

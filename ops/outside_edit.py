@@ -12,7 +12,8 @@ import json
 from typing import Any
 
 from ..routing.contract.errors import KeylaneError, RecordMerged, VersionConflict
-from ..workers.store import Record, RecordStore
+from ..workers.store import RecordStore
+from ..workers.store_rows import Record
 
 MAX_EDIT_ATTEMPTS = 20
 

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from ..routing.contract.errors import StoreMissing
 from ..routing.contract.settings import Settings
 from ..workers.brokers.rabbitmq import Survey, survey
-from ..workers.store import Parked
+from ..workers.store_rows import Parked
 from ..workers.stores.sql import SqlStore
 from .deployment_view import DeploymentView, head_event
 

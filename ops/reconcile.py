@@ -32,7 +32,8 @@ from ..routing.contract.identities import (
 from ..routing.contract.message import build_event_message
 from ..workers.jobs import import_function
 from ..workers.merges import merge_event
-from ..workers.store import IdentityStore, JournalStore, Record, RecordStore
+from ..workers.store import IdentityStore, JournalStore, RecordStore
+from ..workers.store_rows import Record
 from .triage import TriageBroker
 
 #: Records read per page.

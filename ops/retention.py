@@ -35,14 +35,8 @@ from ..routing.contract.faults import Faults
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources, load_sources
 from ..workers.faults import crash
-from ..workers.store import (
-    ArchiveRow,
-    JournalStore,
-    PrunedTable,
-    Removal,
-    RetentionStore,
-    TableAge,
-)
+from ..workers.store import JournalStore, RetentionStore
+from ..workers.store_rows import ArchiveRow, PrunedTable, Removal, TableAge
 from ..workers.stores import open_existing_store, open_store
 from .archive import Archive, day_of, read_rows
 from .deployment_view import RetentionRecords

@@ -16,7 +16,7 @@ from typing import Any
 from ..routing.contract.errors import BrokerUnavailable, StoreMissing, StoreUnavailable
 from ..routing.contract.message import event_of
 from ..routing.contract.settings import Settings
-from ..workers.store import TableAge
+from ..workers.store_rows import TableAge
 from .deployment_view import DeploymentView
 
 #: A shard whose oldest event (queued, in flight or waiting) is older than this is ``stuck``.

@@ -38,13 +38,8 @@ from ..routing.redis_keys import ONCE_MARKER_TTL_MS
 from ..workers.brokers.redis import RedisLaneBroker
 from ..workers.changes import apply_changes
 from ..workers.resources import open_resource
-from ..workers.store import (
-    DeadLetter,
-    DeadLetterStatus,
-    DeadLetterStore,
-    ParkingStore,
-    RecordStore,
-)
+from ..workers.store import DeadLetterStore, ParkingStore, RecordStore
+from ..workers.store_rows import DeadLetter, DeadLetterStatus
 
 #: Reasons whose event cannot be applied by retrying it as it is.
 NOT_RETRYABLE = {

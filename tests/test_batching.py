@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from keylane.routing.contract.settings import FaultSpec
-from keylane.workers.store import DeadLetterFilter
+from keylane.workers.store_rows import DeadLetterFilter
 from tests.support.stack import Stack, event, wait_until
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,7 @@ from keylane.ops.bench.identities import (
     with_identities,
 )
 from keylane.routing.contract.events import Envelope
-from keylane.workers.store import EventWrite
+from keylane.workers.store_rows import EventWrite
 from keylane.workers.stores import open_store
 from keylane.workers.stores.sql import SqlStore
 

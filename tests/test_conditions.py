@@ -13,7 +13,7 @@ from keylane.routing.contract.errors import VersionConflict
 from keylane.routing.contract.events import Envelope
 from keylane.routing.contract.sources import parse_sources
 from keylane.workers.conditions import check_conditions, same
-from keylane.workers.store import EventWrite
+from keylane.workers.store_rows import EventWrite
 from keylane.workers.stores.sql import SqlStore
 from tests.support.stack import Stack
 

@@ -17,7 +17,7 @@ import redis
 from keylane.ops.outside_edit import edit_record
 from keylane.ops.triage import Triage
 from keylane.routing.contract.settings import FaultSpec
-from keylane.workers.store import DeadLetter, DeadLetterFilter
+from keylane.workers.store_rows import DeadLetter, DeadLetterFilter
 from tests.support.stack import REPO, Stack, event, settings_env, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)]

@@ -24,7 +24,7 @@ import pytest
 
 import keylane
 from keylane.routing.contract.settings import Settings
-from keylane.workers.store import DeadLetter, DeadLetterFilter
+from keylane.workers.store_rows import DeadLetter, DeadLetterFilter
 from tests.support.notion import HookServer, NotionLike
 from tests.support.stack import REPO, Stack, settings_env, wait_until
 from tests.support.user_tasks import post_to_hook, search_then_create

@@ -8,7 +8,7 @@ from typing import Any
 
 from keylane.ops.dlq_show import PAYLOAD_LINES, show_json, show_text
 from keylane.ops.triage import FieldDiff, RecordNow
-from keylane.workers.store import DeadLetter
+from keylane.workers.store_rows import DeadLetter
 
 CREATED = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
 

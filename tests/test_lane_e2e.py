@@ -11,7 +11,7 @@ import pytest
 
 from keylane.ops.outside_edit import edit_record
 from keylane.routing.contract.settings import FaultSpec
-from keylane.workers.store import DeadLetterFilter
+from keylane.workers.store_rows import DeadLetterFilter
 from tests.support.stack import Stack, event, send_all, wait_until
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,8 @@ from keylane.routing.contract.events import Event
 from keylane.workers.blocking import BlockingPool
 from keylane.workers.lane_store import LaneStore, event_write
 from keylane.workers.results import ApplyResult
-from keylane.workers.store import EventWrite, Fence, FenceStore
+from keylane.workers.store import FenceStore
+from keylane.workers.store_rows import EventWrite, Fence
 from tests.support.lane_parts import SqliteOpener, lane_event
 
 FENCE = Fence(shard=2, token=1)

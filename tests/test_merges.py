@@ -23,7 +23,8 @@ from keylane.routing.contract.identities import (
 )
 from keylane.workers.lane_store import event_write
 from keylane.workers.merges import live_end
-from keylane.workers.store import DeadLetterFilter, JournalEntry, JournalStore, Record, RecordStore
+from keylane.workers.store import JournalStore, RecordStore
+from keylane.workers.store_rows import DeadLetterFilter, JournalEntry, Record
 from keylane.workers.stores.sql import SqlStore
 from tests.support.lane_parts import lane_event
 from tests.support.people import (
@@ -540,7 +541,7 @@ def test_a_worker_killed_at_each_step_of_a_merge_loses_and_doubles_nothing(
 
 def _write_records(store: RecordStore, records: list[tuple[str, dict[str, Any]]]) -> None:
     """Records written as the lanes would (a journal entry each), a thousand per commit."""
-    from keylane.workers.store import Commit
+    from keylane.workers.store_rows import Commit
 
     for start in range(0, len(records), 1000):
         chunk = records[start : start + 1000]

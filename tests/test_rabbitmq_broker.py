@@ -41,7 +41,8 @@ from keylane.routing.contract.message import parse_message
 from keylane.routing.contract.schedules import RunLease
 from keylane.routing.contract.settings import Settings
 from keylane.workers.app import CONTROL_QUEUE, create_app
-from keylane.workers.store import DeadLetterFilter, ParkingStore
+from keylane.workers.store import ParkingStore
+from keylane.workers.store_rows import DeadLetterFilter
 from tests.support.flower import AUTH as FLOWER_AUTH
 from tests.support.flower import answers as flower_answers
 from tests.support.flower import api as flower_api

@@ -177,7 +177,7 @@ def test_accept_duplicate_and_reuse_answers(running: Stack) -> None:
     # And the record got the first body once, and the reuse is one review row
     running.wait_journal(2)
     store = running.open_store()
-    from keylane.workers.store import DeadLetterFilter
+    from keylane.workers.store_rows import DeadLetterFilter
     from tests.support.stack import wait_until
 
     wait_until(

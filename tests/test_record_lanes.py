@@ -27,7 +27,7 @@ import pytest
 
 import keylane
 from keylane.routing.contract.settings import Settings
-from keylane.workers.store import DeadLetterFilter
+from keylane.workers.store_rows import DeadLetterFilter
 from tests.support.notion import HookServer
 from tests.support.stack import REPO, Stack, settings_env, wait_until
 from tests.support.user_tasks import sync_page

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from keylane.workers.store import DeadLetterFilter
+from keylane.workers.store_rows import DeadLetterFilter
 from tests.support.etag_server import EtagServer
 from tests.support.stack import REPO, Stack, event, settings_env, wait_until
 from tests.test_dead_letters import keylane

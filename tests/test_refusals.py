@@ -20,7 +20,8 @@ from keylane.routing.contract.errors import AlreadyApplied, VersionConflict
 from keylane.workers.dead_letters import malformed, refuse_with_review
 from keylane.workers.lane_store import event_write
 from keylane.workers.results import ApplyResult
-from keylane.workers.store import DeadLetterFilter, DeadLetterStore
+from keylane.workers.store import DeadLetterStore
+from keylane.workers.store_rows import DeadLetterFilter
 from keylane.workers.stores.sql import SqlStore
 from tests.support.etag_server import EtagServer
 from tests.support.lane_parts import lane_event

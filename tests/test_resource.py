@@ -28,7 +28,7 @@ from keylane.routing.contract.resources import parse_resource
 from keylane.routing.contract.sources import FieldOwnership, parse_sources
 from keylane.workers.resource import Review, VersionedResource, Written, apply_versioned
 from keylane.workers.resources import open_resource
-from keylane.workers.store import DeadLetterDraft
+from keylane.workers.store_rows import DeadLetterDraft
 from tests.support.etag_server import EtagServer
 from tests.support.readme import page_block, page_block_containing, page_text
 

@@ -21,16 +21,8 @@ from hypothesis import strategies as st
 from keylane.routing.contract.errors import AlreadyApplied, NotOwner, StaleFence, VersionConflict
 from keylane.routing.contract.events import Change
 from keylane.workers.changes import apply_changes
-from keylane.workers.store import (
-    Commit,
-    DeadLetterDraft,
-    DeadLetterFilter,
-    DeadLetterStore,
-    EventWrite,
-    Fence,
-    FenceStore,
-    RecordStore,
-)
+from keylane.workers.store import DeadLetterStore, FenceStore, RecordStore
+from keylane.workers.store_rows import Commit, DeadLetterDraft, DeadLetterFilter, EventWrite, Fence
 from keylane.workers.stores import open_store
 from keylane.workers.stores.sql import SqlStore
 

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from keylane.routing.contract.errors import AlreadyApplied
-from keylane.workers.store import Commit, DeadLetterFilter, RecordStore, RetentionStore
+from keylane.workers.store import RecordStore, RetentionStore
+from keylane.workers.store_rows import Commit, DeadLetterFilter
 from keylane.workers.stores import open_store
 from keylane.workers.stores.sql import SqlStore
 from keylane.workers.stores.sql_retention import remove_archived

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import keylane
-from keylane.workers.store import DeadLetterFilter
+from keylane.workers.store_rows import DeadLetterFilter
 from tests.support.notion import HookServer
 from tests.support.stack import Stack, wait_until
 from tests.support.user_tasks import save_draft, sync_list

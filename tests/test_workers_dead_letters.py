@@ -26,7 +26,8 @@ from keylane.workers.dead_letters import (
 )
 from keylane.workers.lane_store import event_write
 from keylane.workers.results import ApplyResult
-from keylane.workers.store import DeadLetterFilter, DeadLetterStore, Fence
+from keylane.workers.store import DeadLetterStore
+from keylane.workers.store_rows import DeadLetterFilter, Fence
 from keylane.workers.stores import open_store
 from keylane.workers.stores.sql import SqlStore
 from tests.support.lane_parts import lane_event

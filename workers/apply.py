@@ -43,7 +43,7 @@ from .faults import before_write
 from .jobs import import_function
 from .lane_store import LaneStore, event_write
 from .results import ApplyResult
-from .store import EventWrite, Fence, Record, with_revision
+from .store_rows import EventWrite, Fence, Record, with_revision
 
 #: A source's lane-side handler: (event, record as freshly read) -> the change to apply,
 #: or None for none; a plain function or an ``async def``. It runs on every attempt, so it

@@ -26,14 +26,8 @@ from ..routing.contract.errors import AlreadyApplied, MalformedMessage
 from ..routing.contract.events import Event
 from ..routing.contract.message import parse_message
 from .results import ApplyResult
-from .store import (
-    DeadLetterDraft,
-    DeadLetterFilter,
-    DeadLetterStore,
-    EventWrite,
-    Fence,
-    JournalStore,
-)
+from .store import DeadLetterStore, JournalStore
+from .store_rows import DeadLetterDraft, DeadLetterFilter, EventWrite, Fence
 
 log = logging.getLogger("keylane.alerts")
 

@@ -59,7 +59,7 @@ from .destinations import (
 from .flow import DestinationFlow
 from .lane_store import LaneStore
 from .results import ApplyResult
-from .store import Fence
+from .store_rows import Fence
 from .stores.dialect import dump_json
 
 log = logging.getLogger("keylane.dispatch")

@@ -56,7 +56,8 @@ from .doorbell import Doorbell
 from .lane_store import LaneStore
 from .ownership import Ownership
 from .results import ApplyResult
-from .store import DeadLetterStore, Fence, Record, RecordStore
+from .store import DeadLetterStore, RecordStore
+from .store_rows import Fence, Record
 
 log = logging.getLogger("keylane.lanes")
 

@@ -10,7 +10,7 @@ dead letters are its methods, so the store leg of an event reads as a sequence o
 Group commit: a store transaction costs about one disk flush, whatever it holds (SQLite
 with ``synchronous = FULL``, PostgreSQL with ``synchronous_commit``), so a worker whose
 lanes each committed alone would be held to one event per flush. A lane hands its commit
-(:class:`~keylane.workers.store.Commit`: one event's write, or a record's batch) to
+(:class:`~keylane.workers.store_rows.Commit`: one event's write, or a record's batch) to
 :meth:`LaneStore.commit` and waits; while one transaction runs, the commits that arrive wait
 together for the next one. Each commit stays all or nothing on its own (a savepoint each,
 see :meth:`RecordStore.commit_group`): one lane's conflict or stale fence never touches
@@ -30,17 +30,15 @@ from . import dead_letters
 from .blocking import BlockingPool
 from .dead_letters import Failure
 from .results import ApplyResult
-from .store import (
+from .store import DeadLetterStore, JournalStore, RecordStore
+from .store_rows import (
     Commit,
     CommitRefused,
-    DeadLetterStore,
     EventWrite,
     Fence,
     JournalEntry,
     JournalOutcome,
-    JournalStore,
     Record,
-    RecordStore,
 )
 
 #: Commits in one transaction at most (a bound on how long its locks are held).

@@ -25,7 +25,8 @@ from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources
 from .broker import Tell
 from .results import ApplyResult
-from .store import DeadLetterFilter, DeadLetterStore, JournalStore
+from .store import DeadLetterStore, JournalStore
+from .store_rows import DeadLetterFilter
 
 log = logging.getLogger("keylane.lanes")
 

@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..routing.contract.identities import Side, same_value
-from .store import JournalStore, Record
+from .store import JournalStore
+from .store_rows import Record
 
 
 def owner_sides(

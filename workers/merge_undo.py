@@ -26,7 +26,8 @@ from .faults import before_write
 from .lane_store import LaneStore, event_write
 from .merges import commit_attempt, merge_event, settle
 from .results import ApplyResult
-from .store import Fence, JournalEntry, JournalStore
+from .store import JournalStore
+from .store_rows import Fence, JournalEntry
 
 
 async def reopen(

@@ -51,16 +51,8 @@ from .faults import before_write
 from .lane_store import LaneStore, event_write
 from .merge_fields import differing, owner_sides, taken_fields
 from .results import ApplyResult
-from .store import (
-    DeadLetterDraft,
-    DeadLetterStore,
-    EventWrite,
-    Fence,
-    IdentityStore,
-    JournalStore,
-    Record,
-    RecordStore,
-)
+from .store import DeadLetterStore, IdentityStore, JournalStore, RecordStore
+from .store_rows import DeadLetterDraft, EventWrite, Fence, Record
 
 #: The longest chain of tombstones followed to a live record (a chain is as long as the
 #: merges that happened one after another before its events were forwarded).

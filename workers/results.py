@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from .store import JournalOutcome
+from .store_rows import JournalOutcome
 
 if TYPE_CHECKING:
     from ..routing.contract.events import Event

@@ -22,7 +22,8 @@ from ...routing.contract.events import Envelope, Event
 from ...routing.contract.sources import DEMO
 from ...workers.changes import apply_changes
 from ...workers.lane_store import event_write
-from ...workers.store import DeadLetterFilter, Fence, JournalStore
+from ...workers.store import JournalStore
+from ...workers.store_rows import DeadLetterFilter, Fence
 from ...workers.stores import open_store
 from ...workers.stores.sql import SqlStore
 

@@ -41,7 +41,8 @@ from unittest import mock
 import click
 
 from ...routing.contract.settings import Settings, load_settings, settings_environ
-from ...workers.store import Commit, EventWrite, RecordStore
+from ...workers.store import RecordStore
+from ...workers.store_rows import Commit, EventWrite
 from ...workers.stores import open_store
 from ...workers.stores import sql_journal as journal_sql
 from ...workers.stores.sql import SqlStore

@@ -19,7 +19,7 @@ import asyncio
 from typing import Any
 
 from ...routing.contract.events import Event
-from ...workers.store import Record
+from ...workers.store_rows import Record
 
 TYPE_PREFIX = "versus.rmw."
 

@@ -22,7 +22,7 @@ import redis
 from ...routing import ShardMap
 from ...routing.contract.replies import reply_int
 from ...routing.redis_keys import RedisKeys
-from ...workers.store import DeadLetterFilter
+from ...workers.store_rows import DeadLetterFilter
 from ...workers.stores import open_store
 from ..deployment_view import DeploymentView
 from ..embedded_redis import free_port

@@ -7,7 +7,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from keylane.routing.contract.events import Event
-from keylane.workers.store import Record
+from keylane.workers.store_rows import Record
 
 
 def fail_on_bad(event: Event, record: Record) -> dict[str, Any]:

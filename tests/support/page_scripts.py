@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from keylane.workers.store import DeadLetterFilter, JournalStore
+from keylane.workers.store import JournalStore
+from keylane.workers.store_rows import DeadLetterFilter
 from tests.support.readme import page_block
 from tests.support.stack import Stack
 

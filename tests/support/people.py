@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 
 from keylane.workers.merges import live_end
-from keylane.workers.store import DeadLetterFilter, Record, RecordStore
+from keylane.workers.store import RecordStore
+from keylane.workers.store_rows import DeadLetterFilter, Record
 from tests.support.stack import Stack, wait_until
 
 

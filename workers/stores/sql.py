@@ -16,6 +16,16 @@ from typing import Any
 
 from ...routing.contract.errors import AlreadyApplied, StaleFence, VersionConflict
 from ..store import (
+    DeadLetterStore,
+    FenceStore,
+    IdentityStore,
+    JournalStore,
+    ParkingStore,
+    RecordStore,
+    RetentionStore,
+    TryNotes,
+)
+from ..store_rows import (
     ArchiveRow,
     Commit,
     CommitRefused,
@@ -23,22 +33,14 @@ from ..store import (
     DeadLetterDraft,
     DeadLetterFilter,
     DeadLetterStatus,
-    DeadLetterStore,
     EventWrite,
     Fence,
-    FenceStore,
-    IdentityStore,
     JournalEntry,
-    JournalStore,
     Parked,
-    ParkingStore,
     PrunedTable,
     Record,
-    RecordStore,
     Removal,
-    RetentionStore,
     TableAge,
-    TryNotes,
     with_revision,
 )
 from . import sql_retention as retention

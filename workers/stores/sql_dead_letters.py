@@ -7,12 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..store import (
-    DeadLetter,
-    DeadLetterDraft,
-    DeadLetterFilter,
-    DeadLetterStatus,
-)
+from ..store_rows import DeadLetter, DeadLetterDraft, DeadLetterFilter, DeadLetterStatus
 from .dialect import Cursor, Dialect, dump_json
 
 _COLUMNS = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from ...routing.contract.errors import StaleFence
-from ..store import Fence
+from ..store_rows import Fence
 from .dialect import Cursor, Dialect
 
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...routing.contract.errors import AlreadyApplied
-from ..store import ARCHIVED, Fence, JournalEntry, JournalOutcome
+from ..store_rows import ARCHIVED, Fence, JournalEntry, JournalOutcome
 from .dialect import Cursor, dump_json
 
 JOURNAL_COLUMNS = (

@@ -8,7 +8,7 @@ import base64
 import time
 from collections.abc import Sequence
 
-from ..store import Parked
+from ..store_rows import Parked
 from .dialect import Cursor, Dialect
 
 

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from ...routing.contract.errors import RecordMerged, VersionConflict
-from ..store import Record
+from ..store_rows import Record
 from .dialect import Cursor, Dialect, dump_json
 
 _COLUMNS = "key, {fields}, revision, updated_at, created_at, merged_into, kept_for"

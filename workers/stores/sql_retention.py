@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from ..store import ArchiveRow, JournalEntry, PrunedTable, TableAge
+from ..store_rows import ArchiveRow, JournalEntry, PrunedTable, TableAge
 from .dialect import Cursor, Dialect
 from .sql_dead_letters import dead_letter_columns, dead_letter_of
 from .sql_journal import JOURNAL_COLUMNS, entry_of, id_hash

@@ -19,7 +19,7 @@ import time
 
 from ....routing.contract.errors import StaleFence
 from ...broker import Lease
-from ...store import Fence
+from ...store_rows import Fence
 from .consumers import Delivery, ShardConsumer
 from .link import ack
 from .parking import Parking

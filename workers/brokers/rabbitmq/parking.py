@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from ....routing.contract.errors import StaleFence, StoreUnavailable
 from ...broker import Ack, Counts, Lease, Taken
-from ...store import Fence
+from ...store_rows import Fence
 from ...stores.sql import SqlStore
 from . import tries
 from .consumers import HELD, Delivery, ShardConsumer
