@@ -1,8 +1,12 @@
-"""The worker's AMQP link, without a broker: what it lets py-amqp log."""
+"""The worker's AMQP link, without a broker: what it lets py-amqp log, and how its thread
+waits for frames and queued calls."""
 
 from __future__ import annotations
 
 import logging
+import socket
+import threading
+import time
 
 import pytest
 from amqp.abstract_channel import (  # type: ignore[import-untyped]
@@ -10,7 +14,7 @@ from amqp.abstract_channel import (  # type: ignore[import-untyped]
     IGNORED_METHOD_DURING_CHANNEL_CLOSE,
 )
 
-from keylane.workers.brokers.rabbitmq.link import quiet_closing_channels
+from keylane.workers.brokers.rabbitmq.link import Calls, quiet_closing_channels
 
 
 def test_deliveries_to_a_closing_channel_are_not_warned_of_other_ignored_methods_are(
@@ -28,3 +32,29 @@ def test_deliveries_to_a_closing_channel_are_not_warned_of_other_ignored_methods
     assert [r.getMessage() for r in caplog.records] == [
         "Received method (60, 21) during closing channel 5. This method will be ignored"
     ]
+
+
+def test_a_queued_call_wakes_the_amqp_thread_at_once_and_a_frame_is_told_apart() -> None:
+    # Given the calls of an idle connection: nothing to read, nothing queued
+    calls = Calls()
+    peer, sock = socket.socketpair()
+    try:
+        started = time.monotonic()
+        assert calls.wait(sock, 0.2) is False
+        assert time.monotonic() - started >= 0.15  # it waited: nothing woke it
+        # When another thread queues a call while the AMQP thread waits up to 30 s
+        threading.Timer(0.1, calls.put, [(lambda: None, None)]).start()
+        started = time.monotonic()
+        # Then the wait ends with the call (long before 30 s), the socket not readable
+        assert calls.wait(sock, 30) is False
+        assert time.monotonic() - started < 15
+        assert calls.get_nowait()[1] is None
+        # And a frame from the broker is told apart from a wake, the wake consumed
+        peer.send(b"\x01")
+        assert calls.wait(sock, 30) is True
+        sock.recv(1)
+        assert calls.wait(sock, 0) is False
+    finally:
+        calls.close()
+        peer.close()
+        sock.close()

@@ -62,7 +62,6 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from typing import Any
 
 from ....routing.contract.amqp_names import dead_queue, shard_queue
@@ -82,7 +81,7 @@ from ...broker import (
 from ...stores.sql import SqlStore
 from . import tries
 from .consumers import ShardConsumer, batch_limit
-from .link import ack, message_body, publish_confirmed
+from .link import Calls, ack, message_body, publish_confirmed
 from .membership import Membership
 from .notes import DeliveryNotes
 from .ownership import DoorbellSubscription, Ownership
@@ -116,9 +115,7 @@ class RabbitLaneBroker(
         self._on_dead = on_dead
         self._lock = threading.RLock()
         self._shards: dict[int, ShardConsumer] = {}
-        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any] | None]] = (
-            queue.SimpleQueue()
-        )
+        self._calls = Calls()
         self._subscriptions: set[DoorbellSubscription] = set()
         self._members: dict[str, float] = {}
         self._member_ttl_s = settings.lease_ttl_ms / 1000
@@ -425,6 +422,8 @@ class RabbitLaneBroker(
         self._dead_work.put(None)
         self._thread.join(10)
         self._dead_thread.join(5)
+        if not self._thread.is_alive():
+            self._calls.close()
         with self._store_lock:
             if self._store is not None:
                 self._store.close()

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import logging
 import queue
+import select
 import socket
 import threading
 import time
@@ -45,7 +46,8 @@ log = logging.getLogger("keylane.rabbitmq")
 #: kombu's connection is untyped: used as ``Any``.
 Connection: Any = _KombuConnection
 
-#: How long the AMQP thread waits for a frame before it looks at its queued calls.
+#: How long the AMQP thread waits for a frame or a queued call before it checks the
+#: heartbeat and the membership beat.
 DRAIN_S = 0.05
 #: How long a caller waits for the AMQP thread to run a call it needs the answer of.
 CALL_TIMEOUT_S = 15.0
@@ -169,6 +171,46 @@ def ack(channel: Any, tags: Sequence[int]) -> None:
         channel.basic_ack(tag)
 
 
+class Calls:
+    """The calls other threads queue for the AMQP thread, with a socket pair that wakes
+    it when one is queued: it waits on the connection's socket and on this one together,
+    so a call (an ack, a shard's round trip) runs at once, not after the next frame or
+    ``DRAIN_S``."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any] | None]] = (
+            queue.SimpleQueue()
+        )
+        self._wake_in, self._wake_out = socket.socketpair()
+        self._wake_in.setblocking(False)
+        self._wake_out.setblocking(False)
+
+    def put(self, call: tuple[Callable[[], Any], Future[Any] | None]) -> None:
+        self._queue.put(call)
+        with contextlib.suppress(OSError):  # full: a wake is pending anyway; closed
+            self._wake_out.send(b"\0")
+
+    def get_nowait(self) -> tuple[Callable[[], Any], Future[Any] | None]:
+        return self._queue.get_nowait()
+
+    def wait(self, sock: Any, timeout_s: float) -> bool:
+        """Wait until ``sock`` has bytes to read or a call is queued, at most
+        ``timeout_s``; whether ``sock`` has bytes (TLS: some already decrypted count)."""
+        pending = getattr(sock, "pending", None)
+        if callable(pending) and pending() > 0:
+            return True
+        readable, _, _ = select.select([sock, self._wake_in], [], [], timeout_s)
+        if self._wake_in in readable:
+            with contextlib.suppress(OSError):
+                while self._wake_in.recv(4096):
+                    pass
+        return sock in readable
+
+    def close(self) -> None:
+        self._wake_in.close()
+        self._wake_out.close()
+
+
 class DeliveriesToAClosingChannel(logging.Filter):
     """Drops py-amqp's warning about each delivery that reaches a channel being closed: a
     shard let go while its queue still sends (a handover, a lost lease) meets some every
@@ -234,7 +276,7 @@ class AmqpLink(ABC):
     worker_id: str
     _lock: threading.RLock
     _shards: dict[int, ShardConsumer]
-    _calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any] | None]]
+    _calls: Calls
     _connection: Any
     _node: int
     _generation: int
@@ -280,14 +322,16 @@ class AmqpLink(ABC):
         log.info("connected to RabbitMQ at %s", host(self.urls[self._node]))
         beat_every = self.settings.heartbeat_ms / 1000
         next_beat = 0.0
+        amqp_conn = conn.connection  # py-amqp's, whose socket the wait watches
         while not self._stop.is_set():
             self._run_calls()
             now = time.monotonic()
             if self.worker_id and now >= next_beat:
                 self._beat("alive")
                 next_beat = now + beat_every
-            with contextlib.suppress(TimeoutError):
-                conn.drain_events(timeout=DRAIN_S)
+            if self._calls.wait(amqp_conn.sock, DRAIN_S):
+                with contextlib.suppress(TimeoutError):
+                    conn.drain_events(timeout=DRAIN_S)
             conn.heartbeat_check()
         # Stopping: close properly, so the acknowledgements just sent are read before the
         # broker sees the connection end (what is still unacknowledged goes back in order).
