@@ -40,6 +40,7 @@ from keylane.routing.contract.errors import LeaseLost
 from keylane.routing.contract.message import parse_message
 from keylane.routing.contract.schedules import RunLease
 from keylane.routing.contract.settings import Settings
+from keylane.routing.redis_keys import message_digest
 from keylane.workers.app import CONTROL_QUEUE, create_app
 from keylane.workers.store import ParkingStore
 from keylane.workers.store_rows import DeadLetterFilter
@@ -485,7 +486,7 @@ def test_a_message_past_the_brokers_delivery_limit_is_a_dead_letter_never_droppe
     assert sent(stack, event("d1", "dropped:1", n={"increment": 1})) == 202
     # When a consumer that is not keylane rejects it every time
     s = stack.settings
-    rejected = 0
+    rejected, bodies = 0, set()
     with Connection(rabbitmq.nodes[0].url) as conn:
         channel = conn.channel()
         channel.basic_qos(0, 1, False)
@@ -493,6 +494,7 @@ def test_a_message_past_the_brokers_delivery_limit_is_a_dead_letter_never_droppe
         def reject(message: Any) -> None:
             nonlocal rejected
             rejected += 1
+            bodies.add(bytes(message.body))
             channel.basic_reject(message.delivery_tag, requeue=True)
 
         channel.basic_consume(shard_queue(s.namespace, s.shards, 0), callback=reject)
@@ -501,15 +503,22 @@ def test_a_message_past_the_brokers_delivery_limit_is_a_dead_letter_never_droppe
             with contextlib.suppress(TimeoutError):
                 conn.drain_events(timeout=0.5)
     assert rejected == 3
-    # Then the broker dead-lettered it, and a worker turns it into a poison dead letter
+    # (and a lane had noted a try of it in the store, as one does before a redelivery)
     store = stack.open_store()
     store.migrate()
+    (body,) = bodies
+    digest = message_digest(body)
+    assert store.note_try(0, digest) == 1
+    # Then the broker dead-lettered it, and a worker turns it into a poison dead letter
     stack.worker(lanes=2)
     wait_until(lambda: store.dead_letters(DeadLetterFilter()) != [], 60, "a dead letter",
                on_timeout=stack.logs)  # fmt: skip
     (row,) = store.dead_letters(DeadLetterFilter())
     assert (row.reason, row.event_id) == ("poison", "d1")
     assert not store.read("dropped:1").exists
+    # And the try note leaves with it, not after a week
+    wait_until(lambda: store.noted_tries(0, [digest]) == {}, 60, "the try note forgotten",
+               on_timeout=stack.logs)  # fmt: skip
 
 
 def test_records_held_too_long_are_parked_in_the_store_and_keep_their_order(

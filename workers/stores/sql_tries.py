@@ -4,7 +4,8 @@ tried (RabbitMQ: every delivery a lost connection takes back, prefetched or not)
 
 A row is written before its try starts, so a try that kills its worker is counted; a
 message's first delivery writes none (nothing is known of an earlier one). Rows leave when
-their message is acknowledged or parked (the parked row carries the count on), and any row
+their message is acknowledged, parked (the parked row carries the count on) or
+dead-lettered by the broker past its own limit (a review row then), and any row
 older than :data:`TRIES_KEPT_S` is deleted by the next note: a crash between the note and
 its removal leaves one, and nothing else reads it.
 """

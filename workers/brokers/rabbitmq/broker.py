@@ -80,7 +80,7 @@ from ...broker import (
 )
 from ...stores.sql import SqlStore
 from . import tries
-from .consumers import ShardConsumer, batch_limit
+from .consumers import ShardConsumer, batch_limit, message_headers, record_key_of
 from .link import Calls, ack, message_body, publish_confirmed
 from .membership import Membership
 from .notes import DeliveryNotes
@@ -407,6 +407,9 @@ class RabbitLaneBroker(
             except Exception:
                 log.exception("a message past the delivery limit could not be recorded")
                 continue  # not acknowledged: the broker delivers it again later
+            record_key = record_key_of(headers, message_headers(raw))
+            shard = self.settings.shards.shard_for_key(record_key)
+            tries.forget_dead(self._stored, shard, raw)
             self._submit(functools.partial(self._ack_dead, tag, generation))
 
     def _ack_dead(self, tag: int, generation: int) -> None:

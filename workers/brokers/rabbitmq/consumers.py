@@ -11,6 +11,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from ....routing.contract.message import RECORD_HEADER
+
 #: The due time of a held record's parked messages (:meth:`ShardConsumer.parked_due`):
 #: never, until the dead letter that holds it is closed or retried.
 HELD = math.inf
@@ -23,6 +25,12 @@ def message_headers(raw: bytes) -> dict[str, Any]:
     except (ValueError, AttributeError):
         return {}
     return headers if isinstance(headers, dict) else {}
+
+
+def record_key_of(headers: dict[str, Any], embedded: dict[str, Any]) -> str:
+    """A message's record key: from its AMQP headers, else from the Celery headers it
+    carries (``embedded``, :func:`message_headers`)."""
+    return str(headers.get(RECORD_HEADER) or embedded.get(RECORD_HEADER) or "")
 
 
 @dataclass

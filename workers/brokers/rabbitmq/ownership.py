@@ -15,12 +15,17 @@ from typing import Any
 from ....routing.contract.amqp_names import shard_queue
 from ....routing.contract.message import (
     BATCH_HEADER,
-    RECORD_HEADER,
     RETRY_OF_HEADER,
     UNHOLD_HEADER,
 )
 from ...broker import Acquired, Lease
-from .consumers import Delivery, ShardConsumer, dead_letter_id, message_headers
+from .consumers import (
+    Delivery,
+    ShardConsumer,
+    dead_letter_id,
+    message_headers,
+    record_key_of,
+)
 from .holding import Holding
 from .link import message_body, only_consumer, round_trip
 
@@ -116,7 +121,7 @@ class Ownership(Holding):
         raw = message_body(message)
         headers = message.headers or {}
         embedded = message_headers(raw)
-        record_key = str(headers.get(RECORD_HEADER) or embedded.get(RECORD_HEADER) or "")
+        record_key = record_key_of(headers, embedded)
         batch = str(embedded.get(BATCH_HEADER) or "")
         tag = int(message.delivery_tag)
         returned = int(headers.get("x-delivery-count") or 0)

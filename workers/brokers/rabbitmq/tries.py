@@ -66,7 +66,17 @@ def settle(stored: Stored[dict[str, int]], shard: int, deliveries: Sequence[Deli
 def forget(stored: Stored[None], shard: int, deliveries: Sequence[Delivery]) -> None:
     """``deliveries`` are acknowledged or parked: the notes of those that had one leave
     (a note left behind by a failure here leaves with age)."""
-    digests = [message_digest(d.raw) for d in deliveries if d.noted]
+    _forget(stored, shard, [message_digest(d.raw) for d in deliveries if d.noted])
+
+
+def forget_dead(stored: Stored[None], shard: int, raw: bytes) -> None:
+    """A message the broker dead-lettered past its own limit is a review row now: its
+    note, if a lane made one, leaves (the consumer of dead letters holds no delivery that
+    says whether one was made, so it always asks)."""
+    _forget(stored, shard, [message_digest(raw)])
+
+
+def _forget(stored: Stored[None], shard: int, digests: list[str]) -> None:
     if not digests:
         return
     try:
