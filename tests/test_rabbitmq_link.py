@@ -4,6 +4,8 @@ waits for frames and queued calls."""
 from __future__ import annotations
 
 import logging
+import os
+import resource
 import socket
 import threading
 import time
@@ -58,3 +60,29 @@ def test_a_queued_call_wakes_the_amqp_thread_at_once_and_a_frame_is_told_apart()
         calls.close()
         peer.close()
         sock.close()
+
+
+def test_the_wait_takes_a_connection_whose_descriptor_is_past_1024() -> None:
+    # Given a worker with many descriptors open (destinations' connections, files), so
+    # that its AMQP connection's socket and the wake sockets are numbered past 1024
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        pytest.skip(f"the descriptor limit ({soft}) is too low to open 1100")
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        calls = Calls()
+        peer, sock = socket.socketpair()
+        assert sock.fileno() > 1024
+        # When the AMQP thread waits on it, and a frame comes
+        try:
+            assert calls.wait(sock, 0.05) is False
+            peer.send(b"\x01")
+            # Then the wait works as below 1024 (select() would raise ValueError)
+            assert calls.wait(sock, 30) is True
+        finally:
+            calls.close()
+            peer.close()
+            sock.close()
+    finally:
+        for fd in held:
+            os.close(fd)

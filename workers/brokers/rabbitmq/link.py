@@ -184,6 +184,11 @@ class Calls:
         self._wake_in, self._wake_out = socket.socketpair()
         self._wake_in.setblocking(False)
         self._wake_out.setblocking(False)
+        # poll, not select: a worker with many sockets open (destinations' connections)
+        # may hand the connection a descriptor past select's 1024
+        self._poll = select.poll()
+        self._poll.register(self._wake_in, select.POLLIN)
+        self._watched: int | None = None
 
     def put(self, call: tuple[Callable[[], Any], Future[Any] | None]) -> None:
         self._queue.put(call)
@@ -199,12 +204,18 @@ class Calls:
         pending = getattr(sock, "pending", None)
         if callable(pending) and pending() > 0:
             return True
-        readable, _, _ = select.select([sock, self._wake_in], [], [], timeout_s)
-        if self._wake_in in readable:
+        fd = sock.fileno()
+        if fd != self._watched:  # a new connection
+            if self._watched is not None:
+                self._poll.unregister(self._watched)
+            self._poll.register(fd, select.POLLIN)
+            self._watched = fd
+        ready = dict(self._poll.poll(timeout_s * 1000))
+        if self._wake_in.fileno() in ready:
             with contextlib.suppress(OSError):
                 while self._wake_in.recv(4096):
                     pass
-        return sock in readable
+        return bool(ready.get(fd, 0))
 
     def close(self) -> None:
         self._wake_in.close()
