@@ -16,7 +16,8 @@ from amqp.abstract_channel import (  # type: ignore[import-untyped]
     IGNORED_METHOD_DURING_CHANNEL_CLOSE,
 )
 
-from keylane.workers.brokers.rabbitmq.link import Calls, quiet_closing_channels
+from keylane.workers.brokers.rabbitmq.calls import Calls
+from keylane.workers.brokers.rabbitmq.link import quiet_closing_channels
 
 
 def test_deliveries_to_a_closing_channel_are_not_warned_of_other_ignored_methods_are(

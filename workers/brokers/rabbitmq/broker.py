@@ -80,8 +80,9 @@ from ...broker import (
 )
 from ...stores.sql import SqlStore
 from . import tries
+from .calls import Calls
 from .consumers import ShardConsumer, batch_limit, message_headers, record_key_of
-from .link import Calls, ack, message_body, publish_confirmed
+from .link import ack, message_body, publish_confirmed
 from .membership import Membership
 from .notes import DeliveryNotes
 from .ownership import DoorbellSubscription, Ownership
