@@ -171,6 +171,10 @@ def ack(channel: Any, tags: Sequence[int]) -> None:
         channel.basic_ack(tag)
 
 
+#: ``basic.deliver``: (class, method) as py-amqp names it.
+BASIC_DELIVER = (60, 60)
+
+
 class DeliveriesToAClosingChannel(logging.Filter):
     """Drops py-amqp's warning about each delivery that reaches a channel being closed: a
     shard let go while its queue still sends (a handover, a lost lease) meets some every
@@ -186,8 +190,6 @@ class DeliveriesToAClosingChannel(logging.Filter):
         )
 
 
-#: ``basic.deliver``: (class, method) as py-amqp names it.
-BASIC_DELIVER = (60, 60)
 _CLOSING_FILTER = DeliveriesToAClosingChannel()
 
 
