@@ -28,6 +28,7 @@ from .cli_merges import merges
 from .cli_outcomes import outcome
 from .cli_records import records
 from .cli_schedules import repair, run_command, scheduler, schedules
+from .cli_sources import sources
 from .observability import init_sentry
 
 
@@ -105,7 +106,7 @@ def serve(ctx: click.Context) -> None:
     """Run the webhook receiver only (port 0: one the system picks, named in the log)."""
     import uvicorn
 
-    from ..producers.receiver import create_receiver
+    from ..producers.receiver_app import create_receiver
     from .up_checks import listening_socket
 
     settings = settings_of(ctx)
@@ -316,6 +317,7 @@ for command in (scheduler, schedules, run_command, repair):
 cli.add_command(journal)
 cli.add_command(merges)
 cli.add_command(outcome)
+cli.add_command(sources)
 accept_deployment_options(cli)
 
 

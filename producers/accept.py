@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,7 +37,7 @@ from ..routing.contract.message import event_message
 from ..routing.contract.schedules import RunLease
 from ..routing.contract.settings import Settings
 from .broker import EventQueue
-from .gateway import Enqueue, EnqueueResult
+from .gateway import BatchResult, Enqueue, EnqueueResult
 
 _ENCODE = msgspec.json.Encoder().encode
 
@@ -151,6 +152,22 @@ class Acceptor:
                 lease=lease,
             )
         )
+
+    async def accept_batch(
+        self, events: Sequence[NewEvent], retention_s: int, batch: int = 1
+    ) -> BatchResult:
+        """:meth:`accept` for every event of one delivery, all or none (a batched
+        sender's items: :meth:`EventQueue.accept_batch`)."""
+        items = [
+            replace(
+                _enqueue(event, event_message(event.wire, event.queue, batch), retention_s),
+                answer=event.answer,
+                high_water=self.settings.shard_high_water,
+                key_missing=event.key_missing,
+            )
+            for event in events
+        ]
+        return await self.queue.accept_batch(items)
 
     async def record_reuse(self, event: NewEvent, retention_s: int) -> bool:
         """Queue ``event``, marked for review only, as the record of its id reused with

@@ -40,6 +40,7 @@ import contextlib
 import json
 import logging
 import random
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -59,7 +60,14 @@ from ..routing.contract.message import RECORD_HEADER
 from ..routing.contract.replies import reply_text
 from ..routing.contract.schedules import RunLease
 from ..routing.contract.settings import Settings
-from .gateway import Enqueue, EnqueueResult, ReceiverGateway, broker_errors
+from .gateway import (
+    BatchResult,
+    Enqueue,
+    EnqueueResult,
+    ReceiverGateway,
+    Verdict,
+    broker_errors,
+)
 
 log = logging.getLogger("keylane.receiver")
 
@@ -238,26 +246,64 @@ class AmqpEventQueue:
         ``x-max-length`` here. A scheduled run's lease is checked in Redis (where the
         scheduler keeps it) before the publish: ``fenced``, nothing published, once the
         run lost it (see :meth:`holds`)."""
-        if item.lease is not None and not await self.holds(item.lease):
-            return EnqueueResult("fenced", "")
-        earlier = await self._seen(item.source, item.event_id, item.body_sha256)
-        if earlier is not None:
-            return earlier
+        return (await self.accept_batch([item], item.lease)).single()
+
+    async def accept_batch(
+        self, items: Sequence[Enqueue], lease: RunLease | None = None
+    ) -> BatchResult:
+        """:meth:`accept` for every event of a delivery: their marks read in one round,
+        the new ones published at once (each with its own confirm), and marked once every
+        confirm came. One publish refused or unconfirmed refuses the delivery (503, no
+        mark written): those of its events that did land are published again by the
+        sender's retry, and the journal makes the second copies duplicates."""
+        if lease is not None and not await self.holds(lease):
+            return BatchResult([], "fenced")
+        earlier = await self._seen_all(items)
+        results: list[EnqueueResult] = []
+        new: list[Enqueue] = []
+        first: dict[tuple[str, str], Enqueue] = {}
+        for item, seen in zip(items, earlier, strict=True):
+            mine = first.get((item.source, item.event_id))
+            if seen is None and mine is not None:  # twice in this delivery
+                verdict: Verdict = "duplicate" if mine.body_sha256 == item.body_sha256 else "reused"
+                seen = EnqueueResult(verdict, mine.answer.decode())
+            if seen is not None:
+                results.append(seen)
+                continue
+            first[(item.source, item.event_id)] = item
+            new.append(item)
+            results.append(EnqueueResult("accepted", item.answer.decode()))
+        await asyncio.gather(*(self._publish(item) for item in new))
+        await self._mark_all(new)
+        return BatchResult(results)
+
+    async def _publish(self, item: Enqueue) -> None:
         name = shard_queue(self.settings.namespace, self.shards, item.shard)
         await self.publisher.publish(name, item.message, item.record_key)
-        try:
-            await self.redis.mark_seen(
-                item.source,
-                item.event_id,
-                item.body_sha256,
-                item.answer,
-                item.retention_ms,
-                item.key_missing,
-            )
-        except BrokerUnavailable as exc:
-            ref = f"{item.source}/{item.event_id}"
-            log.warning("event %s accepted, not marked seen: %s", ref, exc)
-        return EnqueueResult("accepted", item.answer.decode())
+
+    async def _mark_all(self, items: Sequence[Enqueue]) -> None:
+        """Mark ``items`` seen (their marks share a round), each failure logged: the
+        events are queued whatever Redis does (see the module docstring)."""
+        marked = await asyncio.gather(
+            *(
+                self.redis.mark_seen(
+                    item.source,
+                    item.event_id,
+                    item.body_sha256,
+                    item.answer,
+                    item.retention_ms,
+                    item.key_missing,
+                )
+                for item in items
+            ),
+            return_exceptions=True,
+        )
+        for item, outcome in zip(items, marked, strict=True):
+            if isinstance(outcome, BrokerUnavailable):
+                ref = f"{item.source}/{item.event_id}"
+                log.warning("event %s accepted, not marked seen: %s", ref, outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
 
     async def holds(self, lease: RunLease) -> bool:
         """Whether the run still holds its job's lease (a Redis outage raises
@@ -300,12 +346,16 @@ class AmqpEventQueue:
         await self.publisher.publish(name, item.message, item.record_key)
         return True
 
-    async def _seen(self, source: str, event_id: str, body_sha256: str) -> EnqueueResult | None:
+    async def _seen_all(self, items: Sequence[Enqueue]) -> list[EnqueueResult | None]:
+        """What each item's dedupe mark says (None: unseen); all None when the marks cannot
+        be read (each is published, and the journal absorbs a second copy)."""
         try:
-            return await self.redis.seen(source, event_id, body_sha256)
+            return await self.redis.seen_all(
+                [(item.source, item.event_id, item.body_sha256) for item in items]
+            )
         except BrokerUnavailable as exc:
-            log.warning("dedupe marks unreadable, publishing %s/%s: %s", source, event_id, exc)
-            return None
+            log.warning("dedupe marks unreadable, publishing %d event(s): %s", len(items), exc)
+            return [None] * len(items)
 
     async def ping(self) -> bool:
         """Whether a publish is confirmed now (Redis is only a helper here)."""

@@ -13,11 +13,13 @@ On either, Redis holds what the receiver reads for backpressure and ``/metrics``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
+from ..routing.contract.schedules import RunLease
 from ..routing.contract.settings import Settings
 from .amqp import AmqpEventQueue
-from .gateway import Enqueue, EnqueueResult, ReceiverGateway
+from .gateway import BatchResult, Enqueue, EnqueueResult, ReceiverGateway
 
 
 class EventQueue(Protocol):
@@ -32,6 +34,14 @@ class EventQueue(Protocol):
         """Queue the item's message and mark its event id seen, unless seen before (the
         first answer, or the stored outcome), reused with another body, the shard is full,
         or its lease was lost."""
+        ...
+
+    async def accept_batch(
+        self, items: Sequence[Enqueue], lease: RunLease | None = None
+    ) -> BatchResult:
+        """Accept every event of one delivery, or none of them: a 2xx only when each is
+        queued (or seen before); a full shard, a lost ``lease`` or an unreachable broker
+        refuses the whole delivery, and no mark then swallows the sender's retry."""
         ...
 
     async def record_reuse(self, item: Enqueue) -> bool:

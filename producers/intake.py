@@ -1,10 +1,16 @@
 """From a verified delivery to what keylane will enqueue: the sender's event id, the
-record key, the event type and the change, as the source's definition says.
+record key, the event type and the change, as the source's definition says; for a
+batched delivery (a source's ``items``), one of each per item.
 
 Event ids always come from the sender (a body field, a header, the signature scheme's id
-header, or a hash of the body). A delivery without one gets a synthetic id that is unique
-to this delivery, so a missing id can never make two different events look like one
-(a "null" key must never match); the answer says so and a counter records it.
+header, or a hash of the body or item). A delivery without one gets a synthetic id that
+is unique to this delivery, so a missing id can never make two different events look like
+one (a "null" key must never match); the answer says so and a counter records it.
+
+Each event also carries its *digest*: what tells the sender's retry (the same digest) from
+an id reused with another body. It is the SHA-256 of the body as it came, or, for an item
+or a source whose sender changes fields when it retries (``digest_excludes``), of its
+tree's canonical JSON without those fields.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import hashlib
 import pkgutil
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from ..routing.contract.conditions import WireConditions
@@ -26,8 +32,16 @@ from ..routing.contract.events import (
     wire_changes,
 )
 from ..routing.contract.identities import check_identities
-from ..routing.contract.mapping import MISSING, Delivery, is_reference, render, resolve
+from ..routing.contract.mapping import (
+    MISSING,
+    Delivery,
+    is_reference,
+    items_of,
+    render,
+    resolve,
+)
 from ..routing.contract.sources import Hook, SourceConfig
+from .formats import canonical_json, digest_of
 from .signatures import Verified
 
 KEYLESS_PREFIX = "keyless:"
@@ -45,14 +59,72 @@ class Intake:
     conditions: WireConditions | None = None  # checked (``check_conditions``)
     if_revision: int | None = None
     identities: tuple[str, ...] = ()  # in their normal form (``check_identities``)
+    #: What tells a retry from a reused id (the module docstring).
+    digest: str = ""
+    #: For a task or destination: the JSON text it gets (the body as it came, or an
+    #: item's, or a body that was not JSON, as canonical JSON).
+    text: str | None = None
 
 
 @dataclass(frozen=True)
 class Ignored:
-    """A verified delivery the source's mapping has nothing to apply for."""
+    """A verified delivery (or an item of one) the source's mapping has nothing to apply for."""
 
     event_type: str
     reason: str
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What a delivery came with, besides its body's tree: the bytes as they came, the
+    headers (lowercased names), the URL's query parameters and the body's format."""
+
+    body: bytes
+    headers: Mapping[str, str]
+    query: Mapping[str, str]
+    form: str = "json"
+
+
+def take_in_all(
+    source: SourceConfig,
+    verified: Verified,
+    parts: Parts,
+    tree: Any,
+    hook: Hook | None = None,
+    max_items: int = 1000,
+) -> list[Intake | Ignored]:
+    """The events of a delivery: one, or (a source with ``items``) one per item, in the
+    order they come; :class:`InvalidEvent` (a 4xx naming the item) when any of them
+    cannot be read: a delivery is taken whole or not at all."""
+    if source.items_rule is None:
+        return [take_in(source, verified, parts.body, tree, parts.headers, hook, parts)]
+    selected = items_of(source.items_rule, tree)
+    if len(selected) > max_items:
+        raise InvalidEvent(
+            f"{len(selected)} items in one delivery, over the limit of {max_items}",
+            status=413,
+            code="too_many_items",
+        )
+    delivery = Delivery(tree, parts.headers, parts.query)
+    taken: list[Intake | Ignored] = []
+    for index, (item, at) in enumerate(selected):
+        digest = digest_of(item, source.digest_exclusions)
+        try:
+            taken.append(
+                _take(source, verified, delivery.item(item, at), digest, hook, _text(item))
+            )
+        except InvalidEvent as exc:
+            raise replace_message(exc, f"item {index}: {exc}") from None
+    return taken
+
+
+def replace_message(error: InvalidEvent, message: str) -> InvalidEvent:
+    """``error`` with another message (its status and code kept)."""
+    return InvalidEvent(message, status=error.status, code=error.code)
+
+
+def _text(tree: Any) -> str:
+    return canonical_json(tree).decode()
 
 
 def take_in(
@@ -62,39 +134,81 @@ def take_in(
     payload: Any,
     headers: Mapping[str, str],
     hook: Hook | None = None,
+    parts: Parts | None = None,
 ) -> Intake | Ignored:
-    """Read the event out of a delivery; :class:`InvalidEvent` (400) when it cannot be."""
-    delivery = Delivery(payload, headers)
-    event_id, key_missing = _event_id(source, verified, body, delivery)
+    """Read the one event out of a delivery (its ``payload``: the body's tree);
+    :class:`InvalidEvent` (400) when it cannot be."""
+    delivery = Delivery(payload, headers, parts.query if parts is not None else {})
+    if source.digest_exclusions:
+        digest = digest_of(payload, source.digest_exclusions)
+    else:
+        digest = hashlib.sha256(body).hexdigest()
+    text = None
+    if source.forwards:
+        json_body = parts is None or parts.form == "json"
+        text = body.decode() if json_body else _text(payload)
+    return _take(source, verified, delivery, digest, hook, text)
+
+
+def _take(
+    source: SourceConfig,
+    verified: Verified,
+    delivery: Delivery,
+    digest: str,
+    hook: Hook | None,
+    text: str | None,
+) -> Intake | Ignored:
+    event_id, key_missing = _event_id(source, verified, digest, delivery)
+    taken = _mapping(source, delivery, event_id, key_missing, hook)
+    if isinstance(taken, Ignored):
+        return taken
+    return replace(taken, digest=digest, text=text if source.forwards else None)
+
+
+def _mapping(
+    source: SourceConfig,
+    delivery: Delivery,
+    event_id: str,
+    key_missing: bool,
+    hook: Hook | None,
+) -> Intake | Ignored:
     if source.forwards:
         return _forwarded(source, delivery, event_id, key_missing, hook)
     if source.format == "keylane":
-        intake = _keylane(payload, event_id, key_missing)
+        intake = _keylane(delivery.body, event_id, key_missing)
         if intake.identities and source.records_in is not None:
             raise InvalidEvent("also: identities and merges apply to keylane's own records")
         return intake
-    event_type = (render(source.event_type, delivery) if source.event_type else None) or "event"
+    event_type = _event_type(source, delivery)
     if hook is not None:
-        return _hooked(source, hook, payload, headers, event_id, key_missing, event_type)
+        return _hooked(
+            source, hook, delivery.body, delivery.headers, event_id, key_missing, event_type
+        )
     return _mapped(source, delivery, event_id, key_missing, event_type)
 
 
+def _event_type(source: SourceConfig, delivery: Delivery) -> str:
+    rule = source.event_type_rule
+    return (render(rule, delivery) if rule else None) or "event"
+
+
 def _event_id(
-    source: SourceConfig, verified: Verified, body: bytes, delivery: Delivery
+    source: SourceConfig, verified: Verified, digest: str, delivery: Delivery
 ) -> tuple[str, bool]:
     rule = source.event_id_rule
     if rule == "content-hash":
-        return _content_hash(body), False
+        return _content_hash(digest), False
     found = verified.event_id if rule == "signature" else render(rule, delivery)
     if found is not None:
         try:
             return check_event_id(found), False
         except ValueError as exc:
             raise InvalidEvent(str(exc)) from None
-    if source.missing_id == "reject":
+    missing = source.missing_id_rule
+    if missing == "reject":
         raise InvalidEvent(f"no event id at {rule}", code="missing_event_id")
-    if source.missing_id == "content-hash":
-        return _content_hash(body), True
+    if missing == "content-hash":
+        return _content_hash(digest), True
     return keyless_id(), True
 
 
@@ -104,8 +218,8 @@ def keyless_id() -> str:
     return f"{KEYLESS_PREFIX}{uuid.uuid4()}"
 
 
-def _content_hash(body: bytes) -> str:
-    return "sha256:" + hashlib.sha256(body).hexdigest()
+def _content_hash(digest: str) -> str:
+    return "sha256:" + digest
 
 
 def _keylane(payload: Any, event_id: str, key_missing: bool) -> Intake:
@@ -204,7 +318,7 @@ def _forwarded(
 ) -> Intake | Ignored:
     """A delivery for a task or destination: the body is the payload, keylane only needs
     its record key (from the source's template, or from its hook)."""
-    event_type = (render(source.event_type, delivery) if source.event_type else None) or "event"
+    event_type = _event_type(source, delivery)
     if hook is None:
         assert source.record_key is not None
         record_key = _record_key(render(source.record_key, delivery), source.record_key)

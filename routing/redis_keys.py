@@ -124,6 +124,11 @@ class RedisKeys:
         """Marker that one reuse of an event id with another body was already recorded."""
         return f"{self.prefix}reused:{source}:{event_id}:{body_hash}"
 
+    def hook_secret(self, source: str) -> str:
+        """The secret a sender handed over in its handshake (Asana's ``X-Hook-Secret``),
+        kept until an operator forgets it (``keylane sources forget-secret``)."""
+        return f"{self.prefix}hook-secret:{source}"
+
     @property
     def doorbell(self) -> str:
         """Pub/sub channel: a shard number is published when its queue gets a message."""

@@ -19,7 +19,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from keylane.producers.accept import body_sha256, new_event, payload_body
-from keylane.producers.body import parse_json
+from keylane.producers.formats import parse_json
 from keylane.producers.gateway import LoadedScript, ReceiverGateway
 from keylane.routing import ShardMap
 from keylane.routing.contract.errors import InvalidEvent

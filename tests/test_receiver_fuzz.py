@@ -15,7 +15,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from keylane.producers.receiver import create_receiver
+from keylane.producers.receiver_app import create_receiver
 from keylane.routing.contract.settings import Settings
 from keylane.routing.contract.sources import parse_sources
 from tests.conftest import delete_namespace, fast_settings

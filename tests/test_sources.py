@@ -216,6 +216,7 @@ def test_mapped_source_reads_key_and_changes_per_event_type() -> None:
             "invoices": {"op": "add", "value": "in_1"},
             "status": {"op": "set", "value": "active"},
         },
+        digest=hashlib.sha256(b"").hexdigest(),  # of the body as it came
     )
 
 

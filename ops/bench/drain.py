@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import redis
 
 from ...producers.accept import body_sha256, new_event
-from ...producers.body import parse_json
+from ...producers.formats import parse_json
 from ...producers.intake import Intake, load_hook, take_in
 from ...producers.signatures import verifiers_of
 from ...routing import ShardMap

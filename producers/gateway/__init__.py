@@ -16,6 +16,7 @@ from .outcome_feed import OutcomeFeed
 from .receiver_gateway import (
     POOL_CONNECTIONS,
     POOL_WAIT_S,
+    BatchResult,
     Enqueue,
     EnqueueResult,
     MetricSnapshot,
@@ -30,6 +31,7 @@ __all__ = [
     "POOL_CONNECTIONS",
     "POOL_WAIT_S",
     "SCRIPTS",
+    "BatchResult",
     "Enqueue",
     "EnqueueResult",
     "LoadedScript",

@@ -2,19 +2,21 @@
 id, and the reads behind backpressure and ``/metrics``.
 
 Accepting an event into its shard queue and marking its id as seen is ONE Lua script
-(``scripts/accept.lua``, beside this module). Invariant 1 needs the two
-to be inseparable. If the mark came first, a receiver that dies before pushing would
-leave a mark that swallows the sender's retry; if the push came first, a receiver that
-dies before marking would let the retry enqueue a second copy. In one script, Redis runs
-both or neither, and a concurrent duplicate waits behind the first and then sees its
-mark. With ``appendfsync always`` (what ``keylane up`` configures) Redis writes the
-script's effects to its append-only file before it replies, so a 202 is sent only for an
-event that survives a Redis crash.
+(``scripts/accept.lua``, beside this module), and so is accepting every event of a batched
+delivery (HubSpot's array, Meta's changes, Salesforce's notifications): all of them, or
+none. Invariant 1 needs the push and the mark to be inseparable. If the mark came first, a
+receiver that dies before pushing would leave a mark that swallows the sender's retry; if
+the push came first, a receiver that dies before marking would let the retry enqueue a
+second copy. In one script, Redis runs both or neither, and a concurrent duplicate waits
+behind the first and then sees its mark. With ``appendfsync always`` (what ``keylane up``
+configures) Redis writes the script's effects to its append-only file before it replies,
+so a 202 is sent only for an event that survives a Redis crash.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -50,6 +52,26 @@ class EnqueueResult:
     detail: str
     #: A duplicate's told outcome, once its lane decided it (``routing/contract/outcomes.py``).
     told: bytes | None = None
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What became of a delivery's events: each one's result (``accepted``, ``duplicate``
+    or ``reused``), or the delivery refused as a whole, nothing queued: ``full`` (the
+    shard of event ``full_index`` has ``depth`` events waiting) or ``fenced``."""
+
+    results: list[EnqueueResult]
+    refused: Literal["full", "fenced"] | None = None
+    full_index: int = 0
+    depth: int = 0
+
+    def single(self) -> EnqueueResult:
+        """The result of a delivery of one event, a refusal included."""
+        if self.refused == "full":
+            return EnqueueResult("full", str(self.depth))
+        if self.refused == "fenced":
+            return EnqueueResult("fenced", "")
+        return self.results[0]
 
 
 @dataclass(frozen=True)
@@ -112,8 +134,7 @@ class ReceiverGateway:
         #: requests' in one round trip.
         self.marks = MarkBatches(self.marks_round)
         self._mark_seen = LoadedScript(script_text("mark_seen"))
-        self._accept_event = LoadedScript(script_text("accept"))
-        self._accept_fenced = LoadedScript(script_text("fence_run") + script_text("accept"))
+        self._accept = LoadedScript(script_text("accept"))
         self._record_id_reuse = LoadedScript(script_text("record_id_reuse"))
 
     @classmethod
@@ -150,32 +171,50 @@ class ReceiverGateway:
         """Push the message and mark its event id seen, unless already seen or the
         shard is at its high-water mark (its queue and what its owner took in), or (a
         ``lease``) the scheduled run that sends it no longer holds its lease (``fenced``)."""
-        lease = item.lease
-        keys = [
-            self.keys.dedupe(item.source, item.event_id),
-            self.keys.queue(item.queue),
-            self.keys.counters,
-            self.keys.depth,
-            self.keys.outcome(item.source, item.event_id),
-        ]
-        result = await self._run(
-            self._accept_event if lease is None else self._accept_fenced,
-            keys if lease is None else [*keys, lease.key],
-            [
+        return (await self.accept_batch([item], item.lease)).single()
+
+    async def accept_batch(
+        self, items: Sequence[Enqueue], lease: RunLease | None = None
+    ) -> BatchResult:
+        """Accept a delivery's events in one script call: each pushed and marked seen
+        unless seen before (a duplicate, or an id reused with another body), or none of
+        them when a shard is at its high-water mark or the scheduled run's ``lease`` is
+        lost (``scripts/accept.lua``)."""
+        keys = [self.keys.counters, self.keys.depth, self.keys.counters]
+        args: list[Any] = [self.keys.doorbell, 0, ""]
+        if lease is not None:
+            keys[2], args[2] = lease.key, lease.value
+        for item in items:
+            keys += [
+                self.keys.dedupe(item.source, item.event_id),
+                self.keys.queue(item.queue),
+                self.keys.outcome(item.source, item.event_id),
+            ]
+            args += [
                 item.body_sha256,
                 item.message,
                 item.answer,
                 item.retention_ms,
-                item.high_water,
-                self.keys.doorbell,
                 item.shard,
                 "1" if item.key_missing else "0",
-                *([] if lease is None else [lease.value]),
-            ],
+            ]
+        args[1] = items[0].high_water
+        reply = await self._run(self._accept, keys, args)
+        status = reply_text(reply[0])
+        if status == "fenced":
+            return BatchResult([], "fenced")
+        if status == "full":
+            return BatchResult([], "full", int(reply[1]) - 1, int(reply[2]))
+        return BatchResult(
+            [
+                EnqueueResult(
+                    reply_text(reply[at]),  # type: ignore[arg-type]
+                    reply_text(reply[at + 1]),
+                    as_bytes(reply[at + 2]) or None,
+                )
+                for at in range(1, len(reply), 3)
+            ]
         )
-        verdict, detail = reply_text(result[0]), reply_text(result[1])
-        told = result[2] if len(result) > 2 and result[2] else None
-        return EnqueueResult(verdict, detail, told)  # type: ignore[arg-type]
 
     async def record_reuse(self, item: Enqueue) -> bool:
         """Queue ``message`` (the event, marked for review only) once per distinct body
@@ -190,23 +229,38 @@ class ReceiverGateway:
         )
         return bool(result)
 
-    async def seen(self, source: str, event_id: str, body_sha256: str) -> EnqueueResult | None:
-        """The verdict an earlier delivery's dedupe mark gives (``duplicate`` or
-        ``reused``, with the first delivery's answer), or None: the accept of a broker
-        whose publish and mark are two steps (RabbitMQ, :mod:`keylane.producers.amqp`)."""
-        mark, outcome = self.keys.dedupe(source, event_id), self.keys.outcome(source, event_id)
+    async def seen_all(self, events: Sequence[tuple[str, str, str]]) -> list[EnqueueResult | None]:
+        """For each ``(source, event id, body digest)``, the verdict an earlier delivery's
+        dedupe mark gives (``duplicate`` or ``reused``, with the first delivery's answer
+        and a duplicate's told outcome), or None: the accept of a broker whose publish and
+        mark are two steps (RabbitMQ, :mod:`keylane.producers.amqp`). The marks are read
+        in one round, the duplicates and reuses counted in one pipeline."""
+        keys: list[str] = []
+        for source, event_id, _ in events:
+            keys += [self.keys.dedupe(source, event_id), self.keys.outcome(source, event_id)]
         with broker_errors():
-            value, told = await self.marks.read(mark, outcome)
-        if value is None:
-            return None
-        digest, _, answer = reply_text(value).partition("\n")
-        verdict: Verdict = "duplicate" if digest == body_sha256 else "reused"
-        counter = "duplicate_deliveries" if verdict == "duplicate" else "reused_ids"
-        pipe = self.client.pipeline(transaction=False)  # typed alike on every redis-py
-        pipe.hincrby(self.keys.counters, counter, 1)
-        with broker_errors():
-            await pipe.execute()
-        return EnqueueResult(verdict, answer, as_bytes(told) if verdict == "duplicate" else None)
+            values = await self.marks.read(*keys)
+        found: list[EnqueueResult | None] = []
+        counts: Counter[str] = Counter()
+        for (_, _, body_sha256), value, told in zip(
+            events, values[0::2], values[1::2], strict=True
+        ):
+            if value is None:
+                found.append(None)
+                continue
+            digest, _, answer = reply_text(value).partition("\n")
+            verdict: Verdict = "duplicate" if digest == body_sha256 else "reused"
+            counts["duplicate_deliveries" if verdict == "duplicate" else "reused_ids"] += 1
+            found.append(
+                EnqueueResult(verdict, answer, as_bytes(told) if verdict == "duplicate" else None)
+            )
+        if counts:
+            pipe = self.client.pipeline(transaction=False)  # typed alike on every redis-py
+            for counter, amount in counts.items():
+                pipe.hincrby(self.keys.counters, counter, amount)
+            with broker_errors():
+                await pipe.execute()
+        return found
 
     async def mark_seen(
         self,
@@ -268,6 +322,27 @@ class ReceiverGateway:
         """A new subscription to the told outcomes (the receiver's one, see
         :mod:`keylane.producers.outcome_waits`); connected by :meth:`OutcomeFeed.open`."""
         return OutcomeFeed(self.client, self.keys.outcomes)
+
+    async def kept_secret(self, source: str) -> str | None:
+        """The secret ``source``'s sender handed over in its handshake, if one is kept."""
+        with broker_errors():
+            value = await self.client.get(self.keys.hook_secret(source))
+        return None if value is None else reply_text(value)
+
+    async def keep_secret(self, source: str, secret: str) -> str:
+        """Keep ``secret`` for ``source`` unless one is kept already; the secret kept."""
+        key = self.keys.hook_secret(source)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.set(key, secret, nx=True)
+        pipe.get(key)
+        with broker_errors():
+            _, kept = await pipe.execute()
+        return reply_text(kept)
+
+    async def forget_secret(self, source: str) -> bool:
+        """Forget the secret kept for ``source`` (whether one was kept)."""
+        with broker_errors():
+            return bool(await self.client.delete(self.keys.hook_secret(source)))
 
     async def ping(self) -> bool:
         """Whether Redis answers."""

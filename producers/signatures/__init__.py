@@ -13,6 +13,7 @@ from ...routing.contract.signing import (
     GithubConfig,
     HmacConfig,
     NoneConfig,
+    PresetConfig,
     ShopifyConfig,
     StandardWebhooksConfig,
     StripeConfig,
@@ -20,18 +21,22 @@ from ...routing.contract.signing import (
     load_secrets,
     parse_verify_config,
 )
-from .factory import build_verifier, verifier_from_environ, verifiers_of
+from .factory import KeptSecretVerifier, build_verifier, verifier_from_environ, verifiers_of
 from .signing_keys import SecretInput
-from .verifier import Verified, Verifier
+from .verifier import NO_TARGET, Target, Verified, Verifier
 
 __all__ = [
+    "NO_TARGET",
     "GithubConfig",
     "HmacConfig",
+    "KeptSecretVerifier",
     "NoneConfig",
+    "PresetConfig",
     "SecretInput",
     "ShopifyConfig",
     "StandardWebhooksConfig",
     "StripeConfig",
+    "Target",
     "Verified",
     "Verifier",
     "VerifyConfig",

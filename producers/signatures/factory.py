@@ -5,26 +5,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import assert_never
 
-from ...routing.contract.errors import ConfigError
+from ...routing.contract.errors import ConfigError, SignatureError
+from ...routing.contract.presets import PRESETS, SignatureLayout
 from ...routing.contract.signing import (
-    GithubConfig,
     HmacConfig,
     NoneConfig,
-    ShopifyConfig,
-    StandardWebhooksConfig,
-    StripeConfig,
+    PresetConfig,
     VerifyConfig,
     load_secrets,
 )
 from ...routing.contract.sources import Sources
-from .generic import HmacSpec, HmacVerifier
-from .github import github_verifier
-from .shopify import shopify_verifier
+from .credentials import BasicVerifier, TokenVerifier
+from .generic import HmacVerifier, layout_of
+from .in_body import GraphVerifier, SalesforceVerifier
 from .signing_keys import SecretInput
 from .standard_webhooks import StandardWebhooksVerifier
-from .stripe import StripeVerifier
+from .twilio import TwilioVerifier
 from .unsigned import UnsignedVerifier
-from .verifier import Verifier
+from .verifier import NO_TARGET, Target, Verified, Verifier
 
 
 def build_verifier(config: VerifyConfig, secrets: Sequence[SecretInput]) -> Verifier:
@@ -37,17 +35,64 @@ def build_verifier(config: VerifyConfig, secrets: Sequence[SecretInput]) -> Veri
         if secrets:
             raise ConfigError("the none signature scheme takes no secrets")
         return UnsignedVerifier()
-    if isinstance(config, StandardWebhooksConfig):
-        return StandardWebhooksVerifier(secrets, config.tolerance_s)
-    if isinstance(config, StripeConfig):
-        return StripeVerifier(secrets, config.tolerance_s)
-    if isinstance(config, GithubConfig):
-        return github_verifier(secrets)
-    if isinstance(config, ShopifyConfig):
-        return shopify_verifier(secrets)
     if isinstance(config, HmacConfig):
-        return HmacVerifier("hmac", secrets, HmacSpec.of(config))
+        return HmacVerifier("hmac", secrets, layout_of(config), config.tolerance_s)
+    if isinstance(config, PresetConfig):
+        return _preset_verifier(config, secrets)
     assert_never(config)
+
+
+def _preset_verifier(config: PresetConfig, secrets: Sequence[SecretInput]) -> Verifier:
+    preset = PRESETS[config.scheme]
+    check = preset.check
+    if check == "hmac":
+        assert preset.layout is not None
+        if not secrets and not preset.needs_secrets:
+            return KeptSecretVerifier(config.scheme, preset.layout, config.tolerance)
+        return HmacVerifier(config.scheme, secrets, preset.layout, config.tolerance)
+    if check == "standard_webhooks":
+        return StandardWebhooksVerifier(secrets, config.tolerance)
+    if check == "twilio":
+        return TwilioVerifier(secrets)
+    if check == "token":
+        return TokenVerifier(config.scheme, secrets, config.token_at)
+    if check == "basic":
+        return BasicVerifier(config.scheme, secrets)
+    if check == "salesforce":
+        return SalesforceVerifier(config.organization_id)
+    if check == "graph":
+        return GraphVerifier(secrets)
+    if check == "none":
+        return UnsignedVerifier()
+    assert_never(check)
+
+
+class KeptSecretVerifier:
+    """A sender that hands its secret over in a handshake (Asana's ``X-Hook-Secret``):
+    nothing verifies until the secret kept from it is held (:meth:`hold`)."""
+
+    name: str
+
+    def __init__(self, name: str, layout: SignatureLayout, tolerance_s: int) -> None:
+        self.name = name
+        self.layout = layout
+        self.tolerance_s = tolerance_s
+        self.held: HmacVerifier | None = None
+
+    def __repr__(self) -> str:
+        return f"KeptSecretVerifier(name={self.name!r}, held={self.held is not None})"
+
+    def hold(self, secret: SecretInput) -> None:
+        """Verify with ``secret`` from now on."""
+        self.held = HmacVerifier(self.name, [secret], self.layout, self.tolerance_s)
+
+    def verify(
+        self, headers: Mapping[str, str], body: bytes, now: float, target: Target = NO_TARGET
+    ) -> Verified:
+        """As the held secret's verifier; ``SignatureError`` while none is held."""
+        if self.held is None:
+            raise SignatureError(f"no {self.name} secret is kept yet (its handshake comes first)")
+        return self.held.verify(headers, body, now, target)
 
 
 def verifiers_of(sources: Sources, environ: Mapping[str, str]) -> dict[str, Verifier]:

@@ -7,6 +7,8 @@ Keys live in :class:`SigningKeys` as pydantic ``SecretBytes``, so neither a veri
 from __future__ import annotations
 
 import base64
+import binascii
+import hashlib
 import hmac
 import re
 from collections.abc import Iterable, Sequence
@@ -15,7 +17,8 @@ from typing import TypeAlias
 from pydantic import SecretBytes, SecretStr
 
 from ...routing.contract.errors import ConfigError
-from ...routing.contract.signing import Algorithm, Encoding
+from ...routing.contract.presets import Algorithm, Encoding, KeyForm
+from ...routing.contract.signing import whsec_key
 
 SecretInput: TypeAlias = str | bytes | SecretStr | SecretBytes
 
@@ -33,6 +36,29 @@ def utf8_key(secret: SecretInput) -> bytes:
     """``secret`` used as written: text as UTF-8, bytes as they are."""
     value = reveal(secret)
     return value.encode() if isinstance(value, str) else value
+
+
+def hmac_key(secret: SecretInput, form: KeyForm, scheme: str, position: int) -> bytes:
+    """The HMAC key a secret stands for (:data:`KeyForm`); bytes are the key as they are.
+    ``ConfigError`` (naming the secret's position, never its text) when it cannot be
+    decoded."""
+    value = reveal(secret)
+    if isinstance(value, bytes) or form == "utf8":
+        return value if isinstance(value, bytes) else value.encode()
+    try:
+        if form == "whsec":
+            # Lenient like the standardwebhooks package, so a secret it takes is taken here.
+            return whsec_key(value)
+        if form == "hex":
+            return bytes.fromhex(value)
+        return base64.b64decode(value, validate=True)
+    except (ValueError, binascii.Error):
+        raise ConfigError(
+            f"secret #{position} for the {scheme} signature is not {_FORM_NAMES[form]}"
+        ) from None
+
+
+_FORM_NAMES = {"whsec": "base64", "hex": "hex", "base64": "base64"}
 
 
 class SigningKeys:
@@ -56,13 +82,33 @@ class SigningKeys:
     def __repr__(self) -> str:
         return f"SigningKeys({len(self._keys)} keys)"
 
-    def match(self, message: bytes, candidates: Sequence[bytes], algorithm: Algorithm) -> bool:
-        """Whether any key's HMAC of ``message`` equals any of the ``candidates``."""
+    def match(
+        self,
+        message: bytes,
+        candidates: Sequence[bytes],
+        algorithm: Algorithm,
+        digest: str = "hmac",
+    ) -> bool:
+        """Whether any key's HMAC of ``message`` (``digest = "hash"``: the plain hash of the
+        key followed by ``message``) equals any of the ``candidates``."""
         for key in self._keys:
-            expected = hmac.new(key.get_secret_value(), message, algorithm).digest()
+            secret = key.get_secret_value()
+            if digest == "hash":
+                expected = hashlib.new(algorithm, secret + message).digest()
+            else:
+                expected = hmac.new(secret, message, algorithm).digest()
             if any(hmac.compare_digest(expected, candidate) for candidate in candidates):
                 return True
         return False
+
+    def holds(self, offered: bytes) -> bool:
+        """Whether ``offered`` is one of the keys (a token or credentials), compared in
+        constant time: their digests, so that not even a key's length shows."""
+        wanted = hashlib.sha256(offered).digest()
+        found = False
+        for key in self._keys:
+            found |= hmac.compare_digest(hashlib.sha256(key.get_secret_value()).digest(), wanted)
+        return found
 
 
 def decode_signature(text: str, encoding: Encoding) -> bytes | None:

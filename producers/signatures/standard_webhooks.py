@@ -1,4 +1,6 @@
-"""Standard Webhooks (Svix and others): headers webhook-id, webhook-timestamp, webhook-signature.
+"""Standard Webhooks (Svix and others): headers webhook-id, webhook-timestamp, webhook-signature
+(or, as Svix sends them, svix-id, svix-timestamp, svix-signature: the ``svix`` package's
+verifier takes either family, and so does this one).
 
 ``webhook-signature`` is a space-separated list of ``<version>,<signature>``; each ``v1``
 is the base64 HMAC-SHA256 of ``f"{id}.{timestamp}.{body}"``. Several appear while the
@@ -13,10 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ...routing.contract.errors import ConfigError
-from ...routing.contract.signing import whsec_key
-from .signing_keys import SecretInput, SigningKeys, decode_signature, reveal
+from .signing_keys import SecretInput, SigningKeys, decode_signature, hmac_key
 from .verifier import (
+    NO_TARGET,
+    Target,
     Verified,
     check_tolerance,
     lower_headers,
@@ -29,6 +31,12 @@ from .verifier import (
 ID_HEADER = "webhook-id"
 TIMESTAMP_HEADER = "webhook-timestamp"
 SIGNATURE_HEADER = "webhook-signature"
+#: Svix's own names for the same three headers.
+SVIX_HEADERS = {
+    ID_HEADER: "svix-id",
+    TIMESTAMP_HEADER: "svix-timestamp",
+    SIGNATURE_HEADER: "svix-signature",
+}
 DEFAULT_TOLERANCE_S = 300
 
 
@@ -42,15 +50,19 @@ class StandardWebhooksVerifier:
     ) -> None:
         self.name = "standard_webhooks"
         self.tolerance_s = tolerance_s
-        keys = (signing_key(secret, position) for position, secret in enumerate(secrets, 1))
+        keys = (hmac_key(s, "whsec", self.name, n) for n, s in enumerate(secrets, 1))
         self._keys = SigningKeys(self.name, keys)
 
     def __repr__(self) -> str:
         return f"StandardWebhooksVerifier(keys={len(self._keys)}, tolerance_s={self.tolerance_s})"
 
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> Verified:
+    def verify(
+        self, headers: Mapping[str, str], body: bytes, now: float, target: Target = NO_TARGET
+    ) -> Verified:
         """The message id and timestamp of a signed delivery; ``SignatureError`` if not."""
         lowered = lower_headers(headers)
+        if ID_HEADER not in lowered and SVIX_HEADERS[ID_HEADER] in lowered:
+            lowered = {name: lowered.get(svix, "") for name, svix in SVIX_HEADERS.items()}
         msg_id = require_header(lowered, ID_HEADER)
         timestamp = parse_timestamp(require_header(lowered, TIMESTAMP_HEADER), TIMESTAMP_HEADER)
         signatures = parse_signatures(require_header(lowered, SIGNATURE_HEADER))
@@ -60,21 +72,6 @@ class StandardWebhooksVerifier:
         if not self._keys.match(signed, signatures, "sha256"):
             raise no_match()
         return Verified(scheme=self.name, event_id=msg_id, timestamp=float(timestamp))
-
-
-def signing_key(secret: SecretInput, position: int) -> bytes:
-    """The HMAC key of a ``whsec_…`` secret (or of raw key bytes), as the package derives it."""
-    value = reveal(secret)
-    if isinstance(value, bytes):
-        return value
-    try:
-        # Lenient like the package, so a secret it accepts is accepted here too.
-        return whsec_key(value)
-    except ValueError:
-        # The secret's text stays out of the message (and `from None` drops the cause).
-        raise ConfigError(
-            f"secret #{position} for the standard_webhooks signature is not base64"
-        ) from None
 
 
 def parse_signatures(value: str) -> list[bytes]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .verifier import Verified
+from .verifier import NO_TARGET, Target, Verified
 
 
 class UnsignedVerifier:
@@ -21,6 +21,8 @@ class UnsignedVerifier:
     def __repr__(self) -> str:
         return "UnsignedVerifier()"
 
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> Verified:
+    def verify(
+        self, headers: Mapping[str, str], body: bytes, now: float, target: Target = NO_TARGET
+    ) -> Verified:
         """Always verified, vouching for nothing."""
         return Verified(scheme=self.name, event_id=None, timestamp=None)

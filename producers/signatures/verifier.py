@@ -10,14 +10,31 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from ...routing.contract.errors import SignatureError
 
-# Whole Unix seconds in ASCII digits only: ``\d`` would also take other scripts' digits,
-# which ``int()`` accepts. Twelve digits reach past the year 30000 and keep ``int()`` cheap.
+# Whole Unix seconds (or milliseconds) in ASCII digits only: ``\d`` would also take other
+# scripts' digits, which ``int()`` accepts. Twelve digits reach past the year 30000 (fifteen
+# in milliseconds) and keep ``int()`` cheap.
 _UNIX_SECONDS = re.compile(r"[0-9]{1,12}")
+_UNIX_MILLISECONDS = re.compile(r"[0-9]{1,15}")
+
+
+@dataclass(frozen=True)
+class Target:
+    """The request line a delivery came on, for schemes that sign or carry more than the
+    body: its method, the URL the sender called (``KEYLANE_PUBLIC_URL`` or the source's
+    ``public_url``, then the path and query as sent; ``""`` when none is configured) and
+    its query parameters (the first value of each)."""
+
+    method: str = "POST"
+    url: str = ""
+    query: Mapping[str, str] = field(default_factory=dict)
+
+
+NO_TARGET = Target()
 
 
 @dataclass(frozen=True)
@@ -37,8 +54,11 @@ class Verifier(Protocol):
 
     name: str
 
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> Verified:
-        """What the delivery's signature vouches for; raises ``SignatureError`` if it fails."""
+    def verify(
+        self, headers: Mapping[str, str], body: bytes, now: float, target: Target = NO_TARGET
+    ) -> Verified:
+        """What the delivery's signature vouches for; raises ``SignatureError`` if it fails.
+        ``target``: the request line it came on (:class:`Target`)."""
         ...
 
 
@@ -67,8 +87,13 @@ def malformed(header: str, detail: str) -> SignatureError:
     return SignatureError(f"malformed header {header}: {detail}")
 
 
-def parse_timestamp(raw: str, header: str) -> int:
-    """The Unix seconds in ``raw``, the value of ``header``."""
+def parse_timestamp(raw: str, header: str, unit: str = "s") -> int:
+    """The Unix seconds in ``raw``, the value of ``header`` (``unit = "ms"``: it holds
+    milliseconds; the whole seconds of them are returned)."""
+    if unit == "ms":
+        if not _UNIX_MILLISECONDS.fullmatch(raw):
+            raise malformed(header, "timestamp is not whole Unix milliseconds")
+        return int(raw) // 1000
     if not _UNIX_SECONDS.fullmatch(raw):
         raise malformed(header, "timestamp is not whole Unix seconds")
     return int(raw)

@@ -1,13 +1,24 @@
-"""Reading a delivery's parts: references into the body or headers, and key templates.
+"""Reading a delivery's parts: references into the body, headers and query, key
+templates, and the items of a batched delivery.
 
 A *reference* names where a value lives:
 
-* ``body:data.object.customer`` — a dotted path into the JSON body (list items by index:
-  ``body:items.0.id``);
-* ``header:X-Request-Id`` — a request header (case-insensitive).
+* ``body:data.object.customer`` — a dotted path into the body's tree (JSON, or a form,
+  multipart or XML body read as one: ``producers/formats/``; list items by index:
+  ``body:items.0.id``); in a batched delivery, into the item;
+* ``delivery:entry.*.id`` — a path into the whole body of a batched delivery, each ``*``
+  standing for the index of the item being read at that level (Meta's ``entry[].id`` of
+  the entry an item is in); outside a batch, the same as ``body:``;
+* ``header:X-Request-Id`` — a request header (case-insensitive);
+* ``query:token`` — a parameter of the URL the sender called (its first value).
 
 A *template* builds a string from references: ``"customer:{body:data.object.customer}"``.
 A template that is a single reference without braces yields the value itself.
+
+A source's *items* (``items = "body:entry.*.changes.*"``) says where the events of a
+batched delivery are: each ``*`` is every item of a list at that level (a value that is
+not a list is a list of one: XML says once what it may say twice); ``body:*`` is a body
+that is itself a list (HubSpot's).
 """
 
 from __future__ import annotations
@@ -15,21 +26,31 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-_REFERENCE = re.compile(r"^(body|header):(.+)$")
-_PLACEHOLDER = re.compile(r"\{((?:body|header):[^{}]+)\}")
+_REFERENCE = re.compile(r"^(body|header|query|delivery):(.+)$")
+_PLACEHOLDER = re.compile(r"\{((?:body|header|query|delivery):[^{}]+)\}")
+EVERY = "*"
 
-MISSING = object()
+MISSING: Any = object()
 
 
 @dataclass(frozen=True)
 class Delivery:
-    """What a reference can read: the parsed body and the headers (lowercased names)."""
+    """What a reference can read: the body's tree (in a batch, the item's), the headers
+    (lowercased names), the URL's query parameters, and for an item of a batch the whole
+    body and the item's index at each ``*`` of the source's ``items``."""
 
     body: Any
     headers: Mapping[str, str]
+    query: Mapping[str, str] = field(default_factory=dict)
+    whole: Any = MISSING
+    at: tuple[int, ...] = ()
+
+    def item(self, item: Any, at: tuple[int, ...]) -> Delivery:
+        """The delivery as an item of it reads it (``body:`` is the item)."""
+        return Delivery(item, self.headers, self.query, self.body, at)
 
 
 def is_reference(value: object) -> bool:
@@ -45,7 +66,19 @@ def _is_reference(value: str) -> bool:
 def check_reference(value: str) -> str:
     """``value`` if it is a well-formed reference; ``ValueError`` otherwise."""
     if not is_reference(value):
-        raise ValueError(f"{value!r} is not a reference (body:<path> or header:<name>)")
+        raise ValueError(
+            f"{value!r} is not a reference (body:<path>, delivery:<path>, header:<name> "
+            "or query:<name>)"
+        )
+    return value
+
+
+def check_items(value: str) -> str:
+    """``value`` if it is a ``body:`` path with at least one ``*`` part; ``ValueError``
+    otherwise."""
+    kind, path = _reference(check_reference(value))
+    if kind != "body" or EVERY not in path:
+        raise ValueError(f"items: {value!r} is not a body:<path> with a * part (body:*)")
     return value
 
 
@@ -53,27 +86,82 @@ def check_template(template: str) -> str:
     """``template`` if it is a reference or contains at least one ``{reference}``."""
     if is_reference(template) or _PLACEHOLDER.search(template):
         return template
-    raise ValueError(f"{template!r} has no {{body:...}} or {{header:...}} part")
+    raise ValueError(
+        f"{template!r} is not a reference (body:<path>, header:<name>, query:<name>), and as "
+        "a template it has no {body:...}, {header:...} or {query:...} part"
+    )
 
 
 def resolve(reference: str, delivery: Delivery) -> Any:
     """The value at ``reference``, or :data:`MISSING`."""
     kind, where = _reference(reference)
+    if kind == "body":
+        return _walk(delivery.body, where)
     if kind == "header":
         return delivery.headers.get(where[0], MISSING)
-    return _walk(delivery.body, where)
+    if kind == "query":
+        return delivery.query.get(where[0], MISSING)
+    if delivery.whole is MISSING:  # not a batch: the whole body is the body
+        return _walk(delivery.body, where)
+    return _walk_at(delivery.whole, where, delivery.at)
+
+
+def _walk_at(value: Any, path: tuple[str, ...], at: tuple[int, ...]) -> Any:
+    """``path`` walked in ``value`` with its ``*`` parts, in order, standing for the
+    indexes ``at`` (a value that is not a list is a list of one, as for items)."""
+    indexes = iter(at)
+    for part in path:
+        if part != EVERY:
+            value = _walk(value, (part,))
+            continue
+        listed, index = _listed(value), next(indexes, None)
+        if index is None or index >= len(listed):
+            return MISSING
+        value = listed[index]
+    return value
+
+
+def items_of(reference: str, body: Any) -> list[tuple[Any, tuple[int, ...]]]:
+    """The items a ``body:`` path with ``*`` parts selects, each with its index at each
+    ``*`` (see the module docstring); none when the path is absent."""
+    kind, path = _reference(reference)
+    assert kind == "body"
+    found: list[tuple[Any, tuple[int, ...]]] = [(body, ())]
+    start = 0
+    for position, part in enumerate(path):
+        if part != EVERY:
+            continue
+        step = path[start:position]
+        found = [
+            (child, (*at, index))
+            for value, at in found
+            for index, child in enumerate(_listed(_walk(value, step)))
+        ]
+        start = position + 1
+    return [(_walk(value, path[start:]), at) for value, at in found if value is not MISSING]
+
+
+def _listed(value: Any) -> list[Any]:
+    if value is MISSING:
+        return []
+    return value if isinstance(value, list) else [value]
 
 
 # A source's references and templates are few and read on every delivery: each is parsed
 # once.
 @functools.lru_cache(maxsize=1024)
 def _reference(reference: str) -> tuple[str, tuple[str, ...]]:
-    """``(kind, path parts)`` of a reference; a header's one part is its lowercased name."""
+    """``(kind, path parts)`` of a reference; a header's one part is its lowercased name,
+    a query parameter's its name."""
     match = _REFERENCE.match(reference)
     if match is None:
         raise ValueError(f"not a reference: {reference!r}")
     kind, where = match.groups()
-    return kind, (where.lower(),) if kind == "header" else tuple(where.split("."))
+    if kind == "header":
+        return kind, (where.lower(),)
+    if kind == "query":
+        return kind, (where,)
+    return kind, tuple(where.split("."))
 
 
 @functools.lru_cache(maxsize=1024)

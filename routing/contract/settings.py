@@ -109,6 +109,14 @@ class Settings(BaseSettings):
     #: client's pool), or a request sent as the server closes the connection is reset.
     keep_alive_s: int = Field(75, ge=1, le=3600)
     max_body_bytes: int = Field(1_048_576, ge=1024)
+    # The most events one batched delivery may hold (HubSpot sends up to 100, Salesforce
+    # up to 100, Meta up to 1,000); past it the delivery is a 413 and nothing is queued.
+    max_batch_items: int = Field(1000, ge=1, le=100_000)
+    # The URL senders call the receiver at, as they see it (https://hooks.example.com):
+    # what Twilio and HubSpot sign, with the request's path and query after it. Never read
+    # from the Host header, which a sender (or anyone) chooses. A source's `public_url`
+    # (the whole URL of its webhook) overrides it.
+    public_url: str | None = None
     dedupe_retention_s: int = Field(THREE_DAYS_S, ge=1)
     shard_high_water: int = Field(10_000, ge=1)
     global_high_water: int = Field(200_000, ge=1)

@@ -13,6 +13,16 @@ variables for the secrets, never the secrets themselves::
               event_id_header = "X-Event-Id"}
     verify = {scheme = "none"}
 
+Any other scheme names a sender preset (:mod:`.presets`: ``twilio``, ``slack``,
+``hubspot``, ``salesforce``, ``token``, ``basic``, ...), whose table takes the options the
+preset lists::
+
+    verify = {scheme = "twilio", secrets_env = ["TWILIO_AUTH_TOKEN"]}
+    verify = {scheme = "token", secrets_env = ["FORMS_TOKEN"], token = "query:key"}
+    verify = {scheme = "salesforce", organization_id = ["00D5e000000KQ2eEAG"]}
+    verify = {scheme = "meta", secrets_env = ["META_APP_SECRET"],
+              verify_token_env = "META_VERIFY_TOKEN"}
+
 Listing several variables is how a secret is rotated: a delivery verifies if any matches.
 """
 
@@ -23,26 +33,27 @@ import hashlib
 import hmac
 import re
 from collections.abc import Mapping
-from typing import Annotated, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     SecretStr,
+    Tag,
     TypeAdapter,
     field_validator,
     model_validator,
 )
 
 from .errors import ConfigError
-from .names import ENV_NAME, HEADER_NAME
+from .mapping import check_reference
+from .names import HEADER_NAME, check_env_name
+from .presets import PRESETS, Algorithm, Encoding
 
-Algorithm: TypeAlias = Literal["sha1", "sha256", "sha512"]
-Encoding: TypeAlias = Literal["hex", "base64"]
-
-PLACEHOLDERS = ("body", "timestamp", "event_id")
-_PLACEHOLDER = re.compile(r"\{(body|timestamp|event_id)\}")
+PLACEHOLDERS = ("body", "timestamp", "event_id", "method", "url")
+_PLACEHOLDER = re.compile(r"\{(body|timestamp|event_id|method|url)\}")
 # RFC 9110 token characters: what a header name may be made of.
 
 # An hour at most: a wider window lets a captured delivery be replayed for longer and
@@ -58,12 +69,12 @@ class NoneConfig(BaseModel):
     scheme: Literal["none"] = "none"
 
 
-class SignedConfig(BaseModel):
-    """What every signed scheme has: the environment variables holding its secrets."""
+class SecretsConfig(BaseModel):
+    """What every scheme with secrets has: the environment variables holding them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    secrets_env: tuple[str, ...] = Field(min_length=1)
+    secrets_env: tuple[str, ...] = ()
 
     @field_validator("secrets_env", mode="before")
     @classmethod
@@ -74,35 +85,118 @@ class SignedConfig(BaseModel):
     @classmethod
     def _check_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
         for name in names:
-            if not ENV_NAME.fullmatch(name):
-                raise ValueError(f"not an environment variable name: {name!r}")
+            check_env_name(name)
         return names
 
 
-class StandardWebhooksConfig(SignedConfig):
+class SignedConfig(SecretsConfig):
+    """A scheme that always signs: at least one secret."""
+
+    secrets_env: tuple[str, ...] = Field(min_length=1)
+
+
+#: The options a preset's table may set, besides ``scheme`` and ``secrets_env``.
+PRESET_OPTIONS = ("tolerance_s", "token", "organization_id", "verify_token_env")
+
+
+class PresetConfig(SecretsConfig):
+    """A sender preset (:mod:`.presets`): its scheme, the environment variables holding
+    its secrets, and the options it takes."""
+
+    scheme: str
+    #: How far a signed timestamp may be from now (its default: the preset's).
+    tolerance_s: Tolerance | None = None
+    #: Where a ``token`` check reads the token: ``header:<name>`` or ``query:<name>``.
+    token: str | None = None
+    #: Salesforce: the organization ids whose messages are taken.
+    organization_id: tuple[str, ...] = ()
+    #: Meta: the environment variable holding the verify token of its GET handshake.
+    verify_token_env: str | None = None
+
+    @field_validator("organization_id", mode="before")
+    @classmethod
+    def _one_id_is_a_list(cls, value: object) -> object:
+        return (value,) if isinstance(value, str) else value
+
+    @field_validator("verify_token_env")
+    @classmethod
+    def _check_env(cls, name: str | None) -> str | None:
+        return check_env_name(name, "verify_token_env: ")
+
+    @field_validator("token")
+    @classmethod
+    def _check_token(cls, where: str | None) -> str | None:
+        if where is not None and not where.startswith(("header:", "query:")):
+            raise ValueError(f"token: write header:<name> or query:<name>, got {where!r}")
+        return where if where is None else check_reference(where)
+
+    @model_validator(mode="after")
+    def _check_preset(self) -> PresetConfig:
+        preset = PRESETS.get(self.scheme)
+        if preset is None:
+            known = ", ".join(sorted([*PRESETS, "hmac", "none"]))
+            raise ValueError(f"unknown scheme {self.scheme!r} (known: {known})")
+        if preset.needs_secrets and not self.secrets_env:
+            raise ValueError(f"scheme {self.scheme!r} needs secrets_env (at least one)")
+        allowed = set(preset.options)
+        if (preset.layout is not None and preset.layout.timed) or preset.check in (
+            "standard_webhooks",
+        ):
+            allowed.add("tolerance_s")
+        if preset.check == "token":
+            allowed.add("token")
+        extra = sorted(set(PRESET_OPTIONS) & self.model_fields_set - allowed)
+        if extra:
+            raise ValueError(f"scheme {self.scheme!r} takes no {', '.join(extra)}")
+        if preset.check == "token" and (self.token or preset.sent_in) is None:
+            raise ValueError(
+                f'scheme {self.scheme!r} needs token = "header:<name>" or "query:<name>"'
+            )
+        if preset.check == "salesforce" and not self.organization_id:
+            raise ValueError("scheme 'salesforce' needs organization_id (your org's 00D... id)")
+        return self
+
+    @property
+    def token_at(self) -> str:
+        """Where a token check reads the token (this table's ``token``, else the preset's)."""
+        where = self.token or PRESETS[self.scheme].sent_in
+        assert where is not None
+        return where
+
+    @property
+    def tolerance(self) -> int:
+        """The tolerance of a signed timestamp, seconds."""
+        return self.tolerance_s or PRESETS[self.scheme].tolerance_s
+
+
+class StandardWebhooksConfig(PresetConfig):
     """Standard Webhooks / Svix: secrets are ``whsec_<base64>``."""
 
     scheme: Literal["standard_webhooks"] = "standard_webhooks"
-    tolerance_s: Tolerance = 300
+    secrets_env: tuple[str, ...] = Field(min_length=1)
+    tolerance_s: Tolerance | None = 300
 
 
-class StripeConfig(SignedConfig):
+class StripeConfig(PresetConfig):
     """Stripe: secrets are the endpoint's ``whsec_…`` signing secrets."""
 
     scheme: Literal["stripe"] = "stripe"
-    tolerance_s: Tolerance = 300
+    secrets_env: tuple[str, ...] = Field(min_length=1)
+    tolerance_s: Tolerance | None = 300
 
 
-class GithubConfig(SignedConfig):
+class GithubConfig(PresetConfig):
     """GitHub: secrets are the webhook's secret."""
 
     scheme: Literal["github"] = "github"
+    secrets_env: tuple[str, ...] = Field(min_length=1)
 
 
-class ShopifyConfig(SignedConfig):
+class ShopifyConfig(PresetConfig):
     """Shopify: secrets are the app's client secret."""
 
     scheme: Literal["shopify"] = "shopify"
+    secrets_env: tuple[str, ...] = Field(min_length=1)
 
 
 class HmacConfig(SignedConfig):
@@ -131,9 +225,24 @@ class HmacConfig(SignedConfig):
         return self
 
 
+#: The schemes with a class of their own (the rest are :class:`PresetConfig`).
+_OWN_CLASSES = ("none", "hmac", "standard_webhooks", "stripe", "github", "shopify")
+
+
+def _scheme_tag(value: Any) -> str:
+    scheme = value.get("scheme") if isinstance(value, dict) else getattr(value, "scheme", None)
+    return scheme if scheme in _OWN_CLASSES else "preset"
+
+
 VerifyConfig: TypeAlias = Annotated[
-    NoneConfig | StandardWebhooksConfig | StripeConfig | GithubConfig | ShopifyConfig | HmacConfig,
-    Field(discriminator="scheme"),
+    Annotated[NoneConfig, Tag("none")]
+    | Annotated[HmacConfig, Tag("hmac")]
+    | Annotated[StandardWebhooksConfig, Tag("standard_webhooks")]
+    | Annotated[StripeConfig, Tag("stripe")]
+    | Annotated[GithubConfig, Tag("github")]
+    | Annotated[ShopifyConfig, Tag("shopify")]
+    | Annotated[PresetConfig, Tag("preset")],
+    Discriminator(_scheme_tag),
 ]
 _VERIFY_CONFIG: TypeAdapter[VerifyConfig] = TypeAdapter(VerifyConfig)
 

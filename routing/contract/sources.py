@@ -7,12 +7,21 @@ README "Sources" for a complete example. Per source:
 * ``verify``: the signature scheme and the environment variables holding its secrets;
 * ``format``: ``keylane`` (the envelope) or ``mapped`` (``record_key`` template plus a
   declarative ``on`` table of changes per event type, or a ``hook = "module:function"``);
-* ``event_id``: where the sender's id lives (``body:<path>``, ``header:<name>``,
-  ``signature`` for the scheme's id header, or ``content-hash``); by default where the
-  scheme puts it (:func:`default_event_id`: ``webhook-id``, ``X-GitHub-Delivery``,
-  ``X-Shopify-Webhook-Id``, an ``hmac`` source's ``event_id_header``, Stripe's body
-  ``id``), else ``body:id``; and ``missing_id``: what to do when a delivery has none
-  (``unique``: a synthetic id that can never match another; ``content-hash``; ``reject``);
+* ``event_id``: where the sender's id lives (a reference or template: ``body:<path>``,
+  ``header:<name>``, ``{body:a}:{body:b}``; ``signature`` for the scheme's id header, or
+  ``content-hash``); by default where the sender preset puts it (:mod:`.presets`:
+  ``webhook-id``, ``X-GitHub-Delivery``, Stripe's body ``id``, HubSpot's portal,
+  subscription and event ids, ...) or an ``hmac`` source's ``event_id_header``, else
+  ``body:id``; and ``missing_id``: what to do when a delivery has none (``unique``: a
+  synthetic id that can never match another; ``content-hash``; ``reject``);
+* ``body``: the format of its bodies (``auto``: by media type; ``json``, ``form``,
+  ``multipart``, ``xml``), ``json_fields``: fields whose text is JSON, read in place;
+* ``items``: where the events of a batched delivery are (``body:*``,
+  ``body:entry.*.changes.*``): each becomes an event, all accepted in one step;
+  ``digest_excludes``: fields a sender changes when it retries (left out of the digest
+  that tells a retry from an id reused with another body);
+* ``public_url``: the URL the sender calls, for schemes that sign it (Twilio, HubSpot;
+  default ``KEYLANE_PUBLIC_URL`` followed by the request's path);
 * ``handler``: an optional ``module:function`` the lane calls on every attempt with the
   event and the record as freshly read, returning the change to apply;
   ``batch_handler`` instead: called once per attempt with a record's waiting events (a
@@ -62,23 +71,14 @@ from .destinations import (
 from .errors import ConfigError
 from .events import OPS, check_field_name
 from .identities import IDENTITY_KIND, MAX_IDENTITIES, MERGE_SOURCE, IdentityRule
-from .mapping import check_reference, check_template, is_reference
-from .names import ENV_NAME, TABLE_NAME
+from .mapping import check_items, check_template, is_reference
+from .names import TABLE_NAME, check_env_name
+from .presets import Handshake, Preset, Reply, preset_named
 from .schedules import JobSpec, RepairConfig, ScheduleConfig
 from .settings import MAX_BATCH, Settings
-from .signing import NoneConfig, VerifyConfig
+from .signing import HmacConfig, NoneConfig, VerifyConfig
 
-DAY_S = 24 * 3600
-
-#: Dedupe retention by scheme: each provider's longest automatic retry window, plus margin.
-#: Stripe retries for up to 3 days; Svix (Standard Webhooks) for about 28 hours; Shopify
-#: for 48 hours; GitHub never retries by itself, but a person can redeliver for 3 days.
-PROVIDER_RETENTION_S = {
-    "stripe": 3 * DAY_S,
-    "standard_webhooks": 2 * DAY_S,
-    "shopify": 3 * DAY_S,
-    "github": 3 * DAY_S,
-}
+BodyFormat = Literal["auto", "json", "form", "multipart", "xml"]
 
 #: Receiver-side mapping hook: (parsed body, headers) -> {"record_key", "changes"} or None.
 Hook = Callable[[Any, Mapping[str, str]], "Mapping[str, Any] | None"]
@@ -154,8 +154,15 @@ class SourceConfig(BaseModel):
     verify: VerifyConfig = Field(default_factory=NoneConfig)
     format: Literal["keylane", "mapped"] = "keylane"
     event_id: str | None = None  # None: where the scheme carries it (see event_id_rule)
+    # (unset: the preset's, else "unique"; see missing_id_rule)
     missing_id: Literal["unique", "content-hash", "reject"] = "unique"
+    # (unset: the preset's, else body:type; see event_type_rule)
     event_type: str | None = "body:type"
+    body: BodyFormat | None = None  # None: the preset's, else "auto" (by media type)
+    json_fields: tuple[str, ...] | None = None  # None: the preset's
+    items: str | None = None  # None: the preset's (a batched sender's), else one event
+    digest_excludes: tuple[str, ...] | None = None  # None: the preset's
+    public_url: str | None = None
     record_key: str | None = None
     on: dict[str, dict[str, FieldRule]] = Field(default_factory=dict)
     hook: str | None = None
@@ -201,9 +208,7 @@ class SourceConfig(BaseModel):
     @field_validator("outcomes_token_env")
     @classmethod
     def _check_outcomes_token_env(cls, name: str | None) -> str | None:
-        if name is not None and not ENV_NAME.fullmatch(name):
-            raise ValueError(f"outcomes_token_env: not an environment variable name: {name!r}")
-        return name
+        return check_env_name(name, "outcomes_token_env: ")
 
     @field_validator("name")
     @classmethod
@@ -219,12 +224,24 @@ class SourceConfig(BaseModel):
     def _check_event_id(cls, rule: str | None) -> str | None:
         if rule is None or rule in ("signature", "content-hash"):
             return rule
-        return check_reference(rule)
+        return check_template(rule)
 
     @field_validator("event_type")
     @classmethod
     def _check_event_type(cls, rule: str | None) -> str | None:
-        return rule if rule is None else check_reference(rule)
+        return rule if rule is None else check_template(rule)
+
+    @field_validator("items")
+    @classmethod
+    def _check_items(cls, rule: str | None) -> str | None:
+        return rule if rule is None else check_items(rule)
+
+    @field_validator("public_url")
+    @classmethod
+    def _check_public_url(cls, url: str | None) -> str | None:
+        if url is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
+            raise ValueError(f"public_url: not an http(s) URL: {url!r}")
+        return url
 
     @field_validator("record_key")
     @classmethod
@@ -284,12 +301,7 @@ class SourceConfig(BaseModel):
             raise ValueError('record_key, on, hook and also apply to format = "mapped" only')
         if self.conditions and (self.format != "mapped" or self.hook is not None):
             raise ValueError('a conditions table applies to format = "mapped" with an `on` table')
-        if self.event_id_rule == "signature" and _scheme(self) not in (
-            "standard_webhooks",
-            "github",
-            "shopify",
-            "hmac",
-        ):
+        if self.event_id_rule == "signature" and not _carries_id(self.verify):
             raise ValueError(f'event_id = "signature": scheme {_scheme(self)!r} has no id header')
         return self
 
@@ -336,10 +348,71 @@ class SourceConfig(BaseModel):
         return isinstance(self.verify, NoneConfig)
 
     @property
+    def preset(self) -> Preset | None:
+        """The sender preset its scheme names (None: ``hmac`` or ``none``)."""
+        return preset_named(_scheme(self))
+
+    @property
     def event_id_rule(self) -> str:
         """Where its deliveries' event ids live: ``event_id``, or by default where its
         signature scheme carries them (:func:`default_event_id`)."""
         return self.event_id or default_event_id(self.verify)
+
+    @property
+    def missing_id_rule(self) -> str:
+        """What a delivery without an event id gets: ``missing_id``, else the preset's."""
+        if "missing_id" in self.model_fields_set or self.preset is None:
+            return self.missing_id
+        return self.preset.missing_id
+
+    @property
+    def event_type_rule(self) -> str | None:
+        """Where its event type is read (None: every event is of type ``event``):
+        ``event_type`` as set, else the preset's, else ``body:type``."""
+        if "event_type" in self.model_fields_set or self.preset is None:
+            return self.event_type
+        return self.preset.event_type
+
+    @property
+    def body_format(self) -> str:
+        """The format its bodies are read in (``auto``: by media type)."""
+        return self.body or (self.preset.body if self.preset else "auto")
+
+    @property
+    def json_field_paths(self) -> tuple[str, ...]:
+        """The fields of its bodies whose text is JSON."""
+        if self.json_fields is not None or self.preset is None:
+            return self.json_fields or ()
+        return self.preset.json_fields
+
+    @property
+    def items_rule(self) -> str | None:
+        """Where the events of a batched delivery are (None: a delivery is one event)."""
+        return self.items or (self.preset.items if self.preset else None)
+
+    @property
+    def digest_exclusions(self) -> tuple[str, ...]:
+        """The fields left out of the digest that tells a retry from a reused id."""
+        if self.digest_excludes is not None or self.preset is None:
+            return self.digest_excludes or ()
+        return self.preset.digest_excludes
+
+    @property
+    def handshake(self) -> Handshake | None:
+        """The handshake the receiver answers for it, if any."""
+        return self.preset.handshake if self.preset else None
+
+    @property
+    def signs_url(self) -> bool:
+        """Whether its sender signs the URL it calls (``KEYLANE_PUBLIC_URL`` is needed)."""
+        if isinstance(self.verify, HmacConfig):
+            return "{url}" in self.verify.signed_payload
+        return self.preset is not None and self.preset.signs_url
+
+    @property
+    def reply(self) -> Reply | None:
+        """The body its sender expects in a 2xx instead of keylane's JSON, if any."""
+        return self.preset.reply if self.preset else None
 
     def start_up_warnings(self, built_in: bool = False) -> list[str]:
         """What an operator should hear about this source when keylane starts: it takes
@@ -370,7 +443,7 @@ class SourceConfig(BaseModel):
         """Whether its event id is the fallback ``body:id`` in a body that is not keylane's
         envelope, from a scheme with no id of its own: nothing says where the sender's id
         lives, so every delivery may be keyless."""
-        if self.event_id is not None or self.missing_id != "unique":
+        if self.event_id is not None or self.missing_id_rule != "unique":
             return False
         if self.format == "keylane" and not self.forwards:
             return False  # keylane's envelope has its "id"
@@ -387,10 +460,12 @@ class SourceConfig(BaseModel):
         return self.batch if self.batch is not None else settings.batch_max
 
     def retention(self, settings: Settings) -> int:
-        """Seconds a delivered event id is remembered in Redis."""
-        return self.retention_s or PROVIDER_RETENTION_S.get(
-            _scheme(self), settings.dedupe_retention_s
-        )
+        """Seconds a delivered event id is remembered in Redis: ``retention_s``, else its
+        preset's (the provider's longest retry window, with margin), else the settings'."""
+        if self.retention_s is not None:
+            return self.retention_s
+        preset = self.preset
+        return preset.retention_s if preset is not None else settings.dedupe_retention_s
 
     def journal_retention(self, settings: Settings) -> int:
         """Seconds the store's journal keeps this source's rows in its table before they
@@ -406,25 +481,30 @@ def _scheme(source: SourceConfig) -> str:
     return str(source.verify.scheme)
 
 
-#: Schemes whose signature headers carry the sender's event id (``Verified.event_id``).
-ID_CARRYING_SCHEMES = ("standard_webhooks", "github", "shopify")
+def _carries_id(verify: object) -> bool:
+    """Whether a scheme's headers carry the sender's event id (``event_id = "signature"``)."""
+    if isinstance(verify, HmacConfig):
+        return verify.event_id_header is not None
+    preset = preset_named(str(getattr(verify, "scheme", "")))
+    return preset is not None and preset.event_id == "signature"
 
 
 def default_event_id(verify: object) -> str:
-    """Where a source's event id lives when its table does not say: the id its signature
-    scheme carries (``signature``: Standard Webhooks' ``webhook-id``, GitHub's
-    ``X-GitHub-Delivery``, Shopify's ``X-Shopify-Webhook-Id``, an ``hmac`` scheme's
-    ``event_id_header``), else the body's ``id`` (where Stripe puts it, and keylane's
+    """Where a source's event id lives when its table does not say: where its preset
+    puts it (``signature``: Standard Webhooks' ``webhook-id``, GitHub's
+    ``X-GitHub-Delivery``, Shopify's ``X-Shopify-Webhook-Id``; Stripe's body ``id``, ...),
+    an ``hmac`` scheme's ``event_id_header``, else the body's ``id`` (keylane's
     envelope). ``verify`` is the table or the parsed configuration."""
-    if isinstance(verify, BaseModel):
-        verify = verify.model_dump()
-    if not isinstance(verify, dict):
-        return "body:id"
-    if verify.get("scheme") in ID_CARRYING_SCHEMES or (
-        verify.get("scheme") == "hmac" and verify.get("event_id_header")
-    ):
+    if isinstance(verify, dict):
+        scheme = verify.get("scheme")
+        hmac_id = scheme == "hmac" and verify.get("event_id_header")
+    else:
+        scheme = getattr(verify, "scheme", None)
+        hmac_id = isinstance(verify, HmacConfig) and verify.event_id_header
+    if hmac_id:
         return "signature"
-    return "body:id"
+    preset = preset_named(str(scheme))
+    return preset.event_id if preset is not None else "body:id"
 
 
 DEMO = SourceConfig(name="demo")
