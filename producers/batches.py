@@ -148,10 +148,9 @@ def _ignored(source: SourceConfig, item: Ignored) -> bytes:
 
 
 def _item_body(event: NewEvent, result: EnqueueResult, told: bytes | None) -> bytes:
-    """One item's part of the answer: its told outcome when known, else what a single
-    delivery of it would have been answered."""
-    if told is not None:
-        return told
+    """One item's part of the answer, as a delivery of it alone would be answered: its
+    told outcome when known, else its accept's answer; ``"replayed": true`` when it was
+    seen before (a single delivery's ``Keylane-Replayed``)."""
     if result.verdict == "reused":
         body: dict[str, Any] = {
             "status": "reused",
@@ -160,8 +159,9 @@ def _item_body(event: NewEvent, result: EnqueueResult, told: bytes | None) -> by
             "detail": "this id was delivered before with another body; recorded for review",
         }
         return _ENCODE(body)
-    answer = result.detail.encode() if result.detail else event.answer
+    answer = told or (result.detail.encode() if result.detail else event.answer)
     if result.verdict == "duplicate":
-        # The first answer, marked as a repeat; a new event's answer says where to ask.
-        return answer[:-1] + b',"duplicate":true}'
+        return answer[:-1] + b',"replayed":true}'
+    if told is not None:
+        return answer
     return answer[:-1] + b',"outcome":' + _ENCODE(outcome_path(event.source, event.event_id)) + b"}"
