@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from keylane.producers.formats import digest_of, format_of, read_tree
+from keylane.producers.formats.limits import MAX_FIELD_BYTES
 from keylane.routing.contract.errors import InvalidEvent
 
 SOAP = b"""<?xml version="1.0" encoding="UTF-8"?>
@@ -115,16 +116,16 @@ def test_a_bad_multipart_body_is_a_4xx_naming_why() -> None:
     assert refused(cut, "multipart/form-data; boundary=XyZ", "multipart").code == (
         "malformed_multipart"
     )
-    big = multipart(("essay", b"x" * ((1 << 20) + 1), None))
+    big = multipart(("essay", b"x" * (MAX_FIELD_BYTES + 1), None))
     error = refused(big, "multipart/form-data; boundary=XyZ", "multipart")
     assert (error.status, error.code) == (413, "part_too_large")
     # A file part of the same size is only hashed
     tree = read_tree(
-        multipart(("file", b"x" * ((1 << 20) + 1), "big.bin")),
+        multipart(("file", b"x" * (MAX_FIELD_BYTES + 1), "big.bin")),
         "multipart/form-data; boundary=XyZ",
         "multipart",
     )
-    assert tree["file"]["size"] == (1 << 20) + 1
+    assert tree["file"]["size"] == MAX_FIELD_BYTES + 1
 
 
 def test_a_soap_message_reads_by_local_names_with_nil_and_type() -> None:

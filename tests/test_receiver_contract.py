@@ -3,8 +3,10 @@ process: every 4xx changes nothing in Redis or the store."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import socket
+import threading
 import time
 import uuid
 from collections import Counter
@@ -116,6 +118,46 @@ BAD_INPUT = [
         "unsupported_media_type",
         id="no-media-type",
     ),
+    # Bodies of the other formats, each refused before anything is read into a tree
+    pytest.param(
+        b'<?xml version="1.0"?><!DOCTYPE l [<!ENTITY a "aaaaaaaaaa">'
+        b'<!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;"><!ENTITY c "&b;&b;&b;&b;&b;&b;&b;&b;">]>'
+        b"<l>&c;&c;&c;&c;&c;&c;&c;&c;&c;&c;</l>",
+        {"content-type": "text/xml"},
+        400,
+        "xml_forbidden",
+        id="xml-bomb",
+    ),
+    pytest.param(
+        b"k" + b"[a]" * 40 + b"=1",
+        {"content-type": "application/x-www-form-urlencoded"},
+        400,
+        "too_deep",
+        id="form-too-deep",
+    ),
+    pytest.param(
+        b"a=1&a[b]=2",
+        {"content-type": "application/x-www-form-urlencoded"},
+        400,
+        "form_conflict",
+        id="form-value-and-group",
+    ),
+    pytest.param(
+        b'--x\r\nContent-Disposition: form-data; name="a"\r\n\r\n1\r\n--x--\r\n',
+        {"content-type": "multipart/form-data"},
+        400,
+        "malformed_multipart",
+        id="multipart-without-boundary",
+    ),
+    pytest.param(
+        b'--x\r\nContent-Disposition: form-data; name="a"\r\n\r\n'
+        + b"y" * (300 << 10)
+        + b"\r\n--x--\r\n",
+        {"content-type": "multipart/form-data; boundary=x"},
+        413,
+        "part_too_large",
+        id="multipart-field-too-large",
+    ),
 ]
 
 
@@ -141,6 +183,47 @@ def test_bad_input_gets_a_clear_4xx_and_changes_nothing(
         assert leak not in answer.json()["detail"], answer.json()["detail"]
     # And nothing changed: no queue entry, no dedupe mark, no record, no journal entry
     assert _snapshot(running) == before
+
+
+def test_xml_that_names_outside_things_fetches_nothing(running: Stack) -> None:
+    # Given a server that notes every request it gets
+    asked: list[str] = []
+
+    class Noting(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'<!ENTITY leak "leaked">')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Noting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    where = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        before = _snapshot(running)
+        # When deliveries name an external DTD, an external entity and a parameter entity
+        for body in (
+            f'<?xml version="1.0"?><!DOCTYPE r SYSTEM "{where}/evil.dtd"><r/>',
+            f'<?xml version="1.0"?><!DOCTYPE r [<!ENTITY x SYSTEM "{where}/x">]><r>&x;</r>',
+            f'<?xml version="1.0"?><!DOCTYPE r [<!ENTITY % p SYSTEM "{where}/p"> %p;]><r/>',
+        ):
+            answer = httpx.post(
+                f"{running.url}/webhooks/demo",
+                content=body.encode(),
+                headers={"content-type": "application/xml"},
+                timeout=30,
+            )
+            # Then each is a 400 that says why, nothing is fetched and nothing changes
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"] == "xml_forbidden"
+        assert asked == []
+        assert _snapshot(running) == before
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_unknown_source_is_404_and_changes_nothing(running: Stack) -> None:
