@@ -36,7 +36,7 @@ class Doorbell:
         self._lock = threading.Lock()
         self._rung: dict[int, None] = {}  # insertion-ordered set
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiters: deque[asyncio.Future[None]] = deque()  # touched on the loop only
+        self._waiters: deque[asyncio.Future[bool]] = deque()  # touched on the loop only
         self._timers: dict[int, asyncio.TimerHandle] = {}  # on the loop only
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._listen, name="keylane-doorbell", daemon=True)
@@ -92,15 +92,16 @@ class Doorbell:
             self._rung = dict.fromkeys(rung[len(given) :])
         return given
 
-    async def wait(self) -> None:
-        """Sleep until a ring or a :meth:`poke`."""
+    async def wait(self) -> bool:
+        """Sleep until a ring or a :meth:`poke`: True when it was a poke (the lane looks
+        at every shard, a window at a time), False for a ring (it looks where it rang)."""
         with self._lock:
             if self._rung or self._stop.is_set():
-                return
-        waiter = asyncio.get_running_loop().create_future()
+                return False
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
-            await waiter
+            return await waiter
         finally:
             if not waiter.done():  # cancelled
                 with contextlib.suppress(ValueError):
@@ -109,13 +110,13 @@ class Doorbell:
     def poke(self) -> None:
         """Wake one waiting lane to look at every shard, a window at a time (rings can
         be missed, and a shard's back-off ends without one). On the loop."""
-        self._wake_one()
+        self._wake_one(poked=True)
 
-    def _wake_one(self) -> None:
+    def _wake_one(self, poked: bool = False) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)
+                waiter.set_result(poked)
                 return
 
     def _wake_all(self) -> None:
@@ -123,7 +124,7 @@ class Doorbell:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)
+                waiter.set_result(False)
 
     def _on_loop(self, fn: Callable[[], None]) -> None:
         loop = self._loop

@@ -161,10 +161,11 @@ class Lanes:
         # Each lane its own Sentry isolation scope (a task's own copy of the context):
         # breadcrumbs and tags of one lane's events never end up on another lane's error.
         with sentry_sdk.isolation_scope():
+            poked = False
             while not self._stop.is_set():
                 try:
-                    if not await self._step(lane):
-                        await self.doorbell.wait()
+                    if not await self._step(lane, poked):
+                        poked = await self.doorbell.wait()
                 except StoreUnavailable as exc:
                     log.warning("store unavailable: %s", exc)
                     await self._pause(OUTAGE_WAIT_S)
@@ -180,18 +181,21 @@ class Lanes:
         while not self._stop.is_set() and time.monotonic() < deadline:
             await asyncio.sleep(min(0.1, seconds))
 
-    async def _step(self, lane: int) -> bool:
+    async def _step(self, lane: int, poked: bool = False) -> bool:
         """Take and handle one record; False when nothing was due.
 
         The shards offered to the take are reserved for this lane first (their handoff
-        waits for it), at most ``TAKE_WINDOW`` at a time: the rung ones only, or, when none
-        was rung (a poke, or a lane looking for more work), the others in rotation. A shard
-        that gets a message is rung, so offering more shards with the rung ones would only
-        make each take of a busy worker dearer (their keys sent, their leases and queues
-        looked at in the script). Shards with records waiting get a timer for when the
-        first is due.
+        waits for it), at most ``TAKE_WINDOW`` at a time: the rung ones only, or, after a
+        poke and only then, the others in rotation. A shard that gets a message is rung
+        and a waiting record's shard rings when it is due, so a lane that was not poked
+        and finds nothing rung takes nothing: looking at a window of shards costs the take
+        script five Redis commands a shard, which a lane looking for more work after every
+        record spent on shards with nothing to do (150 commands an event at a trickle).
+        Shards with records waiting get a timer for when the first is due.
         """
         hints = self.doorbell.hints(TAKE_WINDOW)
+        if not hints and not poked:
+            return False
         window = len(hints) or TAKE_WINDOW
         leases = self.ownership.reserve(lane, hints, window)
         if not leases:
