@@ -6,27 +6,23 @@ through redis-py's whole call path (a pooled connection taken and given back, a 
 armed, the command packed and its reply parsed) cost the receiver more CPU than the
 publish itself: 38% of its busy time under load against 15%, profiled.
 
-:class:`MarkBatches` gathers what every request asked for in the meantime into one
-**round**: the keys read and the marks written, which the gateway sends as one pipeline
-of at most two commands (:meth:`keylane.producers.gateway.ReceiverGateway.marks_round`:
-one ``MGET``, one call of ``mark_seen.lua`` with the counts summed). One round is in
-flight at a time; what arrives while it is out goes in the next, so rounds grow with the
-load, and an idle receiver sends a request's call at once, with no timer. Each request
-gets its own values; a failed command fails the requests it carried, a failed round every
-request of it (each raises what the gateway raised). This module only gathers and hands
-out: the gateway is the one that talks to Redis.
+:class:`MarkBatches` puts what every request asked for in the meantime into one
+**round** (:mod:`keylane.producers.rounds`): the keys read and the marks written, which
+the gateway sends as one pipeline of at most two commands
+(:meth:`keylane.producers.gateway.ReceiverGateway.marks_round`: one ``MGET``, one call of
+``mark_seen.lua`` with the counts summed). Each request gets its own values; a failed
+command fails the requests it carried, a failed round every request of it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-#: The most requests of each kind in one round (the rest go in the next).
-MAX_REQUESTS = 256
+from .rounds import MAX_REQUESTS, Rounds
+
+__all__ = ["MAX_REQUESTS", "Mark", "MarkBatches", "Round"]
 
 
 @dataclass(frozen=True)
@@ -45,23 +41,8 @@ class Mark:
 #: marks' write answered (or the exception that failed it).
 Round = Callable[[list[str], list[Mark]], Awaitable[tuple[Any, Any]]]
 
-
-@dataclass
-class _Read:
-    keys: Sequence[str]
-    values: asyncio.Future[list[Any]]
-
-
-@dataclass
-class _Write:
-    mark: Mark
-    done: asyncio.Future[None]
-
-
-@dataclass
-class _Next:
-    reads: list[_Read] = field(default_factory=list)
-    writes: list[_Write] = field(default_factory=list)
+#: What one request asks: the keys it reads, or the mark it writes.
+_Ask = Sequence[str] | Mark
 
 
 class MarkBatches:
@@ -70,82 +51,32 @@ class MarkBatches:
 
     def __init__(self, send_round: Round) -> None:
         self._send_round = send_round
-        self._next = _Next()
-        self._sender: asyncio.Task[None] | None = None
+        self._rounds: Rounds[_Ask, Any] = Rounds(self._round)
 
     async def read(self, *keys: str) -> list[Any]:
         """The values of ``keys`` (None where absent), read with other requests' keys."""
-        values: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self._next.reads.append(_Read(keys, values))
-        self._wake()
-        return await values
+        values: list[Any] = await self._rounds.ask(keys)
+        return values
 
     async def mark(self, mark: Mark) -> None:
         """Write ``mark``, with other requests' marks."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._next.writes.append(_Write(mark, done))
-        self._wake()
-        await done
+        await self._rounds.ask(mark)
 
-    def _wake(self) -> None:
-        if self._sender is None or self._sender.done():
-            self._sender = asyncio.create_task(self._send())
-
-    async def _send(self) -> None:
-        while self._next.reads or self._next.writes:
-            now, rest = self._next, _Next()
-            rest.reads, now.reads = now.reads[MAX_REQUESTS:], now.reads[:MAX_REQUESTS]
-            rest.writes, now.writes = now.writes[MAX_REQUESTS:], now.writes[:MAX_REQUESTS]
-            self._next = rest
-            now.reads = [r for r in now.reads if not r.values.done()]  # gave up meanwhile
-            now.writes = [w for w in now.writes if not w.done.done()]
-            if not now.reads and not now.writes:
-                continue
-            try:
-                await self._round(now)
-            except BaseException as exc:  # every request of the round learns it failed
-                for future in [r.values for r in now.reads] + [w.done for w in now.writes]:
-                    _fail(future, exc)
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-
-    async def _round(self, now: _Next) -> None:
-        keys = [key for read in now.reads for key in read.keys]
-        values, written = await self._send_round(keys, [w.mark for w in now.writes])
+    async def _round(self, asks: list[_Ask]) -> list[Any]:
+        reads = [ask for ask in asks if not isinstance(ask, Mark)]
+        marks = [ask for ask in asks if isinstance(ask, Mark)]
+        values, written = await self._send_round([key for keys in reads for key in keys], marks)
+        answers: list[Any] = []
         at = 0
-        for read in now.reads:
-            end = at + len(read.keys)
-            _settle(read.values, values if isinstance(values, Exception) else values[at:end])
+        for ask in asks:
+            if isinstance(ask, Mark):
+                answers.append(written if isinstance(written, Exception) else None)
+                continue
+            end = at + len(ask)
+            answers.append(values if isinstance(values, Exception) else values[at:end])
             at = end
-        for write in now.writes:
-            _settle(write.done, written if isinstance(written, Exception) else None)
+        return answers
 
     async def close(self) -> None:
         """Stop sending; what still waits is cancelled."""
-        sender, self._sender = self._sender, None
-        if sender is not None and not sender.done():
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sender
-        for future in [r.values for r in self._next.reads] + [w.done for w in self._next.writes]:
-            future.cancel()
-        self._next = _Next()
-
-
-def _settle(future: asyncio.Future[Any], value: Any) -> None:
-    """Give ``future`` its value, or the error it stands for (unless its request gave up)."""
-    if future.done():
-        return
-    if isinstance(value, Exception):
-        future.set_exception(value)
-    else:
-        future.set_result(value)
-
-
-def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
-    if future.done():
-        return
-    if isinstance(exc, asyncio.CancelledError):
-        future.cancel()
-    else:
-        future.set_exception(exc)
+        await self._rounds.close()

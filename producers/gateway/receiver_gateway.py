@@ -31,6 +31,7 @@ from ...routing.contract.schedules import RunLease
 from ...routing.contract.settings import Settings
 from ...routing.redis_keys import RedisKeys
 from ..mark_batches import Mark, MarkBatches
+from ..rounds import Rounds
 from ..state_reads import flow_states, queue_flow_reads, queue_schedule_reads, schedule_states
 from .outcome_feed import OutcomeFeed
 from .redis_calls import LoadedScript, as_bytes, broker_errors, run_script, script_text
@@ -135,6 +136,10 @@ class ReceiverGateway:
         self.marks = MarkBatches(self.marks_round)
         self._mark_seen = LoadedScript(script_text("mark_seen"))
         self._accept = LoadedScript(script_text("accept"))
+        #: The accepts of requests that arrive at once, in one script call.
+        self._accepts: Rounds[tuple[tuple[Enqueue, ...], RunLease | None], BatchResult] = Rounds(
+            self._accept_round
+        )
         self._record_id_reuse = LoadedScript(script_text("record_id_reuse"))
 
     @classmethod
@@ -176,45 +181,38 @@ class ReceiverGateway:
     async def accept_batch(
         self, items: Sequence[Enqueue], lease: RunLease | None = None
     ) -> BatchResult:
-        """Accept a delivery's events in one script call: each pushed and marked seen
-        unless seen before (a duplicate, or an id reused with another body), or none of
-        them when a shard is at its high-water mark or the scheduled run's ``lease`` is
-        lost (``scripts/accept.lua``)."""
-        keys = [self.keys.counters, self.keys.depth, self.keys.counters]
-        args: list[Any] = [self.keys.doorbell, 0, ""]
-        if lease is not None:
-            keys[2], args[2] = lease.key, lease.value
-        for item in items:
-            keys += [
-                self.keys.dedupe(item.source, item.event_id),
-                self.keys.queue(item.queue),
-                self.keys.outcome(item.source, item.event_id),
-            ]
-            args += [
-                item.body_sha256,
-                item.message,
-                item.answer,
-                item.retention_ms,
-                item.shard,
-                "1" if item.key_missing else "0",
-            ]
-        args[1] = items[0].high_water
-        reply = await self._run(self._accept, keys, args)
-        status = reply_text(reply[0])
-        if status == "fenced":
-            return BatchResult([], "fenced")
-        if status == "full":
-            return BatchResult([], "full", int(reply[1]) - 1, int(reply[2]))
-        return BatchResult(
-            [
-                EnqueueResult(
-                    reply_text(reply[at]),  # type: ignore[arg-type]
-                    reply_text(reply[at + 1]),
-                    as_bytes(reply[at + 2]) or None,
-                )
-                for at in range(1, len(reply), 3)
-            ]
-        )
+        """Accept a delivery's events: each pushed and marked seen unless seen before (a
+        duplicate, or an id reused with another body), or none of them when a shard is at
+        its high-water mark or the scheduled run's ``lease`` is lost
+        (``scripts/accept.lua``). Deliveries that arrive at once go in one script call (a
+        round: :mod:`keylane.producers.rounds`), each decided on its own."""
+        return await self._accepts.ask((tuple(items), lease))
+
+    async def _accept_round(
+        self, deliveries: list[tuple[tuple[Enqueue, ...], RunLease | None]]
+    ) -> list[BatchResult | BaseException]:
+        """One call of the accept script for ``deliveries``; a Redis error fails them all."""
+        keys = [self.keys.counters, self.keys.depth]
+        args: list[Any] = [self.keys.doorbell, deliveries[0][0][0].high_water, len(deliveries)]
+        for items, lease in deliveries:
+            keys.append(self.keys.counters if lease is None else lease.key)
+            args += ["" if lease is None else lease.value, len(items)]
+            for item in items:
+                keys += [
+                    self.keys.dedupe(item.source, item.event_id),
+                    self.keys.queue(item.queue),
+                    self.keys.outcome(item.source, item.event_id),
+                ]
+                args += [
+                    item.body_sha256,
+                    item.message,
+                    item.answer,
+                    item.retention_ms,
+                    item.shard,
+                    "1" if item.key_missing else "0",
+                ]
+        replies = await self._run(self._accept, keys, args)
+        return [_batch_result(reply) for reply in replies]
 
     async def record_reuse(self, item: Enqueue) -> bool:
         """Queue ``message`` (the event, marked for review only) once per distinct body
@@ -406,8 +404,28 @@ class ReceiverGateway:
 
     async def close(self) -> None:
         """Release the connection pool."""
+        await self._accepts.close()
         await self.marks.close()
         await self.client.aclose()
 
     async def _run(self, script: LoadedScript, keys: list[str], args: list[Any]) -> Any:
         return await run_script(self.client, script, keys, args)
+
+
+def _batch_result(reply: list[Any]) -> BatchResult:
+    """A delivery's reply from the accept script (see ``scripts/accept.lua``)."""
+    status = reply_text(reply[0])
+    if status == "fenced":
+        return BatchResult([], "fenced")
+    if status == "full":
+        return BatchResult([], "full", int(reply[1]) - 1, int(reply[2]))
+    return BatchResult(
+        [
+            EnqueueResult(
+                reply_text(reply[at]),  # type: ignore[arg-type]
+                reply_text(reply[at + 1]),
+                as_bytes(reply[at + 2]) or None,
+            )
+            for at in range(1, len(reply), 3)
+        ]
+    )
