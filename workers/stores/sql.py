@@ -45,7 +45,7 @@ from ..store_rows import (
 )
 from . import sql_retention as retention
 from .dialect import Dialect
-from .schema import added_columns, schema_ddl
+from .schema import ADDED_INDEXES, added_columns, schema_ddl
 from .sql_dead_letters import (
     count_dead_letters,
     find_dead_letter,
@@ -102,6 +102,7 @@ class SqlStore(
         self.dialect.migrate(schema_ddl(self.dialect.column_types))
         for table, column, ddl in added_columns(self.dialect.column_types):
             self.dialect.add_column(table, column, ddl)
+        self.dialect.migrate(ADDED_INDEXES)
 
     def close(self) -> None:
         self.dialect.close()
@@ -149,6 +150,7 @@ class SqlStore(
                     attempts=draft.attempts,
                     fence=fence,
                     retry_of=draft.retry_of,
+                    via=draft.event.get("via"),
                 )
             return insert_dead_letter(d, cur, draft)
 

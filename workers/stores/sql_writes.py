@@ -54,5 +54,6 @@ def commit_writes(d: Dialect, cur: Cursor, commit: Commit) -> int:
             retry_of=write.retry_of,
             revision=revision if changed or write.outcome == "refused" else None,
             result=with_revision(write.result, revision) if changed else write.result,
+            via=write.via,
         )
     return revision
