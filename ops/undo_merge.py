@@ -12,7 +12,9 @@ left because nothing says what it held before (an absorb journaled before absorb
 it, and no review row of the pair).
 
 A task's merge was made by its ``on_merge`` where the records are: keylane cannot split
-it (undo it there).
+it (undo it there). In a chain (A into B, then B into C) the last merge is undone first:
+the undo of A into B is refused while B is merged into C, since B's release could give
+nothing back (B is a tombstone) and A's identities would stay with C.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ def undo(
 ) -> Undoing:
     """Queue the reopen of the tombstone ``absorbed`` (once per pair), carrying what its
     survivor gives back; :class:`KeylaneError` for a record merged into none, a merge
-    still under way, or a task's."""
+    still under way, a task's, or one whose survivor was merged on since (undone last
+    first)."""
     tombstone = records.read(absorbed)
     survivor = tombstone.merged_into
     if survivor is None:
@@ -77,6 +80,14 @@ def undo(
             f"{absorbed} is a key of {tombstone.kept_for}, merged into {survivor} by its "
             "on_merge where its records are: keylane holds no fields of them to give back "
             "(undo it there)"
+        )
+    onward = records.read(survivor).merged_into
+    if onward is not None:
+        # Its release would find the survivor a tombstone and give nothing back, and the
+        # identities that came with the absorbed record would stay with ``onward``.
+        raise KeylaneError(
+            f"{absorbed} was merged into {survivor}, which was merged into {onward} since: "
+            f"undo that merge first (keylane merges undo {survivor}), then this one"
         )
     entry = _absorb_entry(journal, archive, absorbed, survivor)
     if entry is None:

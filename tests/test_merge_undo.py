@@ -303,3 +303,43 @@ def test_a_field_changed_by_an_outside_edit_is_kept_with_no_event_named() -> Non
     assert fields == {}
     why = "removed since the merge, by demo/e-7"
     assert undone["kept"] == {"name": {"by": "demo/e-7", "why": why}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_a_chain_is_undone_last_merge_first_and_each_record_gets_back_what_it_had(
+    stack: Stack,
+) -> None:
+    # Given c, b and a, created in that order; a merged into b, then b into c
+    stack.receiver()
+    stack.worker(lanes=4)
+    stack.wait_all_owned()
+    store = stack.open_store()
+    for key in "cba":
+        first = {"id": f"{key}-0", "type": "t", "record_key": f"chain:{key}",
+                 "also": [f"crm_id:{key}"], "changes": {key: {"set": True}}}  # fmt: skip
+        assert stack.post(first).status_code == 202
+        _applied(stack, store, f"{key}-0")
+    for one, other in ("ab", "bc"):
+        link = {"id": f"link-{one}{other}", "type": "t", "record_key": f"chain:{one}",
+                "also": [f"crm_id:{one}", f"crm_id:{other}"],
+                "changes": {f"{one}_linked": {"set": True}}}  # fmt: skip
+        assert stack.post(link).status_code == 202
+
+        def absorbed(o: str = one, t: str = other) -> bool:
+            return o in store.read(f"chain:{t}").fields
+
+        _wait(stack, absorbed, f"chain:{one} absorbed")
+    assert store.read("chain:c").fields.keys() == {"a", "a_linked", "b", "b_linked", "c"}
+    # When a's merge is undone first, Then it is refused: b's merge into c goes first
+    refused = stack.keylane("merges", "undo", "chain:a")
+    assert refused.returncode != 0
+    assert "undo that merge first (keylane merges undo chain:b)" in refused.stderr
+    assert store.read("chain:a").merged_into == "chain:b"
+    # And undone last merge first, each record has what it had before its merge
+    assert _undo_json(stack, "chain:b")["removed"] == ["a", "a_linked", "b", "b_linked"]
+    assert _undo_json(stack, "chain:a")["removed"] == ["a", "a_linked"]
+    for key, fields in {"a": {"a", "a_linked"}, "b": {"b", "b_linked"}, "c": {"c"}}.items():
+        assert store.read(f"chain:{key}").fields.keys() == fields
+        assert store.read(f"chain:{key}").merged_into is None
+        assert store.identities_of(f"chain:{key}") == [f"crm_id:{key}"]
