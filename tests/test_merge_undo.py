@@ -18,7 +18,9 @@ import pytest
 
 from keylane.ops.retention import prune
 from keylane.routing.contract.identities import MERGE_SOURCE, GiveBack, merge_event_id
+from keylane.routing.contract.message import build_event_message
 from keylane.workers.merge_undo import gives_back_of, undone_fields
+from keylane.workers.merges import merge_event
 from keylane.workers.store_rows import DeadLetterFilter, JournalEntry
 from keylane.workers.stores.sql import SqlStore
 from tests.support.readme import page_block
@@ -256,6 +258,38 @@ def test_an_absorb_journaled_before_it_kept_what_it_replaced_uses_the_review_row
     # Then the review row says Bob's name before; what no one chose, he lacked
     assert undone["restored"] == {"name": "Bob"}
     assert undone["removed"] == ["crm_id", "phone"]
+    assert store.read(BOB).fields == {"name": "Bob", "plan": "pro"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_a_reopen_queued_without_what_it_gives_back_reads_it_from_the_journal(
+    stack: Stack,
+) -> None:
+    # Given Bob merged with the CRM's contact (a person kept the CRM's name)
+    store, row_id = _bob_and_the_crm(stack)
+    _resolved(stack, store, row_id)
+    # When a reopen that does not carry what the survivor gives back is queued (as a
+    # command from before undo steps carried it queued one)
+    broker = stack.broker()
+    try:
+        event = merge_event(broker.shards, "reopen", CRM, BOB, None, row_id)
+        assert event.merge is not None
+        assert event.merge.gives_back is None
+        raw = build_event_message(event, broker.shards.queue_name(event.shard))
+        assert broker.push_once("undo:old", event.shard, raw)
+    finally:
+        broker.close()
+    # Then the release read it from the absorb's journal entry: Bob's name is his again
+    release_id = merge_event_id(CRM, BOB, "release", row_id)
+    _wait(stack, lambda: store.journal(MERGE_SOURCE, release_id) is not None, "the release")
+    release = store.journal(MERGE_SOURCE, release_id)
+    assert release is not None
+    assert release.result is not None
+    assert (release.result["restored"], release.result["removed"]) == (
+        {"name": "Bob"},
+        ["crm_id", "phone"],
+    )
     assert store.read(BOB).fields == {"name": "Bob", "plan": "pro"}
 
 
