@@ -11,19 +11,13 @@ from ..routing.contract.identities import IdentityRule
 from ..workers.merges import MERGE_REVIEW
 from ..workers.store import JournalStore
 from ..workers.store_rows import DeadLetterFilter
+from .archive import Archive
 from .cli_common import cli_store, emit_json, operator, settings_of, when
-from .merge_review import (
-    MergeSides,
-    keep_apart,
-    merge_lines,
-    open_review,
-    parse_take,
-    resolve,
-    undo,
-)
+from .merge_review import MergeSides, keep_apart, merge_lines, open_review, parse_take, resolve
 from .reconcile import Reconciled, by_field, by_function, outcomes, reconcile
 from .tables import render_table
 from .triage import Handled, open_triage_broker
+from .undo_merge import UndoReport, undo, wait_undone
 
 
 @click.group()
@@ -134,26 +128,44 @@ def merges_apart(ctx: click.Context, row_id: int, note: str | None, as_json: boo
 
 @merges.command("undo")
 @click.argument("record_key")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.IntRange(0),
+    default=30,
+    show_default=True,
+    help="Wait up to this many seconds for the survivor's release, and say what it gave "
+    "back (0: queue the undo and return).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def merges_undo(ctx: click.Context, record_key: str, as_json: bool) -> None:
+def merges_undo(ctx: click.Context, record_key: str, wait_s: int, as_json: bool) -> None:
     """Undo the merge of RECORD_KEY (a record merged into another) through both lanes:
-    it is live again, its survivor gives back the fields and identities it took, and the
-    two are kept apart for good. Events applied to the survivor meanwhile stay there."""
+    it is live again, its survivor gives each field the merge took back to what it held
+    before (its own value, or none) and the identities that came with it, and the two are
+    kept apart for good. A field changed since the merge keeps its later value, and one
+    whose value before nothing says is left as it is: each is said, with why. Events
+    applied to the survivor meanwhile stay there.
+
+    Exit code 0 when released (or queued, with --wait 0), 1 when not released in time or
+    not undone."""
     settings = settings_of(ctx)
     store = cli_store(settings)
     try:
         broker = open_triage_broker(settings, store)
         try:
-            handled = undo(store, store, broker, record_key)
+            archive = Archive(settings.archive_path)
+            undoing = undo(store, store, store, archive, broker, record_key)
         finally:
             broker.close()
+        report = UndoReport.of(undoing, wait_undone(store, undoing, wait_s), wait_s)
     finally:
         store.close()
     if as_json:
-        emit_json({"record_key": record_key, "outcome": handled.outcome, "detail": handled.detail})
+        emit_json(report.as_json())
     else:
-        click.echo(f"{handled.outcome}: {handled.detail}")
+        click.echo("\n".join(report.lines()))
+    raise SystemExit(report.exit_code)
 
 
 @merges.command("reconcile")

@@ -4,8 +4,8 @@ looked up in the journal's table, then in the archive.
 An event id whose row was archived is still remembered in ``archived_ids`` with the time
 it was recorded, which names the archive's day folder: that day is read first, and only
 when it does not hold the row (or the id is no longer remembered) is every day read,
-newest first. A record's events (``--key``) are read from every day, and so is every day
-for an event id with ``--all``.
+newest first. A record's events (``--key``, with those forwarded from it: their ``via``
+names it) are read from every day, and so is every day for an event id with ``--all``.
 """
 
 from __future__ import annotations
@@ -46,14 +46,16 @@ def find_events(
     whole_archive: bool = False,
 ) -> Lookup:
     """Journal rows with ``event_id`` (of ``source``, or of any source) or of
-    ``record_key``: the table's first, then the archive's. ``sources`` are the configured
-    ones, asked (with the journal's) where an archived id was recorded. An event id found
-    in the table, and not remembered as archived, is not looked for in the archive unless
-    ``whole_archive`` (an id that came again after it was forgotten has rows in both)."""
+    ``record_key`` (and those forwarded from it): the table's first, then the archive's.
+    ``sources`` are the configured ones, asked (with the journal's) where an archived id
+    was recorded. An event id found in the table, and not remembered as archived, is not
+    looked for in the archive unless ``whole_archive`` (an id that came again after it was
+    forgotten has rows in both)."""
     in_table = [Found("table", asdict(e)) for e in store.find_journal(event_id, source, record_key)]
     lookup = Lookup(list(in_table))
     if record_key is not None:
-        _scan(lookup, archive, "record_key", record_key, None, event_id, source)
+        for field in ("record_key", "via"):
+            _scan(lookup, archive, field, record_key, None, event_id, source)
         return lookup
     assert event_id is not None
     days = _days_archived(store, event_id, source, sources)

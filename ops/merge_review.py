@@ -13,13 +13,8 @@ go on receiving their own events. A person then either
 * keeps the two **apart**: the pair is remembered in the store, and no merge of these two
   records is proposed again.
 
-Either closes the row (resolved, with who, when and what was chosen).
-
-A merge applied may be **undone** (``keylane merges undo KEY``): the absorbed record is
-reopened in its lane and kept apart from its survivor, then the survivor gives back, in its
-lane, the fields it took (those it still holds as taken) and the identities that came with
-it. Events forwarded to the survivor while the two were one stay there. A task's merge was
-made by its ``on_merge`` where the records are: keylane cannot split it (undo it there).
+Either closes the row (resolved, with who, when and what was chosen). A merge applied,
+resolved by a person or not, may be undone: ``ops/undo_merge.py``.
 """
 
 from __future__ import annotations
@@ -29,11 +24,11 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from ..routing.contract.errors import KeylaneError
-from ..routing.contract.identities import MERGE_SOURCE, Side, merge_event_id
+from ..routing.contract.identities import Side
 from ..routing.contract.message import build_event_message
 from ..workers.merges import MERGE_REVIEW, merge_event
-from ..workers.store import DeadLetterStore, IdentityStore, JournalStore, RecordStore
-from ..workers.store_rows import DeadLetter, JournalEntry
+from ..workers.store import DeadLetterStore, IdentityStore
+from ..workers.store_rows import DeadLetter
 from .tables import render_table
 from .triage import Handled, TriageBroker
 
@@ -166,61 +161,6 @@ def keep_apart(
     why = "kept apart" if note is None else f"kept apart: {note}"
     rows.set_dead_letter_status(row.id, "resolved", ("open",), by, why)
     return Handled(row.id, "closed", f"{sides.absorbed} and {sides.survivor} stay two records")
-
-
-def undo(
-    records: RecordStore, journal: JournalStore, broker: TriageBroker, absorbed: str
-) -> Handled:
-    """Queue the reopen of the tombstone ``absorbed`` (once per pair): the merge undone
-    through both lanes (the absorb found in the survivor's ``journal``);
-    :class:`KeylaneError` for a record merged into none, a merge still under way, or a
-    task's."""
-    tombstone = records.read(absorbed)
-    survivor = tombstone.merged_into
-    if survivor is None:
-        what = "is not merged into another record" if tombstone.exists else "has no record"
-        raise KeylaneError(f"{absorbed} {what}: nothing to undo")
-    if tombstone.kept_for is not None:
-        raise KeylaneError(
-            f"{absorbed} is a key of {tombstone.kept_for}, merged into {survivor} by its "
-            "on_merge where its records are: keylane holds no fields of them to give back "
-            "(undo it there)"
-        )
-    entry = _absorb_entry(journal, absorbed, survivor)
-    if entry is None:
-        raise KeylaneError(
-            f"the merge of {absorbed} into {survivor} is under way (its absorb is not in "
-            f"{survivor}'s journal yet): try again in a moment"
-        )
-    review_of = _review_of(entry.event_id)
-    event = merge_event(broker.shards, "reopen", absorbed, survivor, None, review_of)
-    queue = broker.shards.queue_name(event.shard)
-    message = build_event_message(event, queue)
-    queued = broker.push_once(f"undo:{event.event_id}", event.shard, message)
-    result = entry.result or {}
-    given = ", ".join(sorted(result.get("fields") or {})) or "no fields"
-    named = len(result.get("identities") or ())
-    detail = f"{absorbed} out of {survivor}: {given} and {named} identities go back; kept apart"
-    return Handled(0, "queued" if queued else "already queued", detail)
-
-
-def _absorb_entry(store: JournalStore, absorbed: str, survivor: str) -> JournalEntry | None:
-    """The journal entry of the absorb of ``absorbed`` into ``survivor`` (its event id
-    names the pair, and the review row a person resolved, if any)."""
-    entry = store.journal(MERGE_SOURCE, merge_event_id(absorbed, survivor, "absorb", None))
-    if entry is not None:
-        return entry
-    for entry in reversed(store.journal_entries(survivor)):
-        absorb = entry.source == MERGE_SOURCE and entry.event_id.startswith("absorb-")
-        if absorb and (entry.result or {}).get("absorbed") == absorbed:
-            return entry
-    return None
-
-
-def _review_of(event_id: str) -> int | None:
-    """The review row a merge step's event id names (``...-r12``), if any."""
-    _, sep, row = event_id.rpartition("-r")
-    return int(row) if sep and row.isdigit() else None
 
 
 def open_review(store: DeadLetterStore, row_id: int) -> MergeSides:

@@ -245,4 +245,5 @@ def event_write(
         outcome=outcome,
         result=result,
         decided_on_read=decided_on_read,
+        via=event.via,
     )

@@ -6,7 +6,8 @@
 * :func:`owner_sides`: the side field ownership decides for a differing field, from the
   journal's last writer of each value;
 * :func:`taken_fields`: what the survivor takes from the absorbed record (what it lacks,
-  or what a person chose), and what it keeps of its own.
+  or what a person chose), what it replaces of its own (what an undo gives back), and
+  what it keeps of its own.
 """
 
 from __future__ import annotations
@@ -76,18 +77,23 @@ def differing(
 
 def taken_fields(
     absorbed: dict[str, Any], survivor: dict[str, Any], take: dict[str, Side] | None
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """The survivor's fields after it absorbs, the absorbed values it took, and those it
-    did not take (its own differ and nobody chose the absorbed side: a change since the
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The survivor's fields after it absorbs; the absorbed values it took; its own values
+    those replaced (a person, or field ownership, chose the absorbed side: what an undo
+    gives back; a field it took and lacked is not there); and the absorbed values it did
+    not take (its own differ and nobody chose the absorbed side: a change since the
     close compared them; the tombstone keeps them, and so does the journal)."""
     fields = dict(survivor)
     taken: dict[str, Any] = {}
+    replaced: dict[str, Any] = {}
     kept: dict[str, Any] = {}
     for name, value in absorbed.items():
         if name not in fields or (take or {}).get(name) == "absorbed":
             if fields.get(name, object()) != value:
+                if name in fields:
+                    replaced[name] = fields[name]
                 fields[name] = value
                 taken[name] = value
         elif not same_value(name, fields[name], value):
             kept[name] = value
-    return fields, taken, kept
+    return fields, taken, replaced, kept

@@ -10,8 +10,9 @@
   survivor's lane; when they differ, a review row shows both sides and both records go on
   (:func:`close`).
 * An **absorb** runs in the survivor's lane: it takes the absorbed record's fields it
-  lacks, and the identities that named the absorbed record now name it, in one
-  transaction (:func:`absorb`).
+  lacks (or a person chose), and the identities that named the absorbed record now name
+  it, in one transaction; its journal result keeps what it took and what that replaced,
+  what an undo gives back (:func:`absorb`).
 * An event whose record is a tombstone goes on to the survivor's lane, one step at a time
   (:func:`forward`).
 * A task's records are elsewhere (a task registered with ``on_merge``): its keys have rows
@@ -40,6 +41,7 @@ from ..routing.contract.errors import AlreadyApplied, VersionConflict
 from ..routing.contract.events import Event
 from ..routing.contract.identities import (
     MERGE_SOURCE,
+    GiveBack,
     Merge,
     MergeStep,
     Side,
@@ -70,9 +72,11 @@ def merge_event(
     take: dict[str, Side] | None = None,
     review_of: int | None = None,
     destination: str | None = None,
+    gives_back: GiveBack | None = None,
 ) -> Event:
     """The event of one merge step, for the lane of the record it changes (the absorb of
-    a task's keys goes to the task: its ``on_merge``)."""
+    a task's keys goes to the task: its ``on_merge``; an undo's steps carry what the
+    survivor gives back)."""
     record_key = absorbed if step in ("close", "reopen") else survivor
     merge = Merge(
         step=step,
@@ -81,6 +85,7 @@ def merge_event(
         take=take,
         review_of=review_of,
         destination=destination,
+        gives_back=gives_back,
     )
     return Event(
         source=MERGE_SOURCE,
@@ -268,7 +273,8 @@ async def absorb(
     store: LaneStore, event: Event, fence: Fence | None, rules: ApplyRules
 ) -> ApplyResult:
     """The survivor takes what the absorbed record has and it lacks (or a person chose
-    for it), and the identities that named the absorbed record, in one transaction."""
+    for it), and the identities that named the absorbed record, in one transaction; the
+    journal result says what it took and what that replaced."""
     merge, faults = event.merge, rules.faults
     assert merge is not None
     for attempt in range(1, rules.max_attempts + 1):
@@ -277,9 +283,15 @@ async def absorb(
             (forwarded,) = forward([event], survivor, rules.shards)
             return forwarded
         tombstone = await store.read(merge.absorbed)
-        fields, taken, kept = taken_fields(tombstone.fields, survivor.fields, merge.take)
+        fields, taken, replaced, kept = taken_fields(tombstone.fields, survivor.fields, merge.take)
         moved = await store.io.store(_identities_of, merge.absorbed)  # for an undo
-        result = {"absorbed": merge.absorbed, "fields": taken, "kept": kept, "identities": moved}
+        result = {
+            "absorbed": merge.absorbed,
+            "fields": taken,
+            "replaced": replaced,  # for an undo: the survivor's own values it gives back
+            "kept": kept,
+            "identities": moved,
+        }
         write = replace(
             event_write(event, fields, survivor.revision, attempt),
             absorbs=merge.absorbed,

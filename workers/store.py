@@ -143,7 +143,8 @@ class JournalStore(StoreConnection):
         self, event_id: str | None = None, source: str | None = None, record_key: str | None = None
     ) -> list[JournalEntry]:
         """Journal rows in the table with this event id (of any source unless
-        ``source`` is given) or of this record, by recorded time."""
+        ``source`` is given) or of this record (and the events forwarded from it, their
+        ``via``), by recorded time."""
 
 
 class FenceStore(StoreConnection):

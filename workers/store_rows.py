@@ -99,6 +99,9 @@ class JournalEntry:
     recorded_at: float
     fence: int | None = None
     result: dict[str, Any] | None = None
+    #: The record key the event was sent to, when it was forwarded from there to the
+    #: record that absorbed it (``record_key``).
+    via: str | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,8 @@ class EventWrite:
     #: These identities of the written record name this reopened one again (a merge
     #: undone: the survivor releases what came with the absorbed record).
     releases: tuple[str, tuple[str, ...]] | None = None
+    #: The record key a forwarded event was sent to (journaled with it).
+    via: str | None = None
 
 
 def with_revision(result: dict[str, Any] | None, revision: int) -> dict[str, Any] | None:

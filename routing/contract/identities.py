@@ -28,9 +28,11 @@ lane (one step at a time, so the events of one sender stay in their order).
 
 A person may **undo** a merge (``keylane merges undo``), again through both lanes: the
 absorbed record is **reopened** in its lane (live again, its fields as the close left
-them, the pair kept apart for good), then the survivor **releases** it in its own: it gives
-back the fields it took that it still holds as taken, and the identities that came with
-it name the reopened record again.
+them, the pair kept apart for good), then the survivor **releases** it in its own: each
+field its absorb took goes back to what the survivor held before (its own value, or
+none), unless an event or an edit changed it since (then it stays, and the release says
+so), and the identities that came with it name the reopened record again
+(:class:`GiveBack`).
 
 The survivor is the **older** record (created first; the lower key when both were created
 in the same instant, or before records kept their creation time): an order every lane
@@ -43,7 +45,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -147,6 +149,27 @@ MergeStep = Literal["close", "absorb", "reopen", "release"]
 Side = Literal["absorbed", "survivor"]
 
 
+class GiveBack(BaseModel):
+    """What a merge undone gives back on the survivor, as the absorb's journal entry says
+    (``keylane merges undo`` reads it, from the archive too, and the reopen and the
+    release carry it): each field the absorb took, and what the survivor held before."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: The absorbed record's values the survivor took.
+    took: dict[str, Any] = {}
+    #: The survivor's own value of each of those it held before the absorb (one neither
+    #: here nor in ``unknown`` it lacked).
+    replaced: dict[str, Any] = {}
+    #: Those whose value before nothing says (an absorb journaled before absorbs kept what
+    #: they replaced, and no review row of the pair): left as they are.
+    unknown: tuple[str, ...] = ()
+    #: The identities that came with the absorbed record.
+    identities: tuple[str, ...] = ()
+    #: The survivor's revision the absorb wrote (a field a later entry wrote changed since).
+    revision: int | None = None
+
+
 class Merge(BaseModel):
     """A merge step, as an event carries it to the lane of the record it changes."""
 
@@ -162,6 +185,9 @@ class Merge(BaseModel):
     #: The task whose records elsewhere the two keys name (None: keylane's own records):
     #: the absorb is its ``on_merge`` call, in the survivor's lane.
     destination: str | None = None
+    #: A merge undone (reopen, release): what the survivor gives back (None: a step
+    #: queued before steps carried it; the release reads the absorb's journal entry).
+    gives_back: GiveBack | None = None
 
 
 def merge_event_id(absorbed: str, survivor: str, step: MergeStep, review_of: int | None) -> str:
@@ -170,6 +196,13 @@ def merge_event_id(absorbed: str, survivor: str, step: MergeStep, review_of: int
     pair = hashlib.sha256(f"{absorbed}\0{survivor}".encode()).hexdigest()[:32]
     tail = "" if review_of is None else f"-r{review_of}"
     return f"{step}-{pair}{tail}"
+
+
+def review_of_step(event_id: str) -> int | None:
+    """The review row a merge step's event id names (``...-r12``), if any: the inverse of
+    :func:`merge_event_id`'s tail."""
+    _, sep, row = event_id.rpartition("-r")
+    return int(row) if sep and row.isdigit() else None
 
 
 def survivor_first(a: tuple[str, float | None], b: tuple[str, float | None]) -> tuple[str, str]:

@@ -141,13 +141,21 @@ CREATE TABLE IF NOT EXISTS held (
 #: ``records.created_at``: when the record was first written (NULL: before this column);
 #: ``records.merged_into``: the record that absorbed this one (a tombstone), or NULL;
 #: ``records.kept_for``: the task whose record elsewhere this row of no fields stands for
-#: (its key's creation time and tombstone), or NULL for keylane's own records.
+#: (its key's creation time and tombstone), or NULL for keylane's own records;
+#: ``journal.via``: the record key a forwarded event was sent to (it applied to the record
+#: that absorbed that one), or NULL.
 ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("journal", "result", "result TEXT"),
     ("records", "created_at", "created_at {real}"),
     ("records", "merged_into", "merged_into TEXT"),
     ("records", "kept_for", "kept_for TEXT"),
+    ("journal", "via", "via TEXT"),
 )
+
+#: Indexes on added columns, made once the columns are there (``migrate()`` runs this after
+#: :data:`ADDED_COLUMNS`). ``journal_via``: ``journal find --key`` of an absorbed key finds
+#: the events forwarded from it; few rows are forwarded, so it holds only those.
+ADDED_INDEXES = "CREATE INDEX IF NOT EXISTS journal_via ON journal (via) WHERE via IS NOT NULL;"
 
 
 def added_columns(types: ColumnTypes) -> list[tuple[str, str, str]]:

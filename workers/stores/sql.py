@@ -4,7 +4,8 @@ of a :class:`~keylane.workers.stores.dialect.Dialect` (SQLite or PostgreSQL).
 
 Each method is one transaction (or one read); the SQL it runs lives with its tables in
 :mod:`.sql_records`, :mod:`.sql_fences`, :mod:`.sql_journal` and :mod:`.sql_dead_letters`,
-and what the prune reads and removes in :mod:`.sql_retention`.
+a lane's commit (the record, what a merge step changes, the journal entries) in
+:mod:`.sql_writes`, and what the prune reads and removes in :mod:`.sql_retention`.
 """
 
 from __future__ import annotations
@@ -41,11 +42,10 @@ from ..store_rows import (
     Record,
     Removal,
     TableAge,
-    with_revision,
 )
 from . import sql_retention as retention
-from .dialect import Cursor, Dialect
-from .schema import added_columns, schema_ddl
+from .dialect import Dialect
+from .schema import ADDED_INDEXES, added_columns, schema_ddl
 from .sql_dead_letters import (
     count_dead_letters,
     find_dead_letter,
@@ -61,15 +61,7 @@ from .sql_fences import (
     stored_tokens,
     upsert_fence,
 )
-from .sql_identities import (
-    claim_identities,
-    identities_of,
-    is_kept_apart,
-    keep_apart,
-    move_identities,
-    owners,
-    return_identities,
-)
+from .sql_identities import identities_of, is_kept_apart, keep_apart, owners
 from .sql_journal import count_entries, find_entry, list_entries, record_outcome
 from .sql_parked import (
     count_delivery,
@@ -81,17 +73,9 @@ from .sql_parked import (
     release_record,
     unpark_messages,
 )
-from .sql_records import (
-    check_revision,
-    close_record,
-    keep_key,
-    keys_with_prefix,
-    read_record,
-    records_after,
-    reopen_record,
-    write_record,
-)
+from .sql_records import keys_with_prefix, read_record, records_after, write_record
 from .sql_tries import forget_tries, note_try, noted_tries
+from .sql_writes import commit_writes
 
 
 class SqlStore(
@@ -118,6 +102,7 @@ class SqlStore(
         self.dialect.migrate(schema_ddl(self.dialect.column_types))
         for table, column, ddl in added_columns(self.dialect.column_types):
             self.dialect.add_column(table, column, ddl)
+        self.dialect.migrate(ADDED_INDEXES)
 
     def close(self) -> None:
         self.dialect.close()
@@ -125,7 +110,8 @@ class SqlStore(
     def has_schema(self) -> bool:
         return self.dialect.has_table("records")
 
-    # -- the write path: effect, journal entry and fence check in one transaction ----------
+    # -- the write path (:mod:`.sql_writes`): effect, journal entry and fence check in one
+    # transaction -------------------------------------------------------------------------
 
     def commit_group(self, commits: Sequence[Commit]) -> list[int | CommitRefused]:
         results: list[int | CommitRefused] = []
@@ -133,56 +119,12 @@ class SqlStore(
             for n, commit in enumerate(commits):
                 cur.execute(f"SAVEPOINT commit_{n}")
                 try:
-                    results.append(self._commit(cur, commit))
+                    results.append(commit_writes(self.dialect, cur, commit))
                 except (VersionConflict, AlreadyApplied, StaleFence) as exc:
                     cur.execute(f"ROLLBACK TO SAVEPOINT commit_{n}")
                     results.append(exc)
                 cur.execute(f"RELEASE SAVEPOINT commit_{n}")
         return results
-
-    def _commit(self, cur: Cursor, commit: Commit) -> int:
-        d = self.dialect
-        writes = commit.writes
-        first = writes[0]
-        fields = next((w.fields for w in reversed(writes) if w.fields is not None), None)
-        check_fence(d, cur, commit.fence)
-        revision = first.expected_revision
-        if fields is not None:
-            revision = write_record(d, cur, first.record_key, fields, revision)
-        elif first.decided_on_read:  # a refusal decided on that revision: still there?
-            check_revision(cur, first.record_key, revision)
-        elif first.keeps_key is not None:
-            keep_key(d, cur, first.record_key, first.keeps_key)
-        claimed = tuple(dict.fromkeys(i for write in writes for i in write.identities))
-        if claimed:  # the batch's identities, once, in the write's transaction
-            claim_identities(cur, first.record_key, claimed)
-        for write in writes:  # what a merge changes besides the record, in its transaction
-            if write.absorbs is not None:
-                move_identities(cur, write.absorbs, write.record_key)
-            if write.merged_into is not None:
-                close_record(cur, write.record_key, write.merged_into)
-            if write.reopens is not None:
-                reopen_record(cur, write.record_key)
-                keep_apart(cur, write.record_key, write.reopens, "merge undone")
-            if write.releases is not None:
-                return_identities(cur, write.record_key, *write.releases)
-        # After the record: a duplicate is then refused here and rolls the write back.
-        for write in writes:
-            changed = write.fields is not None
-            record_outcome(
-                cur,
-                source=write.source,
-                event_id=write.event_id,
-                record_key=write.record_key,
-                shard=write.shard,
-                outcome=write.outcome,
-                attempts=write.attempts,
-                fence=commit.fence,
-                retry_of=write.retry_of,
-                revision=revision if changed or write.outcome == "refused" else None,
-                result=with_revision(write.result, revision) if changed else write.result,
-            )
-        return revision
 
     def commit_dead_letter(
         self,
@@ -194,7 +136,7 @@ class SqlStore(
         d = self.dialect
         with d.transaction() as cur:
             if closed_by is not None:
-                self._commit(cur, Commit((closed_by,), fence))
+                commit_writes(d, cur, Commit((closed_by,), fence))
                 return insert_dead_letter(d, cur, draft)
             check_fence(d, cur, fence)
             if close_event:
@@ -208,6 +150,7 @@ class SqlStore(
                     attempts=draft.attempts,
                     fence=fence,
                     retry_of=draft.retry_of,
+                    via=draft.event.get("via"),
                 )
             return insert_dead_letter(d, cur, draft)
 

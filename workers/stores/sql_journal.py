@@ -24,7 +24,8 @@ from ..store_rows import ARCHIVED, Fence, JournalEntry, JournalOutcome
 from .dialect import Cursor, dump_json
 
 JOURNAL_COLUMNS = (
-    "source, event_id, record_key, shard, outcome, revision, attempts, recorded_at, fence, result"
+    "source, event_id, record_key, shard, outcome, revision, attempts, recorded_at, fence, "
+    "result, via"
 )
 _SELECT = f"SELECT {JOURNAL_COLUMNS} FROM journal"
 
@@ -43,6 +44,7 @@ def entry_of(row: Sequence[Any]) -> JournalEntry:
         float(row[7]),
         row[8],
         result,
+        row[10],
     )
 
 
@@ -105,8 +107,10 @@ def record_outcome(
     retry_of: int | None,
     revision: int | None = None,
     result: dict[str, Any] | None = None,
+    via: str | None = None,
 ) -> None:
-    """Journal the event's outcome, or raise :class:`AlreadyApplied`.
+    """Journal the event's outcome, or raise :class:`AlreadyApplied`. ``via``: the key a
+    forwarded event was sent to.
 
     ``retry_of``: the dead letter an operator's retry of the event is of. Its journal
     entry exists with outcome ``dead_lettered`` and may be closed once more, once, while
@@ -131,11 +135,12 @@ def record_outcome(
         )
         if cur.rowcount == 1:
             return
+    row = (source, event_id, record_key, shard, outcome, revision, attempts, now, token, stored)
     cur.execute(
         "INSERT INTO journal (source, event_id, record_key, shard, outcome, revision, "
-        "attempts, recorded_at, fence, result) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "attempts, recorded_at, fence, result, via) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (source, event_id) DO NOTHING",
-        (source, event_id, record_key, shard, outcome, revision, attempts, now, token, stored),
+        (*row, via),
     )
     if cur.rowcount == 1:
         if archived_at(cur, source, event_id) is None:

@@ -56,7 +56,7 @@ def old_rows(
             f"SELECT {JOURNAL_COLUMNS} {_JOURNAL_DUE} ORDER BY j.recorded_at LIMIT ?",
             (source, before, before, limit),
         )
-        return [_journal_row(r) for r in cur.fetchall()]
+        return [asdict(entry_of(r)) for r in cur.fetchall()]
     cur.execute(
         f"SELECT {dead_letter_columns(d)} {_DEAD_LETTERS_DUE} ORDER BY id LIMIT ?",
         (before, limit),
@@ -182,12 +182,14 @@ def find_journal(
     cur: Cursor, event_id: str | None, source: str | None, record_key: str | None
 ) -> list[JournalEntry]:
     """Journal rows in the table with this event id (of ``source``, or of any source) or
-    of this record, by recorded time."""
+    of this record (with the events forwarded from it: sent to it, applied where it was
+    merged into), by recorded time."""
     select = f"SELECT {JOURNAL_COLUMNS} FROM journal j"
     found: list[JournalEntry] = []
     if record_key is not None:
-        cur.execute(select + " WHERE j.record_key = ?", (record_key,))
-        found = [entry_of(r) for r in cur.fetchall()]
+        for column in ("record_key", "via"):  # two index lookups (an OR may scan)
+            cur.execute(select + f" WHERE j.{column} = ?", (record_key,))
+            found += [entry_of(r) for r in cur.fetchall()]
         found = [e for e in found if _matches(e, event_id, source)]
     elif event_id is not None:
         for one in [source] if source is not None else journal_sources(cur):
@@ -200,21 +202,6 @@ def _matches(entry: JournalEntry, event_id: str | None, source: str | None) -> b
     return (event_id is None or entry.event_id == event_id) and (
         source is None or entry.source == source
     )
-
-
-def _journal_row(row: Sequence[Any]) -> ArchiveRow:
-    e = entry_of(row)
-    return {
-        "source": e.source,
-        "event_id": e.event_id,
-        "record_key": e.record_key,
-        "shard": e.shard,
-        "outcome": e.outcome,
-        "revision": e.revision,
-        "attempts": e.attempts,
-        "recorded_at": e.recorded_at,
-        "fence": e.fence,
-    }
 
 
 def _float(value: Any) -> float | None:
