@@ -167,11 +167,14 @@ def test_the_worker_healthcheck_needs_a_live_member_of_this_host(
     broker = RedisLaneBroker.from_url(redis_url, settings.keys, settings.shards)
     # When no worker of this host is a member, Then it fails
     assert _run_healthcheck(snippet, redis_url, namespace) == 1
-    # When a worker of another host heartbeats, Then it still fails
-    broker.heartbeat("elsewhere:1:abcdef", {}, member_ttl_ms=settings.lease_ttl_ms)
+    # When a worker of another host heartbeats, Then it still fails. (Members live ten
+    # minutes here, not a lease's 10 s: the check is a new Python process, which a busy
+    # machine can take longer than that to start.)
+    alive_ms = 600_000
+    broker.heartbeat("elsewhere:1:abcdef", {}, member_ttl_ms=alive_ms)
     assert _run_healthcheck(snippet, redis_url, namespace) == 1
     # When a worker of this host heartbeats (ids are "<hostname>:<pid>:<random>"), Then it passes
-    broker.heartbeat(f"{socket.gethostname()}:7:abcdef", {}, member_ttl_ms=settings.lease_ttl_ms)
+    broker.heartbeat(f"{socket.gethostname()}:7:abcdef", {}, member_ttl_ms=alive_ms)
     assert _run_healthcheck(snippet, redis_url, namespace) == 0
 
 
