@@ -2,10 +2,13 @@
 Prometheus metrics built from them and from the lanes' counters.
 
 A :class:`QueueWatch` reads every shard's depth, head message and drain count once a
-second (one pipelined round trip). It gives the receiver a global depth for the global
-high-water mark, and a drain rate per shard for ``Retry-After``: the time the shard needs
-to drain to half its high-water mark at the rate it drained lately, or the ceiling when it
-drained nothing lately (a sender told "1 s" would hammer a shard that does not move).
+second while deliveries come (one pipelined round trip), and once every ten seconds while
+none do (two commands a shard: at a trickle a poll a second cost more Redis commands than
+the events). It gives the receiver a global depth for the global high-water mark, and a
+drain rate per shard for ``Retry-After``: the time the shard needs to drain to half its
+high-water mark at the rate it drained lately, or the ceiling when it drained nothing
+lately (a sender told "1 s" would hammer a shard that does not move). A ``/metrics``
+scrape reads the queues afresh when the last poll is older than a second.
 """
 
 from __future__ import annotations
@@ -60,11 +63,15 @@ class QueueWatch:
 
     gateway: ReceiverGateway
     interval_s: float = 1.0
+    #: How often it polls while no delivery comes.
+    idle_interval_s: float = 10.0
     views: dict[int, ShardView] = field(default_factory=dict)
     polled_at: float = 0.0
     #: Events waiting in all shard queues, as last seen (summed once per poll: every
     #: delivery reads it).
     total_depth: int = 0
+    #: Whether a delivery asked for the depths since the last poll (:meth:`asked`).
+    wanted: bool = False
     _stopped: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     @property
@@ -90,15 +97,26 @@ class QueueWatch:
         return _seconds_to_drain(self.total_depth - high_water // 2, self.total_rate)
 
     async def run(self) -> None:
-        """Poll every ``interval_s`` until :meth:`stop`."""
+        """Poll every ``interval_s`` while deliveries come, every ``idle_interval_s`` while
+        none do, until :meth:`stop`."""
         while not self._stopped.is_set():
+            self.wanted = False
             try:
                 await self.poll()
             except BrokerUnavailable as exc:
                 log.debug("queue poll failed: %s", exc)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.interval_s):
-                    await self._stopped.wait()
+            idle_until = time.monotonic() + self.idle_interval_s
+            while not self._stopped.is_set() and time.monotonic() < idle_until:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.interval_s):
+                        await self._stopped.wait()
+                if self.wanted:
+                    break
+
+    async def fresh(self) -> None:
+        """Poll now unless the last poll is younger than ``interval_s`` (a scrape)."""
+        if time.monotonic() - self.polled_at >= self.interval_s:
+            await self.poll()
 
     def stop(self) -> None:
         """End :meth:`run` once the poll under way, if any, returns. (Not a cancel: one
@@ -253,6 +271,7 @@ class _Snapshot(Collector):
         self.snapshot = MetricSnapshot({}, {}, 0, 0)
 
     async def refresh(self) -> None:
+        await self.watch.fresh()
         self.snapshot = await self.gateway.metrics()
 
     def collect(self) -> Iterable[Any]:

@@ -250,6 +250,7 @@ class Receiver:
     def overloaded(self) -> Answer | None:
         """503 when every shard together is over the global high-water mark."""
         s = self.settings
+        self.watch.wanted = True  # deliveries come: the watch polls every second
         if self.watch.total_depth < s.global_high_water:
             return None
         return self.refuse(

@@ -5,9 +5,11 @@ The receiver's accept script publishes the shard number on ``<ns>:doorbell``. A 
 thread collects the numbers of shards this worker owns and wakes one waiting lane per
 ring. A record that waits (a back-off, a debounce, a destination's limit) is due at a known
 time: a timer rings its shard then (:meth:`Doorbell.ring_in`), so the wait ends on time
-whatever the shard count. A ring can still be missed (the subscription reconnects): the
-lanes also poke one idle lane every ``idle_poll_ms`` to look at every shard, a window at a
-time, so hundreds of idle lanes cost one look per interval, not hundreds.
+whatever the shard count. A ring published while the subscription was down is missed:
+each time it subscribes (again) it rings every shard this worker owns. The lanes also poke
+one idle lane every ``idle_poll_ms`` (2 s by default) to look at every shard, a window at
+a time, for what nothing rings (a task sent with Celery's own ``send_task``): hundreds of
+idle lanes cost one look per interval, not hundreds.
 
 Rings come from any thread (the listener, the heartbeat's acquisitions) and from the lanes'
 own event loop; waiting happens on that loop.
@@ -20,7 +22,7 @@ import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from .broker import RecordQueue
 
@@ -30,9 +32,15 @@ log = logging.getLogger("keylane.doorbell")
 class Doorbell:
     """Shard hints for the lanes of one worker process."""
 
-    def __init__(self, broker: RecordQueue, is_mine: Callable[[int], bool]) -> None:
+    def __init__(
+        self,
+        broker: RecordQueue,
+        is_mine: Callable[[int], bool],
+        mine: Callable[[], Iterable[int]] = tuple,
+    ) -> None:
         self._broker = broker
         self._is_mine = is_mine
+        self._mine = mine
         self._lock = threading.Lock()
         self._rung: dict[int, None] = {}  # insertion-ordered set
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -144,6 +152,8 @@ class Doorbell:
         while not self._stop.is_set():
             try:
                 pubsub = self._broker.doorbell()
+                for shard in self._mine():  # what rang while it was not subscribed
+                    self.ring(shard)
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=1.0)
                     if message is not None:

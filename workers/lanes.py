@@ -75,7 +75,7 @@ class Lanes:
         self._holding: dict[int, tuple[int, str]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.doorbell = Doorbell(queue, ownership.owns)
+        self.doorbell = Doorbell(queue, ownership.owns, lambda: list(ownership.owned()))
         #: What a lane does with the record it took.
         self.records = RecordLane(
             settings,
@@ -154,6 +154,7 @@ class Lanes:
                         )
                         if found > 0:
                             log.warning("shard %s: %s record(s) made due again", shard, found)
+                            self.doorbell.ring(shard)
             except Exception as exc:  # Redis away: look again next time
                 log.debug("reclaim: %s", exc)
 

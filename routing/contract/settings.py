@@ -85,7 +85,9 @@ class Settings(BaseSettings):
     handler_time_limit_ms: int = Field(10_000, ge=10)
     store_timeout_ms: int = Field(5_000, ge=10)
     inflight_deadline_ms: int = Field(120_000, ge=100)
-    idle_poll_ms: int = Field(200, ge=1)
+    # How often an idle lane looks at every shard for what nothing rang for (a task sent
+    # with Celery's own send_task; rings are not missed otherwise: docs, failure-model.md)
+    idle_poll_ms: int = Field(2_000, ge=1)
     # RabbitMQ only: deliveries of one shard a worker holds at once (its records in
     # flight and waiting behind them), the AMQP heartbeat (a paused worker loses its
     # shards after about two missed ones), how long a publish waits for its confirm, and
