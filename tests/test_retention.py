@@ -499,12 +499,15 @@ def test_a_prune_command_finds_no_store_creates_none_and_says_where_it_looked(
         never.close()
 
 
-def test_a_prune_with_an_archive_folder_that_is_a_file_is_one_line_exit_2(
+def test_a_prune_with_an_archive_folder_it_cannot_make_is_one_line_exit_2(
     settings: Settings, store: SqlStore, tmp_path: Path
 ) -> None:
-    # Given an archive folder under a file, and another that is a file
+    # Given an archive folder under a file, another that is a file, and two that cannot be
+    # made: under /proc (no such file or directory) and under /sys (not permitted, as on
+    # a read-only file system, even for root)
     (tmp_path / "a-file").write_text("not a folder")
-    for archive in (tmp_path / "a-file", tmp_path / "a-file" / "archive"):
+    unmakeable = [Path("/proc/keylane-archive"), Path("/sys/keylane-archive")]
+    for archive in (tmp_path / "a-file", tmp_path / "a-file" / "archive", *unmakeable):
         # When a prune runs with it
         done = keylane(settings, "journal", "prune", archive_dir=archive)
         # Then it exits 2 with one line naming the folder and the setting, no traceback
