@@ -374,7 +374,7 @@ def replayed_after_archiving(stack: Stack, remembered: bool) -> None:
     assert status["tables"]["journal"]["rows"] == (0 if remembered else 1)
     assert status["last_prune_age_s"] is not None
     assert status["archived_total"]["journal"] == 1
-    metrics = httpx.get(f"{stack.url}/metrics").text
+    metrics = httpx.get(f"{stack.ops_url}/metrics").text
     assert 'keylane_store_rows{table="journal"} 0.0' in metrics
     assert 'keylane_archived_rows_total{table="journal"} 1.0' in metrics
     assert "keylane_prune_last_run_timestamp_seconds" in metrics
