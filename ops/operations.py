@@ -28,6 +28,7 @@ def operations_app(receiver: Receiver, extra: Sequence[BaseRoute] = ()) -> Starl
 
     async def metrics(request: Request) -> Response:
         try:
+            await receiver.acceptor.wire.current()  # keylane_wire_version as of now
             text = await receiver.metrics.render()
         except Exception as exc:  # a scrape must say why it failed, not hang or 500 opaquely
             return JSONResponse(

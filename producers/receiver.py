@@ -58,6 +58,7 @@ from .outcome_reads import OutcomeReads, source_tokens
 from .outcome_waits import OutcomeWaits
 from .queue_watch import QueueWatch, ReceiverMetrics
 from .signatures import Target, verifiers_of
+from .wire_choice import WireVersionGauge
 
 log = logging.getLogger("keylane.receiver")
 
@@ -85,6 +86,7 @@ class Receiver:
         self.outcomes = OutcomeReads(settings, queue.redis, self.waits, tokens)
         self.watch = QueueWatch(queue.redis)
         self.metrics = ReceiverMetrics(self.watch, queue.redis)
+        self.metrics.registry.register(WireVersionGauge(self.acceptor.wire))
         self.faults = Faults(settings.faults, crash)
         self.verifiers = verifiers_of(sources, environ)
         self.handshakes = Handshakes(sources, self.verifiers, environ, queue.redis)

@@ -15,6 +15,8 @@ so a 202 is sent only for an event that survives a Redis crash.
 
 from __future__ import annotations
 
+import json
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -404,6 +406,20 @@ class ReceiverGateway:
             retention={reply_text(k): float(v) for k, v in retention.items()},
         )
 
+    async def member_infos(self, member_ttl_ms: int) -> list[dict[str, Any]]:
+        """What each live worker says of itself in its membership beat (host, pid, lanes,
+        the wire version it reads), those that beat within ``member_ttl_ms``."""
+        now_ms = int(time.time() * 1000)
+        with broker_errors():
+            live = await self.client.zrangebyscore(
+                self.keys.members, now_ms - member_ttl_ms, "+inf"
+            )
+            pipe = self.client.pipeline(transaction=False)
+            for worker in live:
+                pipe.hget(self.keys.member(reply_text(worker)), "info")
+            infos = await pipe.execute()
+        return [_info(raw) for raw in infos]
+
     async def close(self) -> None:
         """Release the connection pool."""
         await self.marks.close()
@@ -411,3 +427,13 @@ class ReceiverGateway:
 
     async def _run(self, script: LoadedScript, keys: list[str], args: list[Any]) -> Any:
         return await run_script(self.client, script, keys, args)
+
+
+def _info(raw: Any) -> dict[str, Any]:
+    """A member's info as its worker wrote it (JSON); empty when it is gone or unreadable
+    (its beat is there: a worker, of whatever release)."""
+    try:
+        info = json.loads(raw) if raw is not None else {}
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}
