@@ -55,6 +55,7 @@ class Proc:
     env: dict[str, str]
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    cwd: Path = REPO  # another for a release installed elsewhere: the checkout shadows it
 
     def start(self) -> Proc:
         """Start it (output to the log file)."""
@@ -64,7 +65,7 @@ class Proc:
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                cwd=REPO,
+                cwd=self.cwd,
                 start_new_session=True,
             )
         return self
