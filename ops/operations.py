@@ -14,9 +14,10 @@ from collections.abc import Sequence
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from ..producers.answers import error_answer
 from ..producers.receiver import BROKER_DOWN_RETRY_AFTER_S, Receiver
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -31,11 +32,9 @@ def operations_app(receiver: Receiver, extra: Sequence[BaseRoute] = ()) -> Starl
             await receiver.acceptor.wire.current()  # keylane_wire_version as of now
             text = await receiver.metrics.render()
         except Exception as exc:  # a scrape must say why it failed, not hang or 500 opaquely
-            return JSONResponse(
-                {"error": "broker_unavailable", "detail": f"cannot read metrics: {exc}"},
-                503,
-                {"retry-after": str(BROKER_DOWN_RETRY_AFTER_S)},
-            )
+            detail = f"cannot read metrics: {exc}"
+            answer = error_answer(503, "broker_unavailable", detail, BROKER_DOWN_RETRY_AFTER_S)
+            return answer.response()
         return Response(text, media_type=PROMETHEUS_TEXT)
 
     return Starlette(routes=[Route("/metrics", metrics, methods=["GET"]), *extra])

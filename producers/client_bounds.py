@@ -165,8 +165,14 @@ def bounded_protocol(bounds: ClientBounds) -> type[HttpToolsProtocol]:
 
         def expire(self) -> None:
             """The phase under way took too long: answer 408 (unless an answer is
-            already going out) and close."""
-            if self.phase == _HEADERS:
+            already going out) and close. Not while this side stopped reading (a
+            pipelined request waits for the one before it): its time starts again."""
+            if self.flow.read_paused:
+                phase_s = (
+                    bounds.header_timeout_s if self.phase == _HEADERS else bounds.body_timeout_s
+                )
+                self.deadline = self.loop.time() + phase_s
+            elif self.phase == _HEADERS:
                 detail = f"request headers not received within {bounds.header_timeout_s:g}s"
                 self.cut(408, "header_timeout", detail)
             elif self.phase == _BODY:
@@ -175,13 +181,16 @@ def bounded_protocol(bounds: ClientBounds) -> type[HttpToolsProtocol]:
 
         def cut(self, status: int, code: str, detail: str) -> None:
             """Refuse the request under way and close the connection. A request whose
-            app is reading the body hears a disconnect (it then answers nothing)."""
+            app is reading the body hears a disconnect (it then answers nothing); one
+            already answered (a 413 before its whole body came) is only closed."""
+            answered = (
+                self.phase == _BODY and self.cycle is not None and (self.cycle.response_started)
+            )
             self.phase, self.deadline = _IDLE, 0.0
             if self.transport.is_closing():
                 return
-            bounds.on_refusal(code)
-            cycle = self.cycle
-            if cycle is None or not cycle.response_started or cycle.response_complete:
+            if not answered:
+                bounds.on_refusal(code)
                 self.transport.write(refusal(status, code, detail))
             self.transport.close()
 
