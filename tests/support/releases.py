@@ -1,15 +1,18 @@
 """A previous release of keylane, run beside the current code: its source taken from this
 repository's own history (``git archive``), installed into a venv of its own from the
 lock file of that commit (``--require-hashes``: exactly the versions it was tested with),
-kept under ``.release-envs/`` between runs (rebuilt when its stamp differs: the commit,
-the lock, the Python).
+kept between runs in the user's cache (``~/.cache/keylane/releases``, or
+``KEYLANE_RELEASE_ENVS``), shared by every clone on the machine, built by one of them at
+a time (a file lock), rebuilt when its stamp differs: the commit, the lock, the Python.
 
 The release is found by its tag (``v0.1.0``) or, where the clone carries no tags (CI's
 fresh clone of main), by its commit."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -21,7 +24,13 @@ from tests.support.stack import REPO
 PREVIOUS_TAG = "v0.1.0"
 PREVIOUS_COMMIT = "44bfee1"
 
-RELEASE_ENVS = REPO / ".release-envs"
+
+def release_envs() -> Path:
+    """Where built releases are kept."""
+    if os.environ.get("KEYLANE_RELEASE_ENVS"):
+        return Path(os.environ["KEYLANE_RELEASE_ENVS"])
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "keylane" / "releases"
 
 
 def git(*args: str) -> subprocess.CompletedProcess[bytes]:
@@ -44,10 +53,17 @@ def release_env(commit: str) -> Path:
     assert lock.returncode == 0, lock.stderr
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stamp = hashlib.sha256(commit.encode() + lock.stdout + sys.version.encode()).hexdigest()
-    home = RELEASE_ENVS / f"{commit[:12]}-py{version}"
-    python = home / "venv" / "bin" / "python"
-    if (home / "stamp").exists() and (home / "stamp").read_text() == stamp:
-        return python
+    home = release_envs() / f"{commit[:12]}-py{version}"
+    home.parent.mkdir(parents=True, exist_ok=True)
+    with (home.parent / f"{home.name}.lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another clone may be building it right now
+        if not (home / "stamp").exists() or (home / "stamp").read_text() != stamp:
+            _build(commit, home)
+            (home / "stamp").write_text(stamp)
+    return home / "venv" / "bin" / "python"
+
+
+def _build(commit: str, home: Path) -> None:
     shutil.rmtree(home, ignore_errors=True)
     source = home / "src"
     source.mkdir(parents=True)
@@ -56,15 +72,13 @@ def release_env(commit: str) -> Path:
     )
     assert archive.returncode == 0
     subprocess.run([sys.executable, "-m", "venv", str(home / "venv")], check=True, timeout=120)
-    pip = [str(python), "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    pip = [str(home / "venv" / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
     for args in (
         ["--require-hashes", "-r", str(source / "ops/requirements-dev.txt")],
         ["--no-deps", "--no-build-isolation", str(source)],  # by its locked setuptools
     ):
         done = subprocess.run([*pip, "install", *args], capture_output=True, timeout=900)
         assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
-    (home / "stamp").write_text(stamp)
-    return python
 
 
 def release_environ(base: dict[str, str]) -> dict[str, str]:
