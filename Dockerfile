@@ -40,5 +40,8 @@ WORKDIR /home/keylane
 ENV KEYLANE_DATA_DIR=/data
 VOLUME ["/data"]
 
-EXPOSE 8000 5555
+# 8000: a receiver's webhook port (the one to put on the internet); 8100: its operations
+# listener (/metrics: keylane serve --ops-host 0.0.0.0 for a scraper on the container's
+# network; loopback otherwise); 5555: Flower (on 0.0.0.0 only with KEYLANE_FLOWER_BASIC_AUTH)
+EXPOSE 8000 8100 5555
 CMD ["keylane", "--help"]

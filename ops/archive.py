@@ -29,6 +29,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import NoReturn
 
 from ..routing.contract.errors import ConfigError
 from ..routing.contract.faults import NO_FAULTS, Faults
@@ -53,19 +54,35 @@ class Archive:
         self.root = root
         self.faults = faults
 
-    def check_usable(self) -> None:
+    def check_usable(self, dry_run: bool = False) -> None:
         """:class:`ConfigError` when the archive folder cannot be one: it, or the nearest
-        of its parents that exists, is not a folder (checked before a prune touches
-        anything, so a wrong ``KEYLANE_ARCHIVE_DIR`` is one line, not a traceback)."""
+        of its parents that exists, is not a folder, or it cannot be made or written in
+        (a read-only file system, a path under ``/proc``). Checked before a prune touches
+        anything, so a wrong ``KEYLANE_ARCHIVE_DIR`` is one line, not a traceback; a dry
+        run makes nothing, and checks only what it can without writing."""
         existing = self.root
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent
         if not existing.is_dir():
             what = "is" if existing == self.root else f"is under {existing}, which is"
-            raise ConfigError(
-                f"the archive directory {self.root} {what} not a folder: set "
-                "KEYLANE_ARCHIVE_DIR to a folder"
-            )
+            self._refuse(f"{what} not a folder")
+        if dry_run:
+            return
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            # The prune writes a file in a folder per table and day: one written and
+            # removed here says whether it can, before any row is read.
+            probe = self.root / f".probe-{uuid.uuid4().hex[:8]}.tmp"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            self._refuse(f"cannot be written ({exc.strerror or exc})")
+
+    def _refuse(self, why: str) -> NoReturn:
+        raise ConfigError(
+            f"the archive directory {self.root} {why}: set KEYLANE_ARCHIVE_DIR to a folder "
+            "keylane can write in"
+        )
 
     def write_pending(self, table: str, day: str, rows: Iterable[ArchiveRow]) -> Path:
         """Write ``rows`` to a new complete file of ``table`` for ``day``, durably (the

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 
 import click
 
@@ -47,6 +46,8 @@ cli.params.extend(deployment_params())
 
 
 APP_HELP = "Modules with your tasks, imported first (comma-separated), as celery -A."
+OPS_PORT_HELP = "The operations listener's port (/metrics): never the webhook port."
+OPS_HOST_HELP = "The operations listener's address (loopback unless set)."
 
 
 def main() -> None:
@@ -75,6 +76,7 @@ def main() -> None:
 @setting_option(
     "--lane-threads", "lane_threads", "Threads per worker process for blocking calls.", type=int
 )
+@setting_option("--ops-port", "ops_port", OPS_PORT_HELP, type=int)
 @setting_option("--flower-port", "flower_port", "Flower's HTTP port.", type=int)
 @setting_option("-A --app", "app", APP_HELP)
 @click.option("--no-flower", is_flag=True, help="Do not start Flower.")
@@ -101,36 +103,18 @@ def up(ctx: click.Context, no_flower: bool, check: bool) -> None:
 @cli.command()
 @setting_option("--port", "port", "Receiver HTTP port.", type=int)
 @setting_option("--host", "host", "Receiver address.")
+@setting_option("--ops-port", "ops_port", OPS_PORT_HELP, type=int)
+@setting_option("--ops-host", "ops_host", OPS_HOST_HELP)
 @click.pass_context
 def serve(ctx: click.Context) -> None:
-    """Run the webhook receiver only (port 0: one the system picks, named in the log)."""
-    import uvicorn
-
-    from ..producers.receiver_app import create_receiver
-    from .up_checks import listening_socket
+    """Run the webhook receiver only, with its operations listener (port 0: one the
+    system picks, named in the log)."""
+    from .serving import serve_receiver
 
     settings = settings_of(ctx)
-    # Bound before anything starts: a taken port ends the command at once (exit 2).
-    sock = listening_socket(settings.host, settings.port, "keylane serve", "--port / KEYLANE_PORT")
-    init_sentry(settings, "receiver")  # before the app exists: the integration wraps it
-    app = create_receiver(settings)
     if settings.log_level != "DEBUG":
         logging.getLogger("uvicorn.error").addFilter(_UvicornStartSteps())
-    # uvicorn drains on SIGTERM/SIGINT, then raises the signal again for the previous
-    # handler: a handler of ours turns that graceful stop into exit code 0.
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: None)
-    host, port = sock.getsockname()[:2]
-    logging.getLogger("keylane.receiver").info("receiver listening on http://%s:%s", host, port)
-    config = uvicorn.Config(
-        app,
-        log_config=None,  # keep keylane's log format for uvicorn's lines too
-        log_level=settings.log_level.lower(),
-        access_log=False,
-        timeout_keep_alive=settings.keep_alive_s,
-        timeout_graceful_shutdown=10,
-    )
-    uvicorn.Server(config).run(sockets=[sock])
+    serve_receiver(settings)
 
 
 class _UvicornStartSteps(logging.Filter):
@@ -165,10 +149,14 @@ def worker(ctx: click.Context) -> None:
 @setting_option("--address", "flower_address", "Flower's address.")
 @click.pass_context
 def flower(ctx: click.Context) -> None:
-    """Run Flower on this deployment's Celery app."""
+    """Run Flower on this deployment's Celery app. On an address other than loopback it
+    refuses to start without a password (KEYLANE_FLOWER_BASIC_AUTH=user:password)."""
     from ..workers.app import create_app
+    from .up_checks import check_flower_exposure
 
     settings = settings_of(ctx)
+    auth = settings.flower_basic_auth is not None
+    check_flower_exposure(settings.flower_address, auth, os.environ)
     app = create_app(settings)
     # Flower's own start-up lines are quiet at INFO (see configure_logging): say where it is.
     where = f"http://{settings.flower_address}:{settings.flower_port}"

@@ -21,7 +21,8 @@ def records() -> None:
 @click.pass_context
 def records_get(ctx: click.Context, key: str, as_json: bool) -> None:
     """Print the record KEY with its revision and identities (exit code 1 if there is
-    none). A record merged into another says which, and since when."""
+    none, with --json too: it prints the record as absent, ``"exists": false``). A record
+    merged into another says which, and since when."""
     store = cli_store(settings_of(ctx))
     try:
         record = store.read(key)
@@ -30,6 +31,8 @@ def records_get(ctx: click.Context, key: str, as_json: bool) -> None:
         store.close()
     if as_json:
         emit_json(record_json(record, identities))
+        if not record.exists:
+            raise SystemExit(1)
         return
     if not record.exists:
         click.echo(f"{key}: no such record")

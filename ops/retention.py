@@ -115,7 +115,7 @@ def run_prune(
     closed after it. Safe from any process at any time. The scheduled job opens (and
     migrates) the store as a worker does; ``existing_store`` (the command) opens only a
     store that is there, as every command does (:class:`StoreMissing` otherwise)."""
-    Archive(settings.archive_path).check_usable()
+    Archive(settings.archive_path).check_usable(dry_run)
     timeout_ms = max(settings.store_timeout_ms, PRUNE_TIMEOUT_MS)
     url, synchronous = settings.store_dsn(), settings.sqlite_synchronous
     if existing_store:

@@ -31,7 +31,12 @@ from ..producers.amqp import AmqpEventQueue
 from ..routing import ShardMap
 from ..routing.contract.errors import KeylaneError
 from ..routing.contract.events import Event, parse_changes
-from ..routing.contract.message import build_event_message, build_unhold_message
+from ..routing.contract.message import (
+    RETRY_OF_HEADER,
+    build_event_message,
+    build_unhold_message,
+    with_header,
+)
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources
 from ..routing.redis_keys import ONCE_MARKER_TTL_MS
@@ -131,14 +136,9 @@ class Triage:
             return Handled(row.id, "skipped", f"status is {row.status}")
         if row.reason in NOT_RETRYABLE:
             return Handled(row.id, "skipped", NOT_RETRYABLE[row.reason])
-        event = Event.model_validate(row.event).model_copy(
-            update={"retry_of": row.id, "accepted_at": time.time(), "review": None}
-        )
-        queue = self.broker.shards.queue_name(event.shard)
         at_head = self.broker.held_by(row.record_key) == row.id
-        queued = self.broker.push_once(
-            f"retry:{row.id}", event.shard, build_event_message(event, queue)
-        )
+        shard, message = self._retry_message(row)
+        queued = self.broker.push_once(f"retry:{row.id}", shard, message)
         # The row is marked after the push: a crash in between leaves it open, and the
         # next retry completes the job without queueing a second copy.
         self.store.set_dead_letter_status(row.id, "retried", ("open",), by, note)
@@ -147,6 +147,18 @@ class Triage:
             "queued" if queued else "already queued",
             "at the head, ahead of its parked events" if at_head and queued else "",
         )
+
+    def _retry_message(self, row: DeadLetter) -> tuple[int, bytes]:
+        """The shard and message that retry ``row``: its event again, marked as the retry
+        of the row; a message parked for its wire version, as it came (a worker that reads
+        it runs now, or it is parked again)."""
+        if row.reason == "wire_version":
+            return row.shard, with_header(str(row.event["raw"]).encode(), RETRY_OF_HEADER, row.id)
+        event = Event.model_validate(row.event).model_copy(
+            update={"retry_of": row.id, "accepted_at": time.time(), "review": None}
+        )
+        queue = self.broker.shards.queue_name(event.shard)
+        return event.shard, build_event_message(event, queue)
 
     def close(
         self, row: DeadLetter, status: DeadLetterStatus, by: str, note: str | None = None

@@ -2,12 +2,13 @@
 
 Starts (in this order) the embedded Redis when no ``KEYLANE_REDIS_URL`` is set, the
 store schema, the shard workers (one on SQLite, which takes one writer process), the
-receiver, a scheduler (scheduled jobs, repair sweeps, keylane's maintenance) and Flower;
-restarts a child that dies, the embedded Redis included (on the same
-port and directory: its append-only file, fsynced on every write, holds everything it
-acknowledged), with back-off; on SIGTERM or Ctrl-C stops the receiver first (no new
-deliveries) and the scheduler (its runs finish first), then the workers (each finishes and
-acknowledges its in-flight messages and releases its shards), then Flower and Redis.
+receiver (with its operations listener, ``/metrics``), a scheduler (scheduled jobs,
+repair sweeps, keylane's maintenance) and Flower; restarts a child that dies, the
+embedded Redis included (on the same port and directory: its append-only file, fsynced
+on every write, holds everything it acknowledged), with back-off; on SIGTERM or Ctrl-C
+stops the receiver first (no new deliveries) and the scheduler (its runs finish first),
+then the workers (each finishes and acknowledges its in-flight messages and releases its
+shards), then Flower and Redis.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..routing.contract.sources import load_sources
 from ..workers.service import check_worker_config
 from ..workers.stores import open_store
 from .embedded_redis import EmbeddedRedis
-from .up_checks import DataDirLock, check_port_free
+from .up_checks import DataDirLock, check_flower_exposure, check_port_free
 
 log = logging.getLogger("keylane.up")
 
@@ -115,7 +116,15 @@ class Supervisor:
         self._lock.acquire()  # one keylane up per data directory
         try:
             check_port_free(s.host, s.port, "the receiver", "--port / KEYLANE_PORT")
+            check_port_free(
+                s.ops_host,
+                s.ops_port,
+                "the receiver's operations listener",
+                "--ops-port / KEYLANE_OPS_PORT",
+            )
             if self.options.flower:
+                auth = s.flower_basic_auth is not None
+                check_flower_exposure(s.flower_address, auth, os.environ)
                 check_port_free(
                     s.flower_address,
                     s.flower_port,
@@ -202,6 +211,7 @@ class Supervisor:
             return True
         names = ", ".join(load_sources(s).names())
         print(f"keylane is up: POST {base}/webhooks/<source> (sources: {names})", flush=True)
+        print(f"Metrics: http://{s.ops_host}:{s.ops_port}/metrics", flush=True)
         if self.options.flower:
             print(f"Flower: http://{s.flower_address}:{s.flower_port}", flush=True)
         return True

@@ -1,16 +1,19 @@
-"""What ``keylane up`` checks before it starts any child: that no other ``keylane up``
-runs on its data directory, and that the ports its receiver and Flower will listen on are
-free. Either failing is a :class:`ConfigError` that names the problem and the option to
-change, raised before anything is started or changed: a second ``keylane up`` would
-otherwise start children that die on ``address already in use`` and are restarted forever,
-while the banner names ports another deployment answers on.
+"""What ``keylane up`` checks before it starts any child: that no other ``keylane up`` runs
+on its data directory, that the ports its receiver and Flower will listen on are free,
+and that Flower is not put beyond loopback without a password. Any failing is a
+:class:`ConfigError` that names the problem and the option to change, raised before
+anything is started or changed: a second ``keylane up`` would otherwise start children
+that die on ``address already in use`` and are restarted forever, while the banner names
+ports another deployment answers on.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
@@ -94,3 +97,31 @@ def listening_socket(host: str, port: int, what: str, options: str) -> socket.so
             ) from None
         raise ConfigError(f"{what}: cannot listen on {host}:{port}: {exc}") from None
     return sock
+
+
+#: What Flower reads for its own authentication besides ``--basic-auth`` (its options
+#: come from ``FLOWER_<NAME>`` variables too): basic auth, or an OAuth provider.
+FLOWER_AUTH_VARIABLES = ("FLOWER_BASIC_AUTH", "FLOWER_AUTH_PROVIDER")
+
+
+def check_flower_exposure(address: str, basic_auth: bool, environ: Mapping[str, str]) -> None:
+    """:class:`ConfigError` when Flower would listen beyond loopback without
+    authentication: it shows every event's record key and arguments, and can revoke
+    tasks and shut workers down, to whoever reaches it."""
+    if _loopback(address) or basic_auth or any(environ.get(v) for v in FLOWER_AUTH_VARIABLES):
+        return
+    raise ConfigError(
+        f"Flower on {address} would answer anyone who reaches that address, without a "
+        "password: set KEYLANE_FLOWER_BASIC_AUTH=user:password (or Flower's own "
+        "FLOWER_BASIC_AUTH / FLOWER_AUTH_PROVIDER), or keep it on 127.0.0.1 "
+        "(--address / KEYLANE_FLOWER_ADDRESS)"
+    )
+
+
+def _loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a host name: whatever it resolves to later, not known loopback
+        return False

@@ -36,8 +36,10 @@ from ..routing.contract.events import (
 from ..routing.contract.message import event_message
 from ..routing.contract.schedules import RunLease
 from ..routing.contract.settings import Settings
+from ..routing.contract.wire import for_version
 from .broker import EventQueue
 from .gateway import BatchResult, Enqueue, EnqueueResult
+from .wire_choice import WireChoice
 
 _ENCODE = msgspec.json.Encoder().encode
 
@@ -133,6 +135,7 @@ class Acceptor:
     def __init__(self, settings: Settings, queue: EventQueue) -> None:
         self.settings = settings
         self.queue = queue
+        self.wire = WireChoice(queue.redis, settings.lease_ttl_ms)
 
     async def accept(
         self, event: NewEvent, retention_s: int, batch: int = 1, lease: RunLease | None = None
@@ -142,7 +145,7 @@ class Acceptor:
         many of its record's waiting events a lane may take with it (see
         :func:`~keylane.routing.contract.message.event_message`); ``lease``: a scheduled
         run's, which must still hold its job's lease (else ``fenced``, nothing done)."""
-        item = _enqueue(event, event_message(event.wire, event.queue, batch), retention_s)
+        item = _enqueue(event, await self._message(event.wire, event.queue, batch), retention_s)
         return await self.queue.accept(
             replace(
                 item,
@@ -160,7 +163,7 @@ class Acceptor:
         sender's items: :meth:`EventQueue.accept_batch`)."""
         items = [
             replace(
-                _enqueue(event, event_message(event.wire, event.queue, batch), retention_s),
+                _enqueue(event, await self._message(event.wire, event.queue, batch), retention_s),
                 answer=event.answer,
                 high_water=self.settings.shard_high_water,
                 key_missing=event.key_missing,
@@ -174,8 +177,14 @@ class Acceptor:
         another body (once per distinct body: senders retry a 409)."""
         review = {**event.wire, "review": "id_reused"}
         return await self.queue.record_reuse(
-            _enqueue(event, event_message(review, event.queue), retention_s)
+            _enqueue(event, await self._message(review, event.queue), retention_s)
         )
+
+    async def _message(self, wire: dict[str, Any], queue: str, batch: int = 1) -> bytes:
+        """The message of ``wire`` in the newest wire version every live worker reads;
+        :class:`NeedsNewerWire` (a 503) when the event needs a newer one."""
+        version = await self.wire.current()
+        return event_message(for_version(wire, version, WIRE_DEFAULTS), queue, batch, wire=version)
 
 
 def _enqueue(event: NewEvent, message: bytes, retention_s: int) -> Enqueue:

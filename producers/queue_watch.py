@@ -127,7 +127,7 @@ class QueueWatch:
 
     async def poll(self) -> None:
         """Read every shard once."""
-        snapshot = await self.gateway.queues()
+        snapshot = await self.gateway.reads.queues()
         now = time.monotonic()
         elapsed = now - self.polled_at if self.polled_at else 0.0
         drained = snapshot.drained
@@ -272,7 +272,7 @@ class _Snapshot(Collector):
 
     async def refresh(self) -> None:
         await self.watch.fresh()
-        self.snapshot = await self.gateway.metrics()
+        self.snapshot = await self.gateway.reads.metrics()
 
     def collect(self) -> Iterable[Any]:
         refused = CounterMetricFamily(

@@ -1,5 +1,8 @@
 """The webhook receiver: ``POST /webhooks/{source}`` (and the ``GET`` of a sender's
-handshake), ``GET /healthz``, ``GET /readyz``, ``GET /metrics``.
+handshake), ``GET /outcomes/...``, ``GET /healthz``, ``GET /readyz``, and nothing else:
+this is the port put on the internet. ``/metrics`` is served on the operations listener
+(``ops/operations.py``), the bounds on each client below the app
+(:mod:`keylane.producers.client_bounds`).
 
 The receiver is thin on purpose: it checks, dedupes and enqueues, and never touches the
 record store. A delivery goes through the same steps whatever its sender
@@ -55,11 +58,11 @@ from .outcome_reads import OutcomeReads, source_tokens
 from .outcome_waits import OutcomeWaits
 from .queue_watch import QueueWatch, ReceiverMetrics
 from .signatures import Target, verifiers_of
+from .wire_choice import WireVersionGauge
 
 log = logging.getLogger("keylane.receiver")
 
 BROKER_DOWN_RETRY_AFTER_S = 5
-PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Receiver:
@@ -83,6 +86,7 @@ class Receiver:
         self.outcomes = OutcomeReads(settings, queue.redis, self.waits, tokens)
         self.watch = QueueWatch(queue.redis)
         self.metrics = ReceiverMetrics(self.watch, queue.redis)
+        self.metrics.registry.register(WireVersionGauge(self.acceptor.wire))
         self.faults = Faults(settings.faults, crash)
         self.verifiers = verifiers_of(sources, environ)
         self.handshakes = Handshakes(sources, self.verifiers, environ, queue.redis)
@@ -197,19 +201,6 @@ class Receiver:
             "Redis does not answer",
             retry_after=BROKER_DOWN_RETRY_AFTER_S,
         ).response()
-
-    async def prometheus(self, request: Request) -> Response:
-        """``GET /metrics``: Prometheus text exposition."""
-        try:
-            text = await self.metrics.render()
-        except Exception as exc:  # a scrape must say why it failed, not hang or 500 opaquely
-            return self.refuse(
-                503,
-                "broker_unavailable",
-                f"cannot read metrics: {exc}",
-                retry_after=BROKER_DOWN_RETRY_AFTER_S,
-            ).response()
-        return Response(text, media_type=PROMETHEUS_TEXT)
 
     # -- accepting --------------------------------------------------------------------------
 

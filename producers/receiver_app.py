@@ -4,8 +4,9 @@
 route (:class:`ReceiverApp`): it reads the body from the ASGI channel and sends its answer
 as two ASGI messages, because Starlette's routing, middleware, request and response
 objects cost more per delivery than the rest of the receiver's own work
-(``ops/docs/benchmarks.md``). Everything else (``/healthz``, ``/readyz``, ``/metrics``, the
-outcome routes, 404, 405, the lifespan) is a Starlette app behind it.
+(``ops/docs/benchmarks.md``). Everything else (``/healthz``, ``/readyz``, the outcome
+routes, 404, 405, the lifespan) is a Starlette app behind it. ``/metrics`` is not here:
+it is on the operations listener (``ops/operations.py``).
 """
 
 from __future__ import annotations
@@ -163,7 +164,6 @@ def create_receiver(
             Route("/webhooks/{source}", webhook_elsewhere, methods=["POST"]),
             Route("/healthz", receiver.healthz, methods=["GET"]),
             Route("/readyz", receiver.readyz, methods=["GET"]),
-            Route("/metrics", receiver.prometheus, methods=["GET"]),
             Route(OUTCOME_ROUTE, receiver.outcomes.get, methods=["GET"]),
         ],
     )

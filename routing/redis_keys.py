@@ -135,6 +135,12 @@ class RedisKeys:
         return f"{self.prefix}doorbell"
 
     @property
+    def layout(self) -> str:
+        """The layout of this namespace's keys, as a number (absent: 1, keylane 0.1.0;
+        ``routing/contract/wire.py``)."""
+        return f"{self.prefix}layout"
+
+    @property
     def members(self) -> str:
         """Sorted set worker-id -> last heartbeat (ms since epoch)."""
         return f"{self.prefix}members"

@@ -3,6 +3,7 @@ and commands run from a folder that holds no deployment."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import uuid
@@ -158,3 +159,23 @@ def test_a_command_on_a_postgresql_schema_without_keylane_tables_creates_none(
     finally:
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def test_records_get_exits_1_for_a_missing_record_with_json_or_without(tmp_path: Path) -> None:
+    # Given a store that holds contact:42 and nothing else
+    store = open_store(f"sqlite:///{tmp_path / 'keylane-data' / 'keylane.sqlite3'}")
+    store.migrate()
+    edit_record(store, "contact:42", {"email": "a@b.c"})
+    store.close()
+    env = _bare_env()
+    for as_json in ([], ["--json"]):
+        # When a record that is not there is asked for, as text and as JSON
+        missing = _run("records", "get", "contact:7", *as_json, cwd=tmp_path, env=env)
+        # Then the exit code is 1 (as the help says) and the answer says it is absent
+        assert missing.returncode == 1, (as_json, missing.stdout, missing.stderr)
+        # And the record that is there exits 0
+        found = _run("records", "get", "contact:42", *as_json, cwd=tmp_path, env=env)
+        assert found.returncode == 0, (as_json, found.stdout, found.stderr)
+    missing = _run("records", "get", "contact:7", "--json", cwd=tmp_path, env=env)
+    assert json.loads(missing.stdout)["exists"] is False
+    assert "no such record" in _run("records", "get", "contact:7", cwd=tmp_path, env=env).stdout

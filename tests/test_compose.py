@@ -234,3 +234,30 @@ def test_the_rabbitmq_profile_has_no_single_point_of_failure(compose: dict[str, 
     # And the command of each is a real keylane command
     assert _service(compose, "worker-rabbitmq")["command"] == ["keylane", "worker"]
     assert _service(compose, "receiver-rabbitmq")["command"][:2] == ["keylane", "serve"]
+
+
+@pytest.mark.parametrize("name", ["receiver", "receiver-rabbitmq"])
+def test_metrics_listen_on_the_compose_network_only(compose: dict[str, Any], name: str) -> None:
+    service = _service(compose, name)
+    command = service["command"]
+    # Given a receiver: its operations listener is on a port of its own ...
+    ops_port = command[command.index("--ops-port") + 1]
+    assert ops_port != command[command.index("--port") + 1]
+    assert command[command.index("--ops-host") + 1] == "0.0.0.0"
+    # ... reachable from the compose network (where Prometheus scrapes it), never published
+    assert service["expose"] == [ops_port]
+    assert not any(str(p).endswith(f":{ops_port}") for p in service["ports"])
+
+
+def test_flower_on_every_address_takes_its_password_from_the_environment(
+    compose: dict[str, Any],
+) -> None:
+    flower = _service(compose, "flower")
+    command = flower["command"]
+    assert command[command.index("--address") + 1] == "0.0.0.0"
+    # Then its password comes from the shell (null: passed through), and the file says so
+    assert "KEYLANE_FLOWER_BASIC_AUTH" in flower["environment"]
+    assert flower["environment"]["KEYLANE_FLOWER_BASIC_AUTH"] is None
+    text = COMPOSE.read_text()
+    assert "refuses to start without a password" in text
+    assert "export KEYLANE_FLOWER_BASIC_AUTH=" in text

@@ -254,7 +254,7 @@ def test_a_429_storm_loses_nothing_reorders_nothing_and_the_rate_holds_across_wo
     assert hook_status["in_flight"] == 0
     assert hook_status["done"] == 50
     assert hook_status["calls"] == sum(hook.status_counts.values())
-    metrics = httpx.get(f"{stack.url}/metrics").text
+    metrics = httpx.get(f"{stack.ops_url}/metrics").text
     assert f'keylane_destination_rate_limit{{destination="hook"}} {float(rate)}' in metrics
     assert 'keylane_destination_calls_total{destination="hook",outcome="done"} 50.0' in metrics
     # And the outcomes are only outcomes: they add up to the calls made, counted once

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,17 @@ def test_readme_is_short_and_starts_with_the_two_commands() -> None:
     # And it opens with the two set-up commands
     assert readme.startswith("# keylane\n\n```sh\nops/dev keylane up ")
     assert "\nops/dev test " in readme.split("```", 2)[1]
+
+
+def test_the_changelog_tells_this_version_and_how_to_upgrade_to_it() -> None:
+    # Given the version pyproject.toml gives the package
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    # Then the changelog's newest section is that version, and says how to upgrade to it
+    sections = re.findall(r"^## (\S+)$", changelog, re.M)
+    assert sections[0] == project["version"], sections
+    newest = changelog.split(f"## {sections[0]}\n", 1)[1].split("\n## ", 1)[0]
+    assert "### Upgrading from" in newest
+    # And the previous release it names is the one the upgrade test runs
+    assert sections[1] == "0.1.0"
+    assert "44bfee1" in changelog

@@ -94,3 +94,22 @@ def test_flower_shows_events_in_flight_retrying_and_dead_lettered(
         assert shown_columns[:2] == ["name", "args"], shown_columns
     finally:
         hook.stop()
+
+
+@SQLITE
+def test_flower_beyond_loopback_starts_only_with_a_password(stack: Stack) -> None:
+    # Given Flower asked to listen on every address, with no password set
+    refused = stack.keylane("flower", "--address", "0.0.0.0", "--port", str(free_port()))
+    # Then it refuses to start: exit code 2, one line naming the variable to set
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    assert "KEYLANE_FLOWER_BASIC_AUTH=user:password" in refused.stderr
+    # When the password comes from the environment, as the compose file passes it
+    stack.extra_env["KEYLANE_FLOWER_BASIC_AUTH"] = ":".join(AUTH)
+    port = free_port()
+    stack._spawn("flower", ["flower", "--address", "0.0.0.0", "--port", str(port)])
+    flower = f"http://127.0.0.1:{port}"
+    wait_until(lambda: answers(flower), 60, "Flower to answer", on_timeout=stack.logs)
+    # Then it starts, and answers its API only with the password
+    assert httpx.get(f"{flower}/api/workers", timeout=10).status_code == 401
+    assert httpx.get(f"{flower}/api/workers", auth=AUTH, timeout=10).status_code == 200

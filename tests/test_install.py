@@ -115,7 +115,7 @@ def stack_from_clean_venv(clean_venv: Path, tmp_path: Path) -> Iterator[tuple[Pa
     port = free_port()
     data = tmp_path / "data"
     argv = [keylane, "up", "--data-dir", data, "--port", str(port)]
-    argv += ["--flower-port", str(free_port())]
+    argv += ["--flower-port", str(free_port()), "--ops-port", str(free_port())]
     log = (tmp_path / "up.log").open("wb")
     up = subprocess.Popen(
         [str(a) for a in argv],

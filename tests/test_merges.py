@@ -272,7 +272,7 @@ def test_records_get_of_an_absorbed_key_says_where_it_went(stack: Stack) -> None
     _wait(stack, lambda: _status(stack)["merges"]["applied"] == 1, "the merge counted")
     merges = _status(stack)["merges"]
     assert (merges["pending_review"], merges["kept_apart"]) == (0, 0)
-    metrics = httpx.get(f"{stack.url}/metrics", timeout=10).text
+    metrics = httpx.get(f"{stack.ops_url}/metrics", timeout=10).text
     assert "keylane_merges_total 1.0" in metrics
 
 

@@ -94,7 +94,7 @@ def test_a_slow_destination_pushes_back_on_senders_and_nothing_is_lost(stack: St
         fields = store.read(key).fields
         assert len(fields["seq"]) == 300
         assert fields["total"] == 10 * sum(range(1, 31))
-    refused = _value(_metrics(stack.url), "keylane_refused_total", reason="shard_full")
+    refused = _value(_metrics(stack.ops_url), "keylane_refused_total", reason="shard_full")
     assert refused == sum(1 for s, e, _ in refusals if e == "shard_full")
 
 
@@ -139,7 +139,7 @@ def test_metrics_match_what_was_sent(stack: Stack) -> None:
                 == 200
             )
         if n == 100:
-            during = _metrics(stack.url)  # scraped during the load: it answers
+            during = _metrics(stack.ops_url)  # scraped during the load: it answers
             assert _value(during, "keylane_accepted_total") >= 100
     for _ in range(10):
         assert stack.post(b"{broken").status_code == 400
@@ -148,12 +148,12 @@ def test_metrics_match_what_was_sent(stack: Stack) -> None:
         assert stack.post(body).status_code == 202
     stack.wait_journal(205)
     wait_until(
-        lambda: _value(_metrics(stack.url), "keylane_applied_total") == 205,
+        lambda: _value(_metrics(stack.ops_url), "keylane_applied_total") == 205,
         20,
         "the counters to settle",
     )
     # Then the metrics say exactly that
-    m = _metrics(stack.url)
+    m = _metrics(stack.ops_url)
     assert _value(m, "keylane_accepted_total") == 205
     assert _value(m, "keylane_duplicate_deliveries_total") == 20
     assert _value(m, "keylane_keyless_total") == 5
@@ -169,7 +169,7 @@ def test_metrics_match_what_was_sent(stack: Stack) -> None:
     assert len(depth_series) == stack.settings.shard_count
 
     def drained() -> bool:  # the receiver reads depths once a second
-        m = _metrics(stack.url)
+        m = _metrics(stack.ops_url)
         return all(v == 0 for k, v in m.items() if k[0] == "keylane_queue_depth")
 
     wait_until(drained, 10, "the depths to read 0")

@@ -104,7 +104,9 @@ def test_the_readme_example_runs_as_written(tmp_path: Path, crm: str) -> None:
 
         def json_of(command: str) -> object:
             done = keylane(command)
-            assert done.returncode == 0, done.stdout + done.stderr
+            # `records get` exits 1 for a record not written yet, and still prints it
+            ok = (0, 1) if command.startswith("keylane records get") else (0,)
+            assert done.returncode in ok, done.stdout + done.stderr
             return json.loads(done.stdout)
 
         wait_until(

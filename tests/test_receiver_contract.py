@@ -359,7 +359,8 @@ def test_a_full_shard_that_does_not_drain_answers_the_retry_after_ceiling(stack:
     shard = stack.settings.shards.shard_for_key("full:1")
     wait_until(
         lambda: (
-            f'keylane_queue_depth{{shard="{shard}"}} 3.0' in httpx.get(f"{stack.url}/metrics").text
+            f'keylane_queue_depth{{shard="{shard}"}} 3.0'
+            in httpx.get(f"{stack.ops_url}/metrics").text
         ),
         10,
         "the receiver's queue watch to see the full shard",

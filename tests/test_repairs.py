@@ -136,7 +136,7 @@ def test_a_sweep_during_a_burst_never_repairs_a_record_mid_update(stack: Stack) 
     assert len(lane_checks) >= repairs_written
     assert len(sweep_reads) > len(lane_checks)
     # And the sweeps show in /metrics and keylane status
-    metrics = httpx.get(f"{stack.url}/metrics", timeout=10).text
+    metrics = httpx.get(f"{stack.ops_url}/metrics", timeout=10).text
     assert 'keylane_schedule_runs_total{job="full_name",outcome="ok"}' in metrics
     states_shown = [s for s in stack.view().schedules() if not s.job.startswith("keylane.")]
     assert [s.job for s in states_shown] == ["full_name"]

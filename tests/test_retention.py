@@ -374,7 +374,7 @@ def replayed_after_archiving(stack: Stack, remembered: bool) -> None:
     assert status["tables"]["journal"]["rows"] == (0 if remembered else 1)
     assert status["last_prune_age_s"] is not None
     assert status["archived_total"]["journal"] == 1
-    metrics = httpx.get(f"{stack.url}/metrics").text
+    metrics = httpx.get(f"{stack.ops_url}/metrics").text
     assert 'keylane_store_rows{table="journal"} 0.0' in metrics
     assert 'keylane_archived_rows_total{table="journal"} 1.0' in metrics
     assert "keylane_prune_last_run_timestamp_seconds" in metrics
@@ -499,12 +499,15 @@ def test_a_prune_command_finds_no_store_creates_none_and_says_where_it_looked(
         never.close()
 
 
-def test_a_prune_with_an_archive_folder_that_is_a_file_is_one_line_exit_2(
+def test_a_prune_with_an_archive_folder_it_cannot_make_is_one_line_exit_2(
     settings: Settings, store: SqlStore, tmp_path: Path
 ) -> None:
-    # Given an archive folder under a file, and another that is a file
+    # Given an archive folder under a file, another that is a file, and two that cannot be
+    # made: under /proc (no such file or directory) and under /sys (not permitted, as on
+    # a read-only file system, even for root)
     (tmp_path / "a-file").write_text("not a folder")
-    for archive in (tmp_path / "a-file", tmp_path / "a-file" / "archive"):
+    unmakeable = [Path("/proc/keylane-archive"), Path("/sys/keylane-archive")]
+    for archive in (tmp_path / "a-file", tmp_path / "a-file" / "archive", *unmakeable):
         # When a prune runs with it
         done = keylane(settings, "journal", "prune", archive_dir=archive)
         # Then it exits 2 with one line naming the folder and the setting, no traceback

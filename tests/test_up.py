@@ -133,6 +133,11 @@ def test_up_runs_the_stack_on_an_embedded_redis(tmp_path: Path, redis_from: str)
         assert check.returncode == 0, check.stdout + check.stderr
         assert "ok   receiver" in check.stdout
         assert httpx.get(f"http://127.0.0.1:{flower_port}/healthcheck", timeout=10).text == "OK"
+        # And /metrics is served on the operations listener it names, not on the webhook port
+        metrics_url = re.search(r"Metrics: (http://127\.0\.0\.1:\d+/metrics)", log_path.read_text())
+        assert metrics_url is not None, log_path.read_text()
+        assert "keylane_accepted_total 1.0" in httpx.get(metrics_url.group(1), timeout=10).text
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 404
     finally:
         # When it is told to stop (what Ctrl-C does)
         up.send_signal(signal.SIGTERM)
@@ -155,6 +160,7 @@ def test_up_runs_the_stack_on_an_embedded_redis(tmp_path: Path, redis_from: str)
 def _clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEYLANE_")}
     env["PYTHONPATH"] = str(REPO)
+    env["KEYLANE_OPS_PORT"] = str(free_port())  # tests run side by side: not the default
     return env
 
 

@@ -6,7 +6,8 @@ Every way an event ends up here goes through this module: a change that does not
 record or touches a field its source does not own, conflicts on every attempt, a
 destination that gave up or kept failing, a handler that failed every delivery, a message
 that killed its worker every time (``poison``), bytes that are not a keylane message
-(``malformed``), a reused event id (``id_reused``). The functions here run in a lane's
+(``malformed``), a message of a wire version this worker does not read
+(``wire_version``), a reused event id (``id_reused``). The functions here run in a lane's
 pool thread, on that thread's store connection (:class:`keylane.workers.lane_store.LaneStore`
 awaits them).
 """
@@ -17,6 +18,7 @@ import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import sentry_sdk
 from pydantic import ValidationError
@@ -25,6 +27,7 @@ from ..routing.contract.destinations import EXCERPT_CHARS
 from ..routing.contract.errors import AlreadyApplied, MalformedMessage
 from ..routing.contract.events import Event
 from ..routing.contract.message import parse_message
+from ..routing.contract.wire import READS
 from .results import ApplyResult
 from .store import DeadLetterStore, JournalStore
 from .store_rows import DeadLetterDraft, DeadLetterFilter, EventWrite, Fence
@@ -130,17 +133,51 @@ def refuse_with_review(
 def malformed(
     store: DeadLetterStore, shard: int, raw: bytes, error: str, fence: Fence | None
 ) -> int:
-    """The review row of bytes in a shard queue that are not a keylane message. The
-    bytes' digest is closed in the journal (source ``""``) in the same transaction, so a
+    """The review row of bytes in a shard queue that are not a keylane message."""
+    event = {"raw": raw[:4096].decode("utf-8", "replace")}
+    return _row_of_bytes(store, shard, raw, "malformed", event, "", error, fence)
+
+
+def unreadable(
+    store: DeadLetterStore,
+    shard: int,
+    raw: bytes,
+    version: int | None,
+    record_key: str,
+    fence: Fence | None,
+) -> int:
+    """The review row of a message of a wire version this worker does not read
+    (:mod:`keylane.routing.contract.wire`): kept whole, so that ``keylane dlq retry``
+    queues it again as it came once a worker that reads it runs."""
+    event = {"raw": raw.decode("utf-8", "replace"), "wire": version}
+    error = (
+        f"a message of wire version {version} (this worker reads {', '.join(map(str, READS))}):"
+        " it was written by a newer keylane; upgrade this worker, then retry this row"
+    )
+    return _row_of_bytes(store, shard, raw, "wire_version", event, record_key, error, fence)
+
+
+def _row_of_bytes(
+    store: DeadLetterStore,
+    shard: int,
+    raw: bytes,
+    reason: str,
+    event: dict[str, Any],
+    record_key: str,
+    error: str,
+    fence: Fence | None,
+) -> int:
+    """The review row of a message that is no event this worker can read. The bytes'
+    digest is closed in the journal (source ``""``) in the same transaction, so a
     redelivery adds no second row: it gets the first row's id."""
     digest = hashlib.sha256(raw).hexdigest()
     draft = DeadLetterDraft(
         source="",
         event_id=f"sha256:{digest}",
-        record_key="",
+        record_key=record_key,
         shard=shard,
-        reason="malformed",
-        event={"raw": raw[:4096].decode("utf-8", "replace")},
+        reason=reason,
+        event=event,
         attempted_change={},
         revision_read=None,
         revision_found=None,
@@ -150,7 +187,7 @@ def malformed(
     try:
         return store.commit_dead_letter(draft, fence)
     except AlreadyApplied:
-        flt = DeadLetterFilter(sources=("",), reasons=("malformed",), record_key="")
+        flt = DeadLetterFilter(sources=("",), reasons=(reason,), record_key=record_key)
         first = [row.id for row in store.dead_letters(flt) if row.event_id == draft.event_id]
         if first:
             return first[0]

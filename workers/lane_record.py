@@ -25,7 +25,7 @@ import logging
 import random
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import sentry_sdk
@@ -41,9 +41,10 @@ from ..routing.contract.errors import (
 from ..routing.contract.events import Event
 from ..routing.contract.faults import Faults
 from ..routing.contract.logcontext import event_context
-from ..routing.contract.message import TaskMessage, build_event_message, parse_message
+from ..routing.contract.message import build_event_message, parse_message
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import SourceConfig, Sources
+from ..routing.contract.wire import READS, version_of
 from ..routing.router import EVENT_TASKS
 from . import dead_letters, lane_tells
 from .apply import SourceHandler, apply_events, load_source_handler
@@ -53,6 +54,7 @@ from .broker import Ack, Counts, Idle, Lease, MessageNotes, Outgoing, RecordQueu
 from .dead_letters import Failure
 from .dispatch import Dispatcher, Wait
 from .doorbell import Doorbell
+from .lane_steps import Queued, Step, followers, read_taken
 from .lane_store import LaneStore
 from .ownership import Ownership
 from .results import ApplyResult
@@ -83,26 +85,6 @@ class LaneEvents(Protocol):
 MAX_BACKOFF_S = 5.0
 #: How long a record waits when the store or the broker cannot be reached.
 OUTAGE_WAIT_S = 1.0
-
-
-@dataclass(frozen=True)
-class Step:
-    """A record for a lane to handle. When it was taken as the lane finished the one
-    before (one blocking call for the acknowledgement, the take and the read), also its
-    message as parsed and its record as read right after: the first attempt's fresh read."""
-
-    taken: Taken
-    message: TaskMessage | None = None
-    record: Record | None = None
-
-
-@dataclass(frozen=True)
-class Queued:
-    """A message taken from a record's list, and the event it carries."""
-
-    raw: bytes
-    event: Event
-    task_id: str
 
 
 class RecordLane:
@@ -161,9 +143,14 @@ class RecordLane:
             message = step.message or parse_message(taken.raw)
             if message.task_name not in EVENT_TASKS:
                 raise MalformedMessage(f"unexpected task {message.task_name!r}")
+            version = version_of(message.headers)
+            if version not in READS:  # a newer keylane's: parked whole, its record held
+                why = (version, taken.record_key)
+                await self._park(lease, taken, self.store.unreadable, why, hold=True)
+                return None
             event = Event.model_validate(message.kwargs.get("event"))
         except (MalformedMessage, ValidationError, KeyError, TypeError, ValueError) as exc:
-            await self._malformed(lease, taken, str(exc))
+            await self._park(lease, taken, self.store.malformed, (str(exc),), hold=False)
             return None
         batch = [Queued(taken.raw, event, message.task_id), *self._followers(taken, event)]
         context: dict[str, Any] = {
@@ -194,22 +181,7 @@ class RecordLane:
         else:
             source = self.sources.get(first.source)
             limit = 1 if source is None else source.batch_limit(self.settings)
-        out: list[Queued] = []
-        for raw in taken.followers[: limit - 1]:
-            try:
-                message = parse_message(raw)
-                event = Event.model_validate(message.kwargs.get("event"))
-            except (MalformedMessage, ValidationError, TypeError, ValueError):
-                break
-            same = (event.source, event.record_key, event.destination) == (
-                first.source,
-                first.record_key,
-                first.destination,
-            )
-            if not same or event.retry_of or event.review:
-                break
-            out.append(Queued(raw, event, message.task_id))
-        return out
+        return followers(taken, first, limit)
 
     async def _apply(
         self, lane: int, lease: Lease, taken: Taken, batch: list[Queued], record: Record | None
@@ -415,31 +387,27 @@ class RecordLane:
             return await self.store.open_dead_letter(event)
         return None
 
-    async def _malformed(self, lease: Lease, taken: Taken, error: str) -> None:
+    async def _park(
+        self,
+        lease: Lease,
+        taken: Taken,
+        row: Callable[..., Awaitable[int]],
+        why: tuple[Any, ...],
+        hold: bool,
+    ) -> None:
+        """Make the review row of a message that is no event this worker can read
+        (``row(shard, raw, *why, fence)``) and acknowledge it; with ``hold`` (a message
+        of another wire version) its record is held behind the row, so that the record's
+        later events wait for it, in order."""
         try:
-            await self.store.malformed(
-                lease.shard, taken.raw, error, Fence(lease.shard, lease.token)
-            )
+            row_id = await row(lease.shard, taken.raw, *why, Fence(lease.shard, lease.token))
         except StaleFence as exc:
             self.ownership.lost(lease, str(exc))
             return
-        if not await self.io.call(
-            self.queue.finish, lease, taken, [Ack(taken.raw, "dead_lettered")]
-        ):
+        acks = [Ack(taken.raw, "dead_lettered")]
+        held = row_id if hold else None
+        finished = await self.io.store(
+            lambda store: self._finish(store, store, lease, taken, acks, held, False)
+        )
+        if finished is False:
             self.ownership.lost(lease, "lease changed before the acknowledgement")
-
-
-def read_taken(store: RecordStore, taken: Taken) -> Step:
-    """(In a pool thread.) ``taken`` with its message parsed and its record read right
-    after the take: the first attempt's fresh read, without a blocking call of its own."""
-    try:
-        message = parse_message(taken.raw)
-        event = message.kwargs["event"]
-        if event.get("destination"):  # its record is not in keylane's store
-            return Step(taken, message)
-        record = store.read(str(event["record_key"]))
-    except Exception:
-        # A head start only, never a reason to strand the record just handed out: the
-        # lane parses and reads it again, and meets the error on its own path
-        return Step(taken)
-    return Step(taken, message, record)

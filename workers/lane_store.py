@@ -132,6 +132,12 @@ class LaneStore:
         """:func:`keylane.workers.dead_letters.malformed`."""
         return await self.io.store(dead_letters.malformed, shard, raw, error, fence)
 
+    async def unreadable(
+        self, shard: int, raw: bytes, version: int | None, record_key: str, fence: Fence
+    ) -> int:
+        """:func:`keylane.workers.dead_letters.unreadable`."""
+        return await self.io.store(dead_letters.unreadable, shard, raw, version, record_key, fence)
+
     async def open_dead_letter(self, event: Event) -> int | None:
         """:func:`keylane.workers.dead_letters.open_dead_letter`."""
         return await self.io.store(lambda store: dead_letters.open_dead_letter(store, store, event))

@@ -33,7 +33,8 @@ from .blocking import BlockingPool
 from .broker import Idle, MessageNotes, RecordQueue, Taken
 from .dispatch import Dispatcher
 from .doorbell import Doorbell
-from .lane_record import OUTAGE_WAIT_S, LaneEvents, RecordLane, Step
+from .lane_record import OUTAGE_WAIT_S, LaneEvents, RecordLane
+from .lane_steps import Step
 from .ownership import Ownership
 from .stores.sql import SqlStore
 

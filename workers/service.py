@@ -14,6 +14,7 @@ from ..routing.contract.errors import ConfigError
 from ..routing.contract.faults import Faults
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Sources, load_sources
+from ..routing.contract.wire import LAYOUT_VERSION, WIRE_VERSION
 from . import dead_letters
 from .brokers.choice import open_lane_broker
 from .brokers.rabbitmq import RabbitLaneBroker
@@ -82,6 +83,9 @@ class LaneService:
             "pid": os.getpid(),
             "lanes": settings.lanes,
             "started": time.time(),
+            # The newest wire version this worker reads: producers write no newer one
+            # while it is a member (routing/contract/wire.py)
+            "wire": WIRE_VERSION,
         }
         faults = Faults(settings.faults, crash)
         self.writer = (
@@ -133,6 +137,8 @@ class LaneService:
     def start(self) -> None:
         """Claim the SQLite store (one writer process), create the schema, join the
         members, take shards and start the lanes."""
+        if self.redis is not None:
+            self.redis.claim_layout(LAYOUT_VERSION)  # refuses a newer release's namespace
         if self.writer is not None:
             self.writer.claim()
         store = self.open_store()

@@ -122,7 +122,7 @@ def deployment(
         logs.mkdir(parents=True, exist_ok=True)
         urls, started = [], []
         for n in range(receivers):
-            argv = keylane_argv("serve", "--port", str(port + n))
+            argv = keylane_argv("serve", "--port", str(port + n), "--ops-port", "0")
             receiver = es.enter_context(child(f"receiver-{n}", argv, env, logs))
             url = f"http://127.0.0.1:{port + n}"
             wait_for(functools.partial(_ready, url), 60, "the receiver", receiver.log_tail)

@@ -84,7 +84,9 @@ def start_receiver(bench: Bench) -> tuple[Child, str]:
     """The run's receiver (started on first use) and its URL."""
     if bench.receiver is None:
         port = free_port()
-        bench.receiver = bench.start("receiver", keylane_argv("serve", "--port", str(port)))
+        bench.receiver = bench.start(
+            "receiver", keylane_argv("serve", "--port", str(port), "--ops-port", "0")
+        )
         bench.receiver_url = f"http://127.0.0.1:{port}"
         bench.wait_http(bench.receiver, f"{bench.receiver_url}/readyz")
     return bench.receiver, bench.receiver_url

@@ -128,7 +128,9 @@ def run_once(opts: Options, adaptive: bool, es: ExitStack) -> Run:
     path.write_text(sources_toml(url, opts.rate, adaptive))
     env = {**bench.env, "KEYLANE_SOURCES_FILE": str(path)}
     port = _free_port()
-    receiver = bench.start(f"{mode}-receiver", keylane_argv("serve", "--port", str(port)), env)
+    receiver = bench.start(
+        f"{mode}-receiver", keylane_argv("serve", "--port", str(port), "--ops-port", "0"), env
+    )
     bench.start(f"{mode}-worker", keylane_argv("worker"), env)
     bench.wait_http(receiver, f"http://127.0.0.1:{port}/healthz")
     say(f"{mode}: sending {opts.events} events over {opts.records} records")

@@ -305,7 +305,9 @@ def fresh_receiver(bench: Bench, name: str) -> Iterator[tuple[Child, str]]:
     """A receiver of its own, stopped when the block ends."""
     with contextlib.ExitStack() as es:
         port = free_port()
-        proc = bench.start(name, keylane_argv("serve", "--port", str(port)), es=es)
+        proc = bench.start(
+            name, keylane_argv("serve", "--port", str(port), "--ops-port", "0"), es=es
+        )
         url = f"http://127.0.0.1:{port}"
         bench.wait_http(proc, f"{url}/readyz")
         yield proc, url

@@ -220,7 +220,9 @@ class KeylaneSystem:
         sources.write_text(SOURCES_TOML)
         bench.env["KEYLANE_SOURCES_FILE"] = str(sources)
         port = free_port()
-        receiver = bench.start("versus-receiver", keylane_argv("serve", "--port", str(port)))
+        receiver = bench.start(
+            "versus-receiver", keylane_argv("serve", "--port", str(port), "--ops-port", "0")
+        )
         self.url = f"http://127.0.0.1:{port}"
         workers = [
             bench.start(f"versus-worker-{n}", keylane_argv("worker", "--lanes", str(self.lanes)))

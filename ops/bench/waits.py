@@ -170,7 +170,9 @@ def start(
     path.write_text(sources_toml(server_url, sources, adaptive))
     env = {**bench.env, "KEYLANE_SOURCES_FILE": str(path)}
     port = _free_port()
-    receiver = bench.start(f"{name}-receiver", keylane_argv("serve", "--port", str(port)), env)
+    receiver = bench.start(
+        f"{name}-receiver", keylane_argv("serve", "--port", str(port), "--ops-port", "0"), env
+    )
     worker = bench.start(f"{name}-worker", keylane_argv("worker"), env)
     bench.wait_http(receiver, f"http://127.0.0.1:{port}/healthz")
     view = DeploymentView(bench.redis, RedisKeys(bench.namespace), ShardMap(shards))

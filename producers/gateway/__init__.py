@@ -13,14 +13,13 @@ Only the modules of this package import the Redis client on the producer side
 """
 
 from .outcome_feed import OutcomeFeed
+from .queue_reads import MetricSnapshot, QueueReads, QueueSnapshot
 from .receiver_gateway import (
     POOL_CONNECTIONS,
     POOL_WAIT_S,
     BatchResult,
     Enqueue,
     EnqueueResult,
-    MetricSnapshot,
-    QueueSnapshot,
     ReceiverGateway,
     Verdict,
 )
@@ -37,6 +36,7 @@ __all__ = [
     "LoadedScript",
     "MetricSnapshot",
     "OutcomeFeed",
+    "QueueReads",
     "QueueSnapshot",
     "ReceiverGateway",
     "ScheduleGateway",

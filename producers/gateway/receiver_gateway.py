@@ -1,5 +1,6 @@
 """The receiver's one gateway to Redis: the accept script, the review message of a reused
-id, and the reads behind backpressure and ``/metrics``.
+id, the dedupe marks and told outcomes, and (:attr:`ReceiverGateway.reads`,
+:mod:`.queue_reads`) the reads behind backpressure and ``/metrics``.
 
 Accepting an event into its shard queue and marking its id as seen is ONE Lua script
 (``scripts/accept.lua``, beside this module), and so is accepting every event of a batched
@@ -17,23 +18,21 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
 from ...routing import ShardMap
-from ...routing.contract.destinations import FlowState
 from ...routing.contract.replies import reply_text
-from ...routing.contract.schedule_state import ScheduleState
 from ...routing.contract.schedules import RunLease
 from ...routing.contract.settings import Settings
 from ...routing.redis_keys import RedisKeys
 from ..mark_batches import Mark, MarkBatches
 from ..rounds import Rounds
-from ..state_reads import flow_states, queue_flow_reads, queue_schedule_reads, schedule_states
 from .outcome_feed import OutcomeFeed
+from .queue_reads import QueueReads
 from .redis_calls import LoadedScript, as_bytes, broker_errors, run_script, script_text
 
 #: The most connections one process's gateway opens to Redis, and how long a call waits for
@@ -100,30 +99,6 @@ class Enqueue:
     lease: RunLease | None = None
 
 
-@dataclass(frozen=True)
-class QueueSnapshot:
-    """Every shard queue at one instant: depth and head message by shard, and the drain
-    counts the lanes keep."""
-
-    depths: list[int]
-    heads: list[bytes | None]
-    drained: dict[int, int]
-
-
-@dataclass(frozen=True)
-class MetricSnapshot:
-    """The deployment's counters and latency histogram, live workers, held keys, flow
-    control, and the figures of the last prune."""
-
-    counters: dict[str, float]
-    latency: dict[str, float]
-    members: int
-    held: int
-    destinations: list[FlowState] = field(default_factory=list)
-    schedules: list[ScheduleState] = field(default_factory=list)
-    retention: dict[str, float] = field(default_factory=dict)  # the last prune's figures
-
-
 class ReceiverGateway:
     """Typed access to Redis for the receiver (asyncio)."""
 
@@ -134,6 +109,8 @@ class ReceiverGateway:
         #: The dedupe marks of the two-step accept (RabbitMQ) and the outcome reads, many
         #: requests' in one round trip.
         self.marks = MarkBatches(self.marks_round)
+        #: The deployment's state as the queue watch, /metrics and the wire choice read it.
+        self.reads = QueueReads(client, keys, shards)
         self._mark_seen = LoadedScript(script_text("mark_seen"))
         self._accept = LoadedScript(script_text("accept"))
         #: The accepts of requests that arrive at once, in one script call.
@@ -348,59 +325,6 @@ class ReceiverGateway:
             return bool(await self.client.ping())
         except RedisError:
             return False
-
-    async def queues(self) -> QueueSnapshot:
-        """Depth and head message of every shard queue, and the drain counts, at one
-        instant (a transaction: the lanes' admission moves messages between the queue and
-        the admitted count)."""
-        pipe = self.client.pipeline(transaction=True)
-        for shard in range(self.shards.count):
-            queue = self.keys.queue(self.shards.queue_name(shard))
-            pipe.llen(queue)
-            pipe.lindex(queue, -1)
-        pipe.hgetall(self.keys.drained)
-        pipe.hgetall(self.keys.depth)
-        with broker_errors():
-            replies = await pipe.execute()
-        n = self.shards.count
-        admitted = {int(k): int(v) for k, v in replies[-1].items()}
-        return QueueSnapshot(
-            depths=[int(replies[2 * s]) + admitted.get(s, 0) for s in range(n)],
-            heads=[replies[2 * s + 1] for s in range(n)],
-            drained={int(k): int(v) for k, v in replies[-2].items()},
-        )
-
-    async def metrics(self) -> MetricSnapshot:
-        """Counters, latency histogram, live workers, held keys, destinations, and the
-        store's sizes and last prune as the prune recorded them."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(self.keys.counters)
-        pipe.hgetall(self.keys.latency)
-        pipe.zcard(self.keys.members)
-        pipe.hlen(self.keys.held)
-        pipe.smembers(self.keys.destinations)
-        pipe.smembers(self.keys.schedules)
-        pipe.hgetall(self.keys.retention)
-        with broker_errors():
-            counters, latency, members, held, names, jobs, retention = await pipe.execute()
-            names = sorted(reply_text(n) for n in names)
-            jobs = sorted(reply_text(n) for n in jobs)
-            flow = self.client.pipeline(transaction=False)
-            queue_flow_reads(flow, self.keys, names)
-            queue_schedule_reads(flow, self.keys, jobs)
-            replies = await flow.execute()
-            split = 1 + 3 * len(names)
-            destinations = flow_states(replies[:split], names)
-            schedules = schedule_states(replies[split:], jobs)
-        return MetricSnapshot(
-            counters={reply_text(k): float(v) for k, v in counters.items()},
-            latency={reply_text(k): float(v) for k, v in latency.items()},
-            members=int(members),
-            held=int(held),
-            destinations=destinations,
-            schedules=schedules,
-            retention={reply_text(k): float(v) for k, v in retention.items()},
-        )
 
     async def close(self) -> None:
         """Release the connection pool."""

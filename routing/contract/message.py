@@ -28,6 +28,7 @@ import msgspec
 from ..router import EVENT_TASK, UNHOLD_TASK
 from .errors import MalformedMessage
 from .events import Event
+from .wire import WIRE_HEADER, WIRE_VERSION
 
 _ORIGIN = f"{os.getpid()}@{platform.node()}"
 
@@ -67,11 +68,16 @@ def build_event_message(
 
 
 def event_message(
-    event: Mapping[str, Any], queue: str, batch: int = 1, task_id: str | None = None
+    event: Mapping[str, Any],
+    queue: str,
+    batch: int = 1,
+    task_id: str | None = None,
+    wire: int = WIRE_VERSION,
 ) -> bytes:
     """:func:`build_event_message` for an event in its wire form (what
     ``Event.model_dump(mode="json")`` gives, and what a lane reads back with
-    ``Event.model_validate``): the receiver builds that form directly."""
+    ``Event.model_validate``): the receiver builds that form directly. ``wire``: the
+    version written (:mod:`.wire`; the event already in that version's form)."""
     source, event_id, record_key = event["source"], event["event_id"], event["record_key"]
     summary = f"{source}/{event_id} -> {record_key}"
     extra: dict[str, str | int] = {RECORD_HEADER: record_key}
@@ -79,7 +85,7 @@ def event_message(
         extra[BATCH_HEADER] = batch_tag(source, record_key, event.get("destination"), batch)
     if event.get("retry_of") is not None:
         extra[RETRY_OF_HEADER] = event["retry_of"]
-    return build_task_message(EVENT_TASK, {"event": event}, queue, summary, task_id, extra)
+    return build_task_message(EVENT_TASK, {"event": event}, queue, summary, task_id, extra, wire)
 
 
 def batch_tag(source: str, record_key: str, destination: str | None, batch: int) -> str:
@@ -107,9 +113,13 @@ def build_task_message(
     summary: str,
     task_id: str | None = None,
     extra_headers: dict[str, str | int] | None = None,
+    wire: int = WIRE_VERSION,
 ) -> bytes:
     """A Celery protocol-2 message for ``task(**kwargs)`` in kombu's Redis layout, filled
-    into the layout's template (:func:`_template`)."""
+    into the layout's template (:func:`_template`), of wire version ``wire`` (version 1,
+    keylane 0.1.0's, names none)."""
+    if wire >= 2:
+        extra_headers = {**(extra_headers or {}), WIRE_HEADER: wire}
     task_id = task_id or new_task_id()
     body = _BODY_HEAD + _ENCODE(kwargs) + _BODY_TAIL
     values = {
@@ -226,6 +236,14 @@ def parse_message(raw: bytes) -> TaskMessage:
         raise
     except (ValueError, KeyError, TypeError) as exc:
         raise MalformedMessage(f"not a Celery task message: {exc}") from exc
+
+
+def with_header(raw: bytes, name: str, value: str | int) -> bytes:
+    """The message ``raw`` with one more header (Celery's envelope, whatever the wire
+    version of the event inside): an operator's retry of a message kept whole."""
+    envelope = json.loads(raw)
+    envelope["headers"][name] = value
+    return json.dumps(envelope).encode()
 
 
 def event_of(raw: bytes | None) -> dict[str, Any] | None:

@@ -119,6 +119,17 @@ class Settings(BaseSettings):
     # from the Host header, which a sender (or anyone) chooses. A source's `public_url`
     # (the whole URL of its webhook) overrides it.
     public_url: str | None = None
+    # Bounds on each client of the receiver (ops/docs/production.md). A request's line
+    # and headers must arrive within this time of its first byte (of the connection, for
+    # its first request), else 408 and the connection is closed
+    header_timeout_s: int = Field(10, ge=1, le=3600)
+    # The most a request's line and headers may take, else 431 and the connection closed
+    header_max_bytes: int = Field(65_536, ge=1024, le=16 * 1_048_576)
+    # The longest a request's body may take to arrive after its headers, else 408, closed
+    body_timeout_s: int = Field(30, ge=1, le=3600)
+    # Open connections one receiver serves; past it a new connection is answered 503 with
+    # `Connection: close` and `Retry-After`, while those already open are served as before
+    max_connections: int = Field(1000, ge=1, le=1_000_000)
     dedupe_retention_s: int = Field(THREE_DAYS_S, ge=1)
     shard_high_water: int = Field(10_000, ge=1)
     global_high_water: int = Field(200_000, ge=1)
@@ -130,6 +141,11 @@ class Settings(BaseSettings):
     outcomes_token: SecretStr | None = None
 
     # Operations
+
+    # The operations listener of each receiver process: /metrics (and what operators
+    # look at), never on the webhook port; loopback unless set
+    ops_host: str = "127.0.0.1"
+    ops_port: int = Field(8100, ge=0, le=65535)  # 0: a port the system picks
     sentry_dsn: SecretStr | None = Field(
         None, validation_alias=AliasChoices("KEYLANE_SENTRY_DSN", "SENTRY_DSN")
     )

@@ -24,11 +24,13 @@ from keylane.routing.contract.settings import Settings, env_var, settings_enviro
 from keylane.workers.brokers.redis import RedisLaneBroker
 from keylane.workers.stores import open_store
 from keylane.workers.stores.sql import SqlStore
+from tests.support.services import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: The receiver's line that names the port it listens on.
+#: The receiver's lines that name the ports it listens on: webhooks, operations.
 LISTENING = re.compile(r"receiver listening on http://[^:]+:(\d+)")
+OPS_LISTENING = re.compile(r"operations listening on http://[^:]+:(\d+)")
 
 
 def settings_env(settings: Settings, **extra: Any) -> dict[str, str]:
@@ -53,6 +55,7 @@ class Proc:
     env: dict[str, str]
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    cwd: Path = REPO  # another for a release installed elsewhere: the checkout shadows it
 
     def start(self) -> Proc:
         """Start it (output to the log file)."""
@@ -62,7 +65,7 @@ class Proc:
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                cwd=REPO,
+                cwd=self.cwd,
                 start_new_session=True,
             )
         return self
@@ -114,6 +117,7 @@ class Stack:
     tmp: Path
     procs: list[Proc] = field(default_factory=list)
     url: str = ""
+    ops_url: str = ""  # the last receiver's operations listener (/metrics)
     stores: list[SqlStore] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)  # e.g. signing secrets
     http: httpx.Client | None = None
@@ -149,14 +153,19 @@ class Stack:
 
     def receiver(self, port: int | None = None, **env: Any) -> Proc:
         """Start a receiver and wait until it answers; sets :attr:`url`. Without ``port``
-        it listens on one the system picks (read back from its log): no race for ports."""
-        proc = self._spawn("receiver", ["serve", "--port", str(port or 0)], **env)
+        it listens on one the system picks (read back from its log): no race for ports.
+        Its operations listener is on a port the system picks: :attr:`ops_url`."""
+        proc = self._spawn(
+            "receiver", ["serve", "--port", str(port or 0), "--ops-port", "0"], **env
+        )
 
         def listening() -> bool:
             found = LISTENING.search(proc.log())
-            if found is not None:
+            ops = OPS_LISTENING.search(proc.log())
+            if found is not None and ops is not None:
                 self.url = f"http://127.0.0.1:{found.group(1)}"
-            return found is not None or not proc.alive()
+                self.ops_url = f"http://127.0.0.1:{ops.group(1)}"
+            return (found is not None and ops is not None) or not proc.alive()
 
         wait_until(listening, 30, "receiver to listen")
         wait_until(lambda: _healthy(self.url) or not proc.alive(), 30, "receiver to start")
@@ -275,7 +284,11 @@ def start_up(
     shell_line: str | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``keylane up`` (``args`` after ``keylane``, or a whole ``shell_line`` as a
-    user types it; output to ``log_path``) in ``cwd`` and wait until it says it is up."""
+    user types it; output to ``log_path``) in ``cwd`` and wait until it says it is up.
+    Its operations listener is on a free port (``KEYLANE_OPS_PORT``; its ``Metrics:``
+    line names it) unless ``args`` choose one: tests run side by side."""
+    if "--ops-port" not in args:
+        env = {**env, "KEYLANE_OPS_PORT": str(free_port())}
     command = (
         ["bash", "-c", shell_line]
         if shell_line is not None

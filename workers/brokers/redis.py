@@ -37,6 +37,7 @@ from redis.typing import EncodableT, FieldT
 
 from ...routing import ShardMap
 from ...routing.contract.destinations import EXCERPT_CHARS
+from ...routing.contract.errors import ConfigError
 from ...routing.contract.message import build_unhold_message
 from ...routing.contract.redis_scripts import (
     COMMON_KEYS,
@@ -438,6 +439,20 @@ class RedisLaneBroker(RecordQueue, ShardLeases, MessageNotes):
         pipe.zrange(k.members, 0, -1)
         result = _do(pipe.execute)
         return [reply_text(m) for m in result[-1]]
+
+    def claim_layout(self, version: int) -> None:
+        """Mark the namespace as laid out in ``version`` when nothing marks it (a
+        namespace of keylane 0.1.0: layout 1), and refuse one a newer release laid out."""
+        key = self.keys.layout
+        pipe = self.client.pipeline(transaction=True)  # (SET NX GET needs Redis 7)
+        pipe.set(key, version, nx=True)
+        pipe.get(key)
+        found = _do(pipe.execute)[-1]
+        if found is not None and int(found) > version:
+            raise ConfigError(
+                f"the Redis namespace {self.keys.namespace!r} is laid out by a newer keylane "
+                f"(layout {int(found)}; this one reads {version}): upgrade this worker"
+            )
 
     def leave(self, worker_id: str) -> None:
         _do(lambda: self.client.zrem(self.keys.members, worker_id))
