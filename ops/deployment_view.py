@@ -211,6 +211,13 @@ class DeploymentView:
             raw: Any = self.client.hgetall(self.keys.counters)
         return {reply_text(k): int(v) for k, v in raw.items()}
 
+    def backlog(self) -> dict[str, int]:
+        """Each source's events accepted and not finished yet (fair admission's weights;
+        a negative count, left by an event no accept counted, shows as none)."""
+        with broker_errors():
+            raw: Any = self.client.hgetall(self.keys.backlog)
+        return {reply_text(k): max(0, int(v)) for k, v in raw.items() if int(v) > 0}
+
     def destinations(self) -> list[FlowState]:
         """Every destination's flow control: calls in flight, limits, next token, counters."""
         with broker_errors():

@@ -52,6 +52,7 @@ def collect_status(
         "shards": shards,
         "workers": members,
         "counters": view.counters(),
+        "backlog": view.backlog(),
         "unowned": [s["shard"] for s in shards if s["owner"] is None],
         "waiting_records": [r for r in records if r["state"] != "in_flight"],
         "destinations": [

@@ -206,6 +206,16 @@ def counter_lines(report: Report) -> list[str]:
     return textwrap.wrap(f"counters: {text}", width=100, subsequent_indent="  ")
 
 
+def backlog_lines(report: Report) -> list[str]:
+    """Each source's events waiting (fair admission: a source past its share of the
+    backlog is answered 429 while another's wait; ``throttled`` in the counters)."""
+    backlog = report.get("backlog") or {}
+    if not backlog:
+        return []
+    text = ", ".join(f"{name} {waiting}" for name, waiting in sorted(backlog.items()))
+    return textwrap.wrap(f"waiting by source: {text}", width=100, subsequent_indent="  ")
+
+
 SECTIONS: list[Section] = [
     shard_lines,
     record_lines,
@@ -214,6 +224,7 @@ SECTIONS: list[Section] = [
     schedule_lines,
     store_lines,
     merge_lines,
+    backlog_lines,
     counter_lines,
 ]
 

@@ -138,26 +138,35 @@ class Acceptor:
         self.wire = WireChoice(queue.redis, settings.lease_ttl_ms)
 
     async def accept(
-        self, event: NewEvent, retention_s: int, batch: int = 1, lease: RunLease | None = None
+        self,
+        event: NewEvent,
+        retention_s: int,
+        batch: int = 1,
+        lease: RunLease | None = None,
+        share: int = 0,
     ) -> EnqueueResult:
         """Run the accept script for ``event``: queued and marked seen for
         ``retention_s``, or a duplicate, a reused id, or a full shard. ``batch``: how
         many of its record's waiting events a lane may take with it (see
         :func:`~keylane.routing.contract.message.event_message`); ``lease``: a scheduled
-        run's, which must still hold its job's lease (else ``fenced``, nothing done)."""
+        run's, which must still hold its job's lease (else ``fenced``, nothing done);
+        ``share``: the most events of its source that may wait while another source's do
+        (else ``throttled``; 0: no share)."""
         item = _enqueue(event, await self._message(event.wire, event.queue, batch), retention_s)
         return await self.queue.accept(
             replace(
                 item,
                 answer=event.answer,
                 high_water=self.settings.shard_high_water,
+                global_high_water=self.settings.global_high_water,
                 key_missing=event.key_missing,
                 lease=lease,
-            )
+            ),
+            share,
         )
 
     async def accept_batch(
-        self, events: Sequence[NewEvent], retention_s: int, batch: int = 1
+        self, events: Sequence[NewEvent], retention_s: int, batch: int = 1, share: int = 0
     ) -> BatchResult:
         """:meth:`accept` for every event of one delivery, all or none (a batched
         sender's items: :meth:`EventQueue.accept_batch`)."""
@@ -166,11 +175,12 @@ class Acceptor:
                 _enqueue(event, await self._message(event.wire, event.queue, batch), retention_s),
                 answer=event.answer,
                 high_water=self.settings.shard_high_water,
+                global_high_water=self.settings.global_high_water,
                 key_missing=event.key_missing,
             )
             for event in events
         ]
-        return await self.queue.accept_batch(items)
+        return await self.queue.accept_batch(items, share=share)
 
     async def record_reuse(self, event: NewEvent, retention_s: int) -> bool:
         """Queue ``event``, marked for review only, as the record of its id reused with

@@ -240,7 +240,7 @@ class AmqpEventQueue:
         self.redis = ReceiverGateway.from_settings(settings)
         self.publisher = AmqpPublisher(settings)
 
-    async def accept(self, item: Enqueue) -> EnqueueResult:
+    async def accept(self, item: Enqueue, share: int = 0) -> EnqueueResult:
         """Answer a duplicate from its mark; else publish, wait for the confirm, then
         mark (see the module docstring). The high-water mark is the shard queue's own
         ``x-max-length`` here. A scheduled run's lease is checked in Redis (where the
@@ -249,13 +249,15 @@ class AmqpEventQueue:
         return (await self.accept_batch([item], item.lease)).single()
 
     async def accept_batch(
-        self, items: Sequence[Enqueue], lease: RunLease | None = None
+        self, items: Sequence[Enqueue], lease: RunLease | None = None, share: int = 0
     ) -> BatchResult:
         """:meth:`accept` for every event of a delivery: their marks read in one round,
         the new ones published at once (each with its own confirm), and marked once every
         confirm came. One publish refused or unconfirmed refuses the delivery (503, no
         mark written): those of its events that did land are published again by the
-        sender's retry, and the journal makes the second copies duplicates."""
+        sender's retry, and the journal makes the second copies duplicates. (``share``:
+        the shard queues' own length bounds a flood here; fair admission across sources
+        is the Redis broker's.)"""
         if lease is not None and not await self.holds(lease):
             return BatchResult([], "fenced")
         earlier = await self._seen_all(items)

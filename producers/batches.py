@@ -73,18 +73,21 @@ class BatchAccept:
         self, source: SourceConfig, events: list[NewEvent]
     ) -> tuple[Answer | None, BatchResult | None]:
         receiver = self.receiver
-        overloaded = receiver.overloaded()
-        if overloaded is not None:
-            return overloaded, None
+        receiver.watch.wanted = True  # deliveries come: the watch polls every second
         retention_s = source.retention(receiver.settings)
         batch = source.batch_limit(receiver.settings)
         with event_context(source=source.name, record_key=events[0].record_key):
             receiver.faults.hit("receiver.before_enqueue", events[0].record_key)
             try:
-                result = await receiver.acceptor.accept_batch(events, retention_s, batch)
+                share = receiver.share_of(source)
+                result = await receiver.acceptor.accept_batch(events, retention_s, batch, share)
                 if result.refused == "full":
                     event = events[result.full_index]
                     return receiver.shard_full(event.shard, result.depth), None
+                if result.refused == "throttled":
+                    return receiver.throttled(source.name, result.depth), None
+                if result.refused == "overloaded":
+                    return receiver.overloaded(result.depth), None
                 for event, one in zip(events, result.results, strict=True):
                     if one.verdict == "reused":
                         await receiver.acceptor.record_reuse(event, retention_s)

@@ -30,18 +30,19 @@ class EventQueue(Protocol):
         """The Redis behind the dedupe marks, counters and queue reads."""
         ...
 
-    async def accept(self, item: Enqueue) -> EnqueueResult:
+    async def accept(self, item: Enqueue, share: int = 0) -> EnqueueResult:
         """Queue the item's message and mark its event id seen, unless seen before (the
         first answer, or the stored outcome), reused with another body, the shard is full,
-        or its lease was lost."""
+        its lease was lost, or its source is over its ``share`` of the backlog."""
         ...
 
     async def accept_batch(
-        self, items: Sequence[Enqueue], lease: RunLease | None = None
+        self, items: Sequence[Enqueue], lease: RunLease | None = None, share: int = 0
     ) -> BatchResult:
         """Accept every event of one delivery, or none of them: a 2xx only when each is
-        queued (or seen before); a full shard, a lost ``lease`` or an unreachable broker
-        refuses the whole delivery, and no mark then swallows the sender's retry."""
+        queued (or seen before); a full shard, a lost ``lease``, a source over its
+        ``share`` of the backlog (0: none; Redis only) or an unreachable broker refuses
+        the whole delivery, and no mark then swallows the sender's retry."""
         ...
 
     async def record_reuse(self, item: Enqueue) -> bool:

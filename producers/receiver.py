@@ -56,7 +56,8 @@ from .handshakes import Handshakes
 from .intake import Ignored, Intake, Parts, load_hook
 from .outcome_reads import OutcomeReads, source_tokens
 from .outcome_waits import OutcomeWaits
-from .queue_watch import QueueWatch, ReceiverMetrics
+from .queue_watch import QueueWatch
+from .receiver_metrics import ReceiverMetrics
 from .signatures import Target, verifiers_of
 from .wire_choice import WireVersionGauge
 
@@ -238,17 +239,14 @@ class Receiver:
             identities=intake.identities,
         )
 
-    def overloaded(self) -> Answer | None:
-        """503 when every shard together is over the global high-water mark."""
-        s = self.settings
-        self.watch.wanted = True  # deliveries come: the watch polls every second
-        if self.watch.total_depth < s.global_high_water:
-            return None
+    def overloaded(self, waiting: int) -> Answer:
+        """503 when the events waiting over all shards are past the global high-water mark
+        and the delivery's source is past its share of them."""
         return self.refuse(
             503,
             "overloaded",
-            f"{self.watch.total_depth} events are waiting over all shards; retry later",
-            retry_after=self.watch.retry_after_global(s.global_high_water),
+            f"{waiting} events are waiting over all shards; retry later",
+            retry_after=self.watch.retry_after_global(self.settings.global_high_water),
         )
 
     def broker_down(self, exc: BrokerUnavailable) -> Answer:
@@ -261,6 +259,21 @@ class Receiver:
             retry_after=BROKER_DOWN_RETRY_AFTER_S,
         )
 
+    def share_of(self, source: SourceConfig) -> int:
+        """The most of ``source``'s events that may wait while another source's do."""
+        return max(1, int(source.backlog_share * self.settings.global_high_water))
+
+    def throttled(self, source: str, waiting: int) -> Answer:
+        """429 when ``source`` is over its share of the backlog while other sources'
+        events wait: its sender slows down, the others are still accepted."""
+        return self.refuse(
+            429,
+            "throttled",
+            f"source {source} has {waiting} events waiting, its share of the backlog while "
+            "other sources' events wait; retry later",
+            retry_after=self.watch.retry_after_global(self.settings.global_high_water),
+        )
+
     def shard_full(self, shard: int, depth: int) -> Answer:
         """503 when ``shard`` is over its high-water mark."""
         return self.refuse(
@@ -271,14 +284,13 @@ class Receiver:
         )
 
     async def _accept(self, source: SourceConfig, event: NewEvent) -> Answer:
-        overloaded = self.overloaded()
-        if overloaded is not None:
-            return overloaded
+        self.watch.wanted = True  # deliveries come: the watch polls every second
         retention_s = source.retention(self.settings)
         self.faults.hit("receiver.before_enqueue", event.record_key)
         try:
             batch = source.batch_limit(self.settings)
-            result = await self.acceptor.accept(event, retention_s, batch)
+            share = self.share_of(source)
+            result = await self.acceptor.accept(event, retention_s, batch, share=share)
             if result.verdict == "reused":
                 await self.acceptor.record_reuse(event, retention_s)
         except BrokerUnavailable as exc:
@@ -311,6 +323,10 @@ class Receiver:
             return Answer(200, result.detail.encode(), [REPLAYED])
         if result.verdict == "reused":
             return self.refuse(409, "id_reused", reused_detail(event.event_id))
+        if result.verdict == "throttled":
+            return self.throttled(event.source, int(result.detail))
+        if result.verdict == "overloaded":
+            return self.overloaded(int(result.detail))
         return self.shard_full(event.shard, int(result.detail))
 
     def refuse(self, status: int, code: str, detail: str, retry_after: int | None = None) -> Answer:

@@ -174,6 +174,12 @@ class RedisKeys:
         return f"{self.prefix}retention"
 
     @property
+    def backlog(self) -> str:
+        """Hash source -> its events accepted and not finished yet (Redis broker): what
+        fair admission weighs a source's share of the backlog by."""
+        return f"{self.prefix}backlog"
+
+    @property
     def counters(self) -> str:
         """Hash of monotonically increasing counters (accepted, conflicts, ...)."""
         return f"{self.prefix}counters"

@@ -113,6 +113,9 @@ class Ack:
     attempts: int = 0
     latency_s: float | None = None
     tell: Tell | None = None
+    #: The source whose backlog (fair admission) the message leaves: its accept counted it
+    #: in; "" for a message no accept counted (a forward, a retry, a review, a merge step).
+    backlog_source: str = ""
 
 
 @dataclass(frozen=True)

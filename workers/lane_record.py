@@ -54,7 +54,7 @@ from .broker import Ack, Counts, Idle, Lease, MessageNotes, Outgoing, RecordQueu
 from .dead_letters import Failure
 from .dispatch import Dispatcher, Wait
 from .doorbell import Doorbell
-from .lane_steps import Queued, Step, followers, read_taken
+from .lane_steps import Queued, Step, backlog_source, followers, read_taken
 from .lane_store import LaneStore
 from .ownership import Ownership
 from .results import ApplyResult
@@ -232,7 +232,10 @@ class RecordLane:
             latency = max(0.0, time.time() - queued.event.accepted_at) if applied else None
             tell = await self._tell(queued.event, result)
             counted = result.counted_as or result.outcome
-            acks.append(Ack(queued.raw, counted, result.conflicts, result.attempts, latency, tell))
+            backlog = backlog_source(queued.event)
+            acks.append(
+                Ack(queued.raw, counted, result.conflicts, result.attempts, latency, tell, backlog)
+            )
         keep = not self._stop.is_set() and self.ownership.keep(lane, lease)
         finished = await self.io.store(
             lambda store: self._finish(store, store, lease, taken, acks, hold, keep)

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from ..routing.contract.errors import MalformedMessage
 from ..routing.contract.events import Event
+from ..routing.contract.identities import MERGE_SOURCE
 from ..routing.contract.message import TaskMessage, parse_message
 from ..routing.contract.wire import READS, version_of
 from .broker import Taken
@@ -77,3 +78,13 @@ def read_taken(store: RecordStore, taken: Taken) -> Step:
         # lane parses and reads it again, and meets the error on its own path
         return Step(taken)
     return Step(taken, message, record)
+
+
+def backlog_source(event: Event) -> str:
+    """The source whose backlog an event leaves when it is done: its own, when an accept
+    counted it in (a delivery, a send, a scheduled run); "" for a message no accept
+    counted (a forward to a merge's survivor, an operator's retry, an id-reuse review, a
+    merge's own step)."""
+    if event.via is not None or event.retry_of is not None or event.review is not None:
+        return ""
+    return "" if event.source == MERGE_SOURCE else event.source

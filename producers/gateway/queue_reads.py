@@ -44,6 +44,8 @@ class MetricSnapshot:
     destinations: list[FlowState] = field(default_factory=list)
     schedules: list[ScheduleState] = field(default_factory=list)
     retention: dict[str, float] = field(default_factory=dict)  # the last prune's figures
+    #: Each source's events accepted and not finished (fair admission).
+    backlog: dict[str, int] = field(default_factory=dict)
 
 
 class QueueReads:
@@ -86,8 +88,9 @@ class QueueReads:
         pipe.smembers(self.keys.destinations)
         pipe.smembers(self.keys.schedules)
         pipe.hgetall(self.keys.retention)
+        pipe.hgetall(self.keys.backlog)
         with broker_errors():
-            counters, latency, members, held, names, jobs, retention = await pipe.execute()
+            counters, latency, members, held, names, jobs, retention, backlog = await pipe.execute()
             names = sorted(reply_text(n) for n in names)
             jobs = sorted(reply_text(n) for n in jobs)
             flow = self.client.pipeline(transaction=False)
@@ -105,6 +108,7 @@ class QueueReads:
             destinations=destinations,
             schedules=schedules,
             retention={reply_text(k): float(v) for k, v in retention.items()},
+            backlog={reply_text(k): max(0, int(v)) for k, v in backlog.items()},
         )
 
     async def member_infos(self, member_ttl_ms: int) -> list[dict[str, Any]]:

@@ -40,7 +40,7 @@ from .redis_calls import LoadedScript, as_bytes, broker_errors, run_script, scri
 POOL_CONNECTIONS = 100
 POOL_WAIT_S = 5
 
-Verdict = Literal["accepted", "duplicate", "reused", "full", "fenced"]
+Verdict = Literal["accepted", "duplicate", "reused", "full", "fenced", "throttled", "overloaded"]
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,13 @@ class EnqueueResult:
 class BatchResult:
     """What became of a delivery's events: each one's result (``accepted``, ``duplicate``
     or ``reused``), or the delivery refused as a whole, nothing queued: ``full`` (the
-    shard of event ``full_index`` has ``depth`` events waiting) or ``fenced``."""
+    shard of event ``full_index`` has ``depth`` events waiting), ``throttled`` (its
+    source has ``depth`` events waiting, its share of the backlog, while another source's
+    wait), ``overloaded`` (its source is past its share and ``depth`` events wait in all,
+    past the global mark) or ``fenced``."""
 
     results: list[EnqueueResult]
-    refused: Literal["full", "fenced"] | None = None
+    refused: Literal["full", "fenced", "throttled", "overloaded"] | None = None
     full_index: int = 0
     depth: int = 0
 
@@ -71,6 +74,8 @@ class BatchResult:
             return EnqueueResult("full", str(self.depth))
         if self.refused == "fenced":
             return EnqueueResult("fenced", "")
+        if self.refused in ("throttled", "overloaded"):
+            return EnqueueResult(self.refused, str(self.depth))
         return self.results[0]
 
 
@@ -92,11 +97,16 @@ class Enqueue:
     retention_ms: int
     #: The 202 answer kept with the mark, replayed to duplicates (an accept only).
     answer: bytes = b""
-    #: The shard's high-water mark (an accept only).
+    #: The shard's high-water mark, and all shards' together (an accept only).
     high_water: int = 0
+    global_high_water: int = 0
     key_missing: bool = False
     #: A scheduled run's lease, which must still be held (else ``fenced``, nothing done).
     lease: RunLease | None = None
+
+
+#: One delivery in a round of accepts: its events, its scheduled run's lease, its share.
+_Delivery = tuple[tuple[Enqueue, ...], RunLease | None, int]
 
 
 class ReceiverGateway:
@@ -114,9 +124,7 @@ class ReceiverGateway:
         self._mark_seen = LoadedScript(script_text("mark_seen"))
         self._accept = LoadedScript(script_text("accept"))
         #: The accepts of requests that arrive at once, in one script call.
-        self._accepts: Rounds[tuple[tuple[Enqueue, ...], RunLease | None], BatchResult] = Rounds(
-            self._accept_round
-        )
+        self._accepts: Rounds[_Delivery, BatchResult] = Rounds(self._accept_round)
         self._record_id_reuse = LoadedScript(script_text("record_id_reuse"))
 
     @classmethod
@@ -149,31 +157,37 @@ class ReceiverGateway:
         :mod:`keylane.producers.broker`)."""
         return self
 
-    async def accept(self, item: Enqueue) -> EnqueueResult:
+    async def accept(self, item: Enqueue, share: int = 0) -> EnqueueResult:
         """Push the message and mark its event id seen, unless already seen or the
         shard is at its high-water mark (its queue and what its owner took in), or (a
-        ``lease``) the scheduled run that sends it no longer holds its lease (``fenced``)."""
-        return (await self.accept_batch([item], item.lease)).single()
+        ``lease``) the scheduled run that sends it no longer holds its lease (``fenced``),
+        or its source is over its ``share`` of the backlog (``throttled``)."""
+        return (await self.accept_batch([item], item.lease, share)).single()
 
     async def accept_batch(
-        self, items: Sequence[Enqueue], lease: RunLease | None = None
+        self, items: Sequence[Enqueue], lease: RunLease | None = None, share: int = 0
     ) -> BatchResult:
         """Accept a delivery's events: each pushed and marked seen unless seen before (a
         duplicate, or an id reused with another body), or none of them when a shard is at
-        its high-water mark or the scheduled run's ``lease`` is lost
-        (``scripts/accept.lua``). Deliveries that arrive at once go in one script call (a
-        round: :mod:`keylane.producers.rounds`), each decided on its own."""
-        return await self._accepts.ask((tuple(items), lease))
+        its high-water mark, the scheduled run's ``lease`` is lost, or they would take
+        their source past ``share`` events waiting while another source's wait (0: no
+        share) (``scripts/accept.lua``). Deliveries that arrive at once go in one script
+        call (a round: :mod:`keylane.producers.rounds`), each decided on its own."""
+        return await self._accepts.ask((tuple(items), lease, share))
 
-    async def _accept_round(
-        self, deliveries: list[tuple[tuple[Enqueue, ...], RunLease | None]]
-    ) -> list[BatchResult | BaseException]:
+    async def _accept_round(self, deliveries: list[_Delivery]) -> list[BatchResult | BaseException]:
         """One call of the accept script for ``deliveries``; a Redis error fails them all."""
-        keys = [self.keys.counters, self.keys.depth]
-        args: list[Any] = [self.keys.doorbell, deliveries[0][0][0].high_water, len(deliveries)]
-        for items, lease in deliveries:
+        keys = [self.keys.counters, self.keys.depth, self.keys.backlog]
+        first = deliveries[0][0][0]  # every delivery of a receiver has the deployment's marks
+        args: list[Any] = [
+            self.keys.doorbell,
+            first.high_water,
+            len(deliveries),
+            first.global_high_water,
+        ]
+        for items, lease, share in deliveries:
             keys.append(self.keys.counters if lease is None else lease.key)
-            args += ["" if lease is None else lease.value, len(items)]
+            args += ["" if lease is None else lease.value, len(items), items[0].source, share]
             for item in items:
                 keys += [
                     self.keys.dedupe(item.source, item.event_id),
@@ -343,6 +357,8 @@ def _batch_result(reply: list[Any]) -> BatchResult:
         return BatchResult([], "fenced")
     if status == "full":
         return BatchResult([], "full", int(reply[1]) - 1, int(reply[2]))
+    if status in ("throttled", "overloaded"):
+        return BatchResult([], status, depth=int(reply[1]))  # type: ignore[arg-type]
     return BatchResult(
         [
             EnqueueResult(

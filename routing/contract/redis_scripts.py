@@ -36,12 +36,12 @@ from .errors import BrokerUnavailable
 #: used as a prefix only).
 SHARD_KEYS = ("lease", "queue", "rec_prefix", "ready", "busy", "waits", "deliveries")
 #: The deployment's keys a lane script is given at the end of its ``KEYS``, in this order.
-COMMON_KEYS = ("depth", "held", "counters")
+COMMON_KEYS = ("depth", "held", "counters", "backlog")
 #: The values of one acknowledged message in ``finish.lua``'s ``ARGV``, in this order:
 #: ``ARGV[i + ACK.<name>]`` there, ``i`` the message's first (``told_key`` '': nothing told).
 ACK_ARGS = (
     *("message", "outcome", "conflicts", "attempts", "latency_bucket", "latency_s"),
-    *("told_key", "told", "told_ttl_ms", "told_replace"),
+    *("told_key", "told", "told_ttl_ms", "told_replace", "backlog_source"),
 )
 #: The first line by which a script includes a helper of its folder.
 INCLUDE = "-- include: "

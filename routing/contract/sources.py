@@ -22,6 +22,9 @@ README "Sources" for a complete example. Per source:
   that tells a retry from an id reused with another body);
 * ``public_url``: the URL the sender calls, for schemes that sign it (Twilio, HubSpot;
   default ``KEYLANE_PUBLIC_URL`` followed by the request's path);
+* ``backlog_share``: the most of the global high-water mark its waiting events may take
+  while other sources' events wait (default 0.5): one sender's flood is slowed (429) while
+  the others are still accepted;
 * ``handler``: an optional ``module:function`` the lane calls on every attempt with the
   event and the record as freshly read, returning the change to apply;
   ``batch_handler`` instead: called once per attempt with a record's waiting events (a
@@ -163,6 +166,10 @@ class SourceConfig(BaseModel):
     items: str | None = None  # None: the preset's (a batched sender's), else one event
     digest_excludes: tuple[str, ...] | None = None  # None: the preset's
     public_url: str | None = None
+    #: The most of the global high-water mark this source's waiting events may take
+    #: while another source's events wait too: past it a delivery is answered 429 (fair
+    #: admission, ops/docs/production.md). 1.0: only the global mark holds it.
+    backlog_share: float = Field(0.5, gt=0, le=1)
     record_key: str | None = None
     on: dict[str, dict[str, FieldRule]] = Field(default_factory=dict)
     hook: str | None = None

@@ -292,6 +292,7 @@ class RedisLaneBroker(RecordQueue, ShardLeases, MessageNotes):
                 "" if latency_s is None else latency_bucket(latency_s),
                 f"{latency_s or 0.0:.6f}",
                 *(("", "", 0, "0") if tell is None else self._told(tell)),
+                ack.backlog_source,
             ]
         return args
 

@@ -2,21 +2,30 @@
 -- event, dedupe on the sender's event id and push to its shard queue; for each delivery
 -- (one event, or the items of a batched delivery), all of its events or none of them
 -- (invariant 1: a 2xx means every item is queued).
--- KEYS = (counters, depth, then per delivery: the scheduled run's lease or counters again,
--- then per event: dedupe mark, queue, told outcome); ARGV = (doorbell channel, high-water
--- mark, deliveries, then per delivery: the run's lease value or '', its number of events,
--- then per event: body hash, message, answer, retention ms, shard, keyless flag).
+-- KEYS = (counters, depth, backlog, then per delivery: the scheduled run's lease or
+-- counters again, then per event: dedupe mark, queue, told outcome); ARGV = (doorbell
+-- channel, shard high-water mark, deliveries, global high-water mark, then per delivery:
+-- the run's lease value or '', its number of events, its source, its share of the backlog
+-- (0: none), then per event: body hash, message, answer, retention ms, shard, keyless).
 -- Returns one reply per delivery: {'fenced'} when its scheduled run no longer holds its
 -- lease, {'full', event index, depth} when a shard is at its high-water mark (its queue,
 -- what its owner admitted into records' lists, held records apart, and what this call
--- adds), else {'ok', then per event: verdict, the first delivery's answer, the told
--- outcome ('' while undecided)}: 'accepted', 'duplicate' (the same id and body seen
--- before, or earlier in this call) or 'reused' (another body). A refused delivery leaves
--- nothing behind; the others of the call are not affected by it.
+-- adds), {'throttled', its source's backlog} when its new events would take its source
+-- past its share of the backlog while another source's events wait, {'overloaded', the
+-- backlog} when they would take it past its share and the whole backlog past the global
+-- mark (a source within its share is taken however long the others' backlog), else {'ok',
+-- then per
+-- event: verdict, the first delivery's answer, the told outcome ('' while undecided)}:
+-- 'accepted', 'duplicate' (the same id and body seen before, or earlier in this call) or
+-- 'reused' (another body). A refused delivery leaves nothing behind; the others of the
+-- call are not affected by it. Each accepted event joins its source's backlog (the hash
+-- source -> events accepted and not finished, finish.lua takes them off).
 local high_water, counts, shards, replies = tonumber(ARGV[2]), {}, {}, {}
 local found = {}  -- mark key -> the value a dedupe mark holds, for events of this call
 local adding = {}  -- queue key -> events this call pushes to it
-local k, a = 3, 4  -- where the next delivery starts in KEYS and in ARGV
+local backlog = nil  -- source -> events waiting (read once, when a share is asked about)
+local global_high_water = tonumber(ARGV[4])
+local k, a = 4, 5  -- where the next delivery starts in KEYS and in ARGV
 
 local function count(counter, amount)
   counts[counter] = (counts[counter] or 0) + amount
@@ -47,40 +56,82 @@ local function decide(kk, aa, n)
   return verdicts
 end
 
+-- The source's backlog, the others', and the whole (negative counts, left by events that
+-- were never counted in, count as none).
+local function shares(source)
+  if not backlog then
+    backlog = {}
+    local flat = redis.call('HGETALL', KEYS[3])
+    for i = 1, #flat, 2 do backlog[flat[i]] = math.max(0, tonumber(flat[i + 1])) end
+  end
+  local others = 0
+  for name, waiting in pairs(backlog) do
+    if name ~= source then others = others + waiting end
+  end
+  local mine = backlog[source] or 0
+  return mine, others, mine + others
+end
+
+-- A delivery of source bringing n_new events past its share (limit): {'throttled', its
+-- backlog} while others' events wait, {'overloaded', the backlog} past the global mark;
+-- nil when it is taken.
+local function over_share(source, limit, n_new)
+  if limit <= 0 or n_new == 0 then return nil end
+  local mine, others, all = shares(source)
+  if mine + n_new <= limit then return nil end
+  if all + n_new > global_high_water then return {'overloaded', all} end
+  if others > 0 then return {'throttled', mine} end
+  return nil
+end
+
 for _ = 1, tonumber(ARGV[3]) do
   local lease_key, lease_value, n = KEYS[k], ARGV[a], tonumber(ARGV[a + 1])
-  local kk, aa = k + 1, a + 2
+  local source, limit = ARGV[a + 2], tonumber(ARGV[a + 3])
+  local kk, aa = k + 1, a + 4
   k, a = kk + 3 * n, aa + 6 * n
+  local verdicts, refused = nil, nil
   if lease_value ~= '' and redis.call('GET', lease_key) ~= lease_value then
-    replies[#replies + 1] = {'fenced'}
+    refused = {'fenced'}
   else
-    local verdicts, refused = decide(kk, aa, n)
+    verdicts, refused = decide(kk, aa, n)
     if refused then
       count('refused_full', 1)
-      replies[#replies + 1] = refused
     else
-      local reply = {'ok'}
-      for i = 1, n do
-        local ki, ai = kk + 3 * (i - 1), aa + 6 * (i - 1)
-        local verdict = verdicts[i][1]
-        if verdict == 'accepted' then
-          local mark = ARGV[ai] .. '\n' .. ARGV[ai + 2]
-          redis.call('LPUSH', KEYS[ki + 1], ARGV[ai + 1])
-          redis.call('SET', KEYS[ki], mark, 'PX', ARGV[ai + 3])
-          found[KEYS[ki]] = mark
-          adding[KEYS[ki + 1]] = (adding[KEYS[ki + 1]] or 0) + 1
-          shards[ARGV[ai + 4]] = true
-          if ARGV[ai + 5] == '1' then count('keyless', 1) end
-          count('accepted', 1)
-        else
-          count(verdict == 'duplicate' and 'duplicate_deliveries' or 'reused_ids', 1)
-        end
-        reply[#reply + 1] = verdict
-        reply[#reply + 1] = verdicts[i][2]
-        reply[#reply + 1] = verdicts[i][3]
+      local n_new = 0
+      for i = 1, n do if verdicts[i][1] == 'accepted' then n_new = n_new + 1 end end
+      refused = over_share(source, limit, n_new)
+      if refused then
+        count(refused[1], 1)
+      elseif n_new > 0 then
+        redis.call('HINCRBY', KEYS[3], source, n_new)
+        if backlog then backlog[source] = (backlog[source] or 0) + n_new end
       end
-      replies[#replies + 1] = reply
     end
+  end
+  if refused then
+    replies[#replies + 1] = refused
+  else
+    local reply = {'ok'}
+    for i = 1, n do
+      local ki, ai = kk + 3 * (i - 1), aa + 6 * (i - 1)
+      local verdict = verdicts[i][1]
+      if verdict == 'accepted' then
+        local mark = ARGV[ai] .. '\n' .. ARGV[ai + 2]
+        redis.call('LPUSH', KEYS[ki + 1], ARGV[ai + 1])
+        redis.call('SET', KEYS[ki], mark, 'PX', ARGV[ai + 3])
+        found[KEYS[ki]] = mark
+        adding[KEYS[ki + 1]] = (adding[KEYS[ki + 1]] or 0) + 1
+        shards[ARGV[ai + 4]] = true
+        if ARGV[ai + 5] == '1' then count('keyless', 1) end
+        count('accepted', 1)
+      else
+        count(verdict == 'duplicate' and 'duplicate_deliveries' or 'reused_ids', 1)
+      end
+      reply[#reply + 1] = verdict
+      reply[#reply + 1] = verdicts[i][2]
+      reply[#reply + 1] = verdicts[i][3]
+    end
+    replies[#replies + 1] = reply
   end
 end
 for counter, amount in pairs(counts) do redis.call('HINCRBY', KEYS[1], counter, amount) end

@@ -210,11 +210,14 @@ local function ack_width()
   return width
 end
 
--- Count an acknowledged message's outcome (the counters, the latency histogram) and keep
--- and publish its told outcome on channel; i is its first ARGV value (see ACK). A told
--- outcome is kept under its key (unless replacing, a key already there stands: the first
--- tell, which is what is published).
-local function count_and_tell(counters, latency, channel, i)
+-- Count an acknowledged message's outcome (the counters, the latency histogram), take it
+-- off its source's backlog (backlog: the hash, nil where nothing keeps one) and keep and
+-- publish its told outcome on channel; i is its first ARGV value (see ACK). A told outcome
+-- is kept under its key (unless replacing, a key already there stands: the first tell,
+-- which is what is published).
+local function count_and_tell(counters, latency, channel, i, backlog)
+  local source = ARGV[i + ACK.backlog_source]
+  if backlog and source ~= '' then redis.call('HINCRBY', backlog, source, -1) end
   local outcome = ARGV[i + ACK.outcome]
   if outcome ~= '' then
     redis.call('HINCRBY', counters, outcome, 1)

@@ -2,7 +2,8 @@
 -- Read only (keylane audit): a shard's admitted messages as the depth hash counts them,
 -- beside the count of the lists that hold them (the truth the hash is kept by hand from:
 -- every message in the list of a record that is not held).
--- KEYS: SHARD_KEYS of the shard (see _shared.lua), then depth, held, counters.
+-- KEYS: SHARD_KEYS of the shard (see _shared.lua), then the COMMON_KEYS (depth, held,
+-- counters, backlog).
 -- ARGV: shard, then record keys whose lists were found by a SCAN before this call (records
 -- due or in flight are read here, at the same instant, so none admitted since is missed).
 -- Returns {the depth hash's count, the lists' count}.

@@ -2,14 +2,15 @@
 -- A lane is done with a record's messages: acknowledge them, count their outcomes, hold
 -- the record behind a dead letter if asked, and (then_take) hand the lane the shard's next
 -- due record: the same record's next message first.
--- KEYS: SHARD_KEYS of the shard (see _shared.lua), then latency, drained, depth, held,
--- counters.
+-- KEYS: SHARD_KEYS of the shard (see _shared.lua), then latency, drained, and the
+-- COMMON_KEYS (depth, held, counters, backlog).
 -- ARGV: shard, lease value, record key, hold (dead letter id, '' for none), then_take
 -- ('1'/'0'), admit, the outcomes channel, then per acknowledged message the values ACK
 -- names (generated): message, outcome counter ('' counts nothing), conflicts, attempts,
--- latency bucket ('' none), latency seconds, and the told outcome: its key ('' nothing
--- told), its JSON, its TTL in ms and whether it replaces ('1') a tell before it. A told
--- outcome is kept and published on the channel in this same step (count_and_tell).
+-- latency bucket ('' none), latency seconds, the told outcome: its key ('' nothing told),
+-- its JSON, its TTL in ms and whether it replaces ('1') a tell before it, and the source
+-- whose backlog it leaves ('' none: it was not counted in at its accept). A told outcome
+-- is kept and published on the channel in this same step (count_and_tell).
 -- Returns 0 when the lease is not ours (nothing done), else 1, or with then_take the
 -- record handed out (see take.lua), or {wait}: nothing is due, wait = ms until the
 -- shard's first waiting record is due (-1: none waits).
@@ -29,7 +30,7 @@ for i = 8, #ARGV, ack_width() do
   end
   forget(K.deliveries, redis.sha1hex(m))
   redis.call('HINCRBY', drained, shard, 1)
-  count_and_tell(K.counters, latency, channel, i)
+  count_and_tell(K.counters, latency, channel, i, K.backlog)
 end
 redis.call('HDEL', K.busy, key)
 local left = redis.call('LLEN', rec)

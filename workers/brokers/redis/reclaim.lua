@@ -2,7 +2,8 @@
 -- The owner's lanes hold none of these busy records (a lane gave up on one while the broker
 -- could not be reached, or a reply that handed one out was lost): those taken at least
 -- min age ms ago become due again, each at its place in its list.
--- KEYS: SHARD_KEYS of the shard (see _shared.lua), then depth, held, counters.
+-- KEYS: SHARD_KEYS of the shard (see _shared.lua), then the COMMON_KEYS (depth, held,
+-- counters, backlog).
 -- ARGV: lease value, min age ms, then the record keys.
 -- Returns how many were made due again (-1 when the lease is not ours).
 local K = shard_keys(0)

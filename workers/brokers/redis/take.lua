@@ -1,6 +1,7 @@
 -- include: _shared.lua
 -- Take the next due record of the first candidate shard that has one.
--- KEYS: SHARD_KEYS per candidate shard (see _shared.lua), then depth, held, counters.
+-- KEYS: SHARD_KEYS per candidate shard (see _shared.lua), then the COMMON_KEYS (depth,
+-- held, counters, backlog).
 -- ARGV: admit (messages each shard admits first), then per shard: its number, the lease
 -- value this worker holds. A shard whose lease value differs is skipped: another worker's
 -- shards are never taken from.

@@ -2,7 +2,8 @@
 -- A busy record must wait: it leaves the lane and becomes due again in delay ms (its
 -- messages stay at the head of its list, so nothing behind it overtakes it). Its shard's
 -- other records are not held up.
--- KEYS: SHARD_KEYS of the shard (see _shared.lua), then depth, held, counters.
+-- KEYS: SHARD_KEYS of the shard (see _shared.lua), then the COMMON_KEYS (depth, held, counters,
+-- backlog).
 -- ARGV: lease value, record key, delay ms, why (JSON, for status), delivery counts
 -- ('uncount': one less each, the attempt was not the message's fault; 'forget': none, so a
 -- batch is taken together again; 'keep'), then the messages whose counts change.
