@@ -149,6 +149,9 @@ def _run_healthcheck(snippet: str, redis_url: str, namespace: str) -> int:
     env.update(
         KEYLANE_REDIS_URL=redis_url,
         KEYLANE_NAMESPACE=namespace,
+        # A beat counts for a lease's time from when it was written: ten minutes here, not
+        # 10 s, which a new Python process on a busy machine can take to start.
+        KEYLANE_LEASE_TTL_MS="600000",
         PYTHONPATH=str(REPO),
     )
     result = subprocess.run(

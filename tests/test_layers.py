@@ -38,6 +38,7 @@ RANK = {"routing": 0, "contract": 1, "producers": 2, "workers": 2, "ops": 3, "pu
 #: directly).
 REDIS_IMPORTERS = {
     "keylane.producers.gateway.outcome_feed",
+    "keylane.producers.gateway.queue_reads",
     "keylane.producers.gateway.receiver_gateway",
     "keylane.producers.gateway.redis_calls",
     "keylane.producers.gateway.schedule_gateway",

@@ -186,6 +186,7 @@ def test_the_lua_side_names_each_shard_key_as_python_does(broker: RedisLaneBroke
         "depth": k.depth,
         "held": k.held,
         "counters": k.counters,
+        "backlog": k.backlog,
     }
 
 

@@ -60,6 +60,7 @@ import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -332,47 +333,49 @@ class SourceConfig(BaseModel):
             raise ValueError("a source with a task or destination needs record_key (or a hook)")
         return self
 
-    @property
+    @cached_property
     def forwards(self) -> bool:
         """Whether its events go to a task or destination (not to keylane's records)."""
         return self.task is not None or self.destination is not None
 
-    @property
+    @cached_property
     def destination_name(self) -> str | None:
         """The destination its events go to, if any (None: keylane's own records)."""
         if self.task is not None:
             return task_destination(self.task).name
         return self.destination or self.records_in
 
-    @property
+    @cached_property
     def ownership(self) -> FieldOwnership:
         """The fields this source may write."""
         return FieldOwnership.of(self.owns)
 
-    @property
+    @cached_property
     def unsigned(self) -> bool:
         """Whether deliveries are accepted without a signature."""
         return isinstance(self.verify, NoneConfig)
 
-    @property
+    # What a source says (its own settings, else its preset's) is read on every delivery,
+    # several times: each is worked out once (the model is frozen).
+    @cached_property
     def preset(self) -> Preset | None:
         """The sender preset its scheme names (None: ``hmac`` or ``none``)."""
         return preset_named(_scheme(self))
 
-    @property
+    @cached_property
     def event_id_rule(self) -> str:
         """Where its deliveries' event ids live: ``event_id``, or by default where its
         signature scheme carries them (:func:`default_event_id`)."""
         return self.event_id or default_event_id(self.verify)
 
-    @property
+    @cached_property
     def missing_id_rule(self) -> str:
         """What a delivery without an event id gets: ``missing_id``, else the preset's."""
         if "missing_id" in self.model_fields_set or self.preset is None:
             return self.missing_id
         return self.preset.missing_id
 
-    @property
+    @cached_property
     def event_type_rule(self) -> str | None:
         """Where its event type is read (None: every event is of type ``event``):
         ``event_type`` as set, else the preset's, else ``body:type``."""
@@ -380,43 +383,43 @@ class SourceConfig(BaseModel):
             return self.event_type
         return self.preset.event_type
 
-    @property
+    @cached_property
     def body_format(self) -> str:
         """The format its bodies are read in (``auto``: by media type)."""
         return self.body or (self.preset.body if self.preset else "auto")
 
-    @property
+    @cached_property
     def json_field_paths(self) -> tuple[str, ...]:
         """The fields of its bodies whose text is JSON."""
         if self.json_fields is not None or self.preset is None:
             return self.json_fields or ()
         return self.preset.json_fields
 
-    @property
+    @cached_property
     def items_rule(self) -> str | None:
         """Where the events of a batched delivery are (None: a delivery is one event)."""
         return self.items or (self.preset.items if self.preset else None)
 
-    @property
+    @cached_property
     def digest_exclusions(self) -> tuple[str, ...]:
         """The fields left out of the digest that tells a retry from a reused id."""
         if self.digest_excludes is not None or self.preset is None:
             return self.digest_excludes or ()
         return self.preset.digest_excludes
 
-    @property
+    @cached_property
     def handshake(self) -> Handshake | None:
         """The handshake the receiver answers for it, if any."""
         return self.preset.handshake if self.preset else None
 
-    @property
+    @cached_property
     def signs_url(self) -> bool:
         """Whether its sender signs the URL it calls (``KEYLANE_PUBLIC_URL`` is needed)."""
         if isinstance(self.verify, HmacConfig):
             return "{url}" in self.verify.signed_payload
         return self.preset is not None and self.preset.signs_url
 
-    @property
+    @cached_property
     def reply(self) -> Reply | None:
         """The body its sender expects in a 2xx instead of keylane's JSON, if any."""
         return self.preset.reply if self.preset else None
@@ -445,7 +448,7 @@ class SourceConfig(BaseModel):
             )
         return warnings
 
-    @property
+    @cached_property
     def keyless_by_default(self) -> bool:
         """Whether its event id is the fallback ``body:id`` in a body that is not keylane's
         envelope, from a scheme with no id of its own: nothing says where the sender's id
