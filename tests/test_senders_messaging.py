@@ -563,14 +563,53 @@ def test_asana_handshake_then_signed_events(stack: Stack) -> None:
         # its deliveries verify with its own secret, no longer with the old one
         forgot = stack.keylane("sources", "forget-secret", "asana")
         assert forgot.returncode == 0, forgot.stderr
+        later = {"events": [_task_changed(task, "notes", "2024-05-01T11:00:00.000Z")]}
+        assert send(stack, "asana", *_asana(later, secret)).status_code == 401
         answer = send(stack, "asana", b"", {"X-Hook-Secret": other}, content_type=None)
         assert answer.status_code == 200
         assert answer.headers["x-hook-secret"] == other
-        later = {"events": [_task_changed(task, "notes", "2024-05-01T11:00:00.000Z")]}
         assert send(stack, "asana", *_asana(later, secret)).status_code == 401
         assert send(stack, "asana", *_asana(later, other)).status_code == 202
         applied(stack, f"task:{task}", {"changed": ["assignee", "due_on", "notes"], "changes": 3})
     finally:
+        _forget_kept_secret(stack, "asana")
+
+
+@pytest.mark.slow  # a second receiver
+def test_asana_secret_kept_and_forgotten_for_every_receiver(stack: Stack) -> None:
+    # Given two receivers of one deployment (behind one load balancer)
+    first = stack.url
+    second_proc = stack.receiver()
+    second, stack.url = stack.url, first
+    old, new = (hashlib.sha256(uuid.uuid4().bytes).hexdigest() for _ in range(2))
+    task = str(uuid.uuid4().int)[:16]
+    events = [_task_changed(task, f"field_{n}", f"2024-05-01T10:00:0{n}.000Z") for n in range(4)]
+    try:
+        # When a webhook's handshake reaches the first, its events both
+        handshake = send(stack, "asana", b"", {"X-Hook-Secret": old}, content_type=None)
+        assert handshake.status_code == 200
+        for event, receiver in zip(events[:2], (first, second), strict=True):
+            answer = send(stack, "asana", *_asana({"events": [event]}, old), receiver=receiver)
+            # Then each verifies with the secret the first one kept
+            assert answer.status_code == 202, answer.text
+        # When an operator forgets that secret
+        assert stack.keylane("sources", "forget-secret", "asana").returncode == 0
+        # Then neither receiver takes a delivery signed with it any more
+        for receiver in (first, second):
+            late = send(stack, "asana", *_asana({"events": [events[2]]}, old), receiver=receiver)
+            assert late.status_code == 401, late.text
+        # And once a new webhook's handshake reaches the second, both verify with its secret
+        handshake = send(
+            stack, "asana", b"", {"X-Hook-Secret": new}, content_type=None, receiver=second
+        )
+        assert handshake.status_code == 200
+        for event, receiver in zip(events[2:], (first, second), strict=True):
+            answer = send(stack, "asana", *_asana({"events": [event]}, new), receiver=receiver)
+            assert answer.status_code == 202, answer.text
+        changed = [f"field_{n}" for n in range(4)]
+        applied(stack, f"task:{task}", {"changed": changed, "changes": 4})
+    finally:
+        second_proc.stop()
         _forget_kept_secret(stack, "asana")
 
 
