@@ -123,12 +123,20 @@ def _unique(prefix: str) -> str:
 
 
 def _twilio(
-    params: dict[str, str], token: str = TWILIO_TOKEN, idempotency: str | None = None
+    params: dict[str, str],
+    token: str = TWILIO_TOKEN,
+    idempotency: str | None = None,
+    query: str = "",
+    algorithm: str | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """An SMS webhook as Twilio posts it: a form, signed by the twilio SDK over the URL it
-    calls and the sorted parameters."""
-    url = f"{PUBLIC_URL}/webhooks/twilio"
-    headers = {"X-Twilio-Signature": RequestValidator(token).compute_signature(url, params)}
+    calls (its query string too) and the sorted parameters; with HMAC-SHA256 (a shared
+    key's) when ``algorithm`` says so, and the header that tells it."""
+    url = f"{PUBLIC_URL}/webhooks/twilio" + (f"?{query}" if query else "")
+    signature = RequestValidator(token).compute_signature(url, params, algorithm)
+    headers = {"X-Twilio-Signature": signature}
+    if algorithm is not None:
+        headers["X-Twilio-Webhooks-Signature-Settings"] = f"key=KS123,algorithm={algorithm}"
     if idempotency is not None:
         headers["I-Twilio-Idempotency-Token"] = idempotency
     return urlencode(params).encode(), headers
@@ -171,8 +179,13 @@ def test_twilio_sms_signed_by_the_twilio_sdk(stack: Stack) -> None:
     second, second_headers = _twilio(_sms(phone, "Are you there?"))
     assert send(stack, "twilio", second, second_headers, content_type=FORM).status_code == 200
     assert replayed(send(stack, "twilio", second, second_headers, content_type=FORM))
-    # And both are applied to the sender's phone, once each
-    applied(stack, f"phone:{phone}", {"last_message": "Are you there?", "messages": 2})
+    # And one to a URL with a query string, signed with HMAC-SHA256, is taken too
+    query = "tenant=acme"
+    third, third_headers = _twilio(_sms(phone, "Bye"), query=query, algorithm="HMAC_SHA256")
+    answer = send(stack, "twilio", third, third_headers, query=query, content_type=FORM)
+    assert answer.status_code == 200, answer.text
+    # And all three are applied to the sender's phone, once each
+    applied(stack, f"phone:{phone}", {"last_message": "Bye", "messages": 3})
     # When a message is forged: another token, a changed body, no signature, a signature
     # of another URL
     params = _sms(phone, "forged")
@@ -686,4 +699,3 @@ def test_microsoft_graph_validation_and_notifications(stack: Stack) -> None:
             ),
         },
     )
-
