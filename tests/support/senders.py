@@ -94,16 +94,14 @@ def refused_changes_nothing(
 
 
 def applied(stack: Stack, key: str, fields: Mapping[str, Any]) -> None:
-    """Wait until record ``key`` holds exactly ``fields`` (a lane may write several waiting
-    events of a record at once, so its revision does not count events: the fields do)."""
+    """Once everything sent is decided, record ``key`` holds exactly ``fields`` (a lane may
+    write several waiting events of a record at once, so its revision does not count
+    events: its fields do, a counter or a list each event adds to)."""
+    settled(stack)
     store = stack.open_store()
     store.migrate()
-    wait_until(
-        lambda: store.read(key).fields == fields,
-        60,
-        f"record {key} to hold {fields}",
-        on_timeout=lambda: f"it holds {store.read(key)}\n{stack.logs()}",
-    )
+    record = store.read(key)
+    assert record.fields == fields, (key, record)
 
 
 def replayed(answer: httpx.Response) -> bool:
