@@ -13,7 +13,8 @@ itself, recording nothing: no event id is marked seen, nothing is queued or jour
   validation carries nothing to check it by; what it opens is only this echo.
 * **Asana**: the first ``POST`` carries ``X-Hook-Secret``: kept in Redis (the first one
   only; a second is refused until an operator forgets the kept one) and echoed; later
-  deliveries are checked with it (:class:`~keylane.producers.signatures.KeptSecretVerifier`).
+  deliveries are checked with the secret Redis keeps when they come, whichever receiver
+  kept it (:class:`~keylane.producers.signatures.KeptSecretVerifier`).
 """
 
 from __future__ import annotations
@@ -112,10 +113,9 @@ class Handshakes:
         if not isinstance(verifier, KeptSecretVerifier) or self.gateway is None:
             return None  # its secrets are configured (or nothing is kept: sources try)
         if not offered:
-            if verifier.held is None:
-                kept = await self.gateway.kept_secret(source.name)
-                if kept is not None:
-                    verifier.hold(kept)
+            # Read for every delivery, not once: an operator may have forgotten the kept
+            # secret since, and another receiver kept a new webhook's (one GET, Asana only).
+            verifier.hold(await self.gateway.kept_secret(source.name))
             return None
         kept = await self.gateway.keep_secret(source.name, offered)
         if not hmac.compare_digest(kept.encode(), offered.encode()):

@@ -8,9 +8,10 @@ is unique to this delivery, so a missing id can never make two different events 
 one (a "null" key must never match); the answer says so and a counter records it.
 
 Each event also carries its *digest*: what tells the sender's retry (the same digest) from
-an id reused with another body. It is the SHA-256 of the body as it came, or, for an item
-or a source whose sender changes fields when it retries (``digest_excludes``), of its
-tree's canonical JSON without those fields.
+an id reused with another body. It is the SHA-256 of the body as it came, or, for an item,
+a multipart body (whose boundary changes from one request to the next) or a source whose
+sender changes fields when it retries (``digest_excludes``), of its tree's canonical JSON
+without those fields.
 """
 
 from __future__ import annotations
@@ -140,7 +141,10 @@ def take_in(
     """Read the one event out of a delivery (its ``payload``: the body's tree);
     :class:`InvalidEvent` (400) when it cannot be."""
     delivery = Delivery(payload, headers, parts.query if parts is not None else {})
-    if source.digest_exclusions:
+    multipart = parts is not None and parts.form == "multipart"
+    if source.digest_exclusions or multipart:
+        # A multipart body's boundary is the sender's client's choice, new for each request
+        # (a retry too): its fields are what it says.
         digest = digest_of(payload, source.digest_exclusions)
     else:
         digest = hashlib.sha256(body).hexdigest()

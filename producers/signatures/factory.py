@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import assert_never
 
@@ -78,13 +79,20 @@ class KeptSecretVerifier:
         self.layout = layout
         self.tolerance_s = tolerance_s
         self.held: HmacVerifier | None = None
+        self._held_sha256 = b""  # of the secret held, to tell a new one without keeping it
 
     def __repr__(self) -> str:
         return f"KeptSecretVerifier(name={self.name!r}, held={self.held is not None})"
 
-    def hold(self, secret: SecretInput) -> None:
-        """Verify with ``secret`` from now on."""
-        self.held = HmacVerifier(self.name, [secret], self.layout, self.tolerance_s)
+    def hold(self, secret: str | None) -> None:
+        """Verify with ``secret`` from now on (None: with nothing, it was forgotten)."""
+        digest = b"" if secret is None else hashlib.sha256(secret.encode()).digest()
+        if digest == self._held_sha256:
+            return
+        self._held_sha256 = digest
+        self.held = None
+        if secret is not None:
+            self.held = HmacVerifier(self.name, [secret], self.layout, self.tolerance_s)
 
     def verify(
         self, headers: Mapping[str, str], body: bytes, now: float, target: Target = NO_TARGET

@@ -78,6 +78,8 @@ MESSAGING = (
         check="hmac",
         layout=SignatureLayout(header="x-hook-signature"),
         needs_secrets=False,
+        # Its events are JSON; its handshake has no body and no media type at all.
+        body="json",
         items="body:events.*",
         event_id="content-hash",  # no id
         event_type="{body:resource.resource_type}.{body:action}",
@@ -90,6 +92,8 @@ MESSAGING = (
         title="Microsoft Graph change notifications",
         # No signature: every notification carries the clientState given at subscription.
         check="graph",
+        # Notifications are JSON; the validation POST says text/plain (and has no body).
+        body="json",
         items="body:value.*",
         event_id="body:id",
         missing_id="content-hash",
