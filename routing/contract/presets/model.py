@@ -52,7 +52,9 @@ class SignatureLayout:
     signature_key: str = "v1"
     timestamp_key: str = "t"
     timestamp_header: str | None = None
-    timestamp_unit: Literal["s", "ms"] = "s"
+    #: How the timestamp is written: Unix seconds, Unix milliseconds, or an ISO 8601
+    #: date and time with its zone (Zendesk's ``2021-07-25T10:00:00Z``).
+    timestamp_unit: Literal["s", "ms", "iso"] = "s"
     signed_payload: str = "{body}"
     event_id_header: str | None = None
     key: KeyForm = "utf8"
