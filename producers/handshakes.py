@@ -14,6 +14,11 @@ itself, recording nothing: no event id is marked seen, nothing is queued or jour
 * **Asana**: the first ``POST`` carries ``X-Hook-Secret``: kept in Redis (the first one
   only; a second is refused until an operator forgets the kept one) and echoed; later
   deliveries are checked with it (:class:`~keylane.producers.signatures.KeptSecretVerifier`).
+* **Notion**: the first ``POST`` is ``{"verification_token": ...}``, unsigned: kept as
+  Asana's secret is and answered 200. The person setting the subscription up pastes the
+  token into Notion's "Verify" (``keylane sources show-secret``), and Notion signs later
+  deliveries with it. A token someone else sent first would not verify there: the
+  subscription stays unverified until ``keylane sources forget-secret``.
 """
 
 from __future__ import annotations
@@ -23,15 +28,33 @@ import hmac
 from collections.abc import Mapping
 from typing import Any
 
-from ..routing.contract.errors import ConfigError
+from ..routing.contract.errors import ConfigError, InvalidEvent
 from ..routing.contract.signing import PresetConfig, load_secrets
 from ..routing.contract.sources import SourceConfig, Sources
 from .answers import Answer, error_answer, json_answer, text_answer
+from .formats import parse_json
 from .gateway import ReceiverGateway
 from .signatures import KeptSecretVerifier, Verifier
 
 #: The header that hands Asana's secret over (and echoes it back).
 HANDOVER_HEADER = "x-hook-secret"
+#: The header of Notion's signed deliveries (its handshake has none).
+NOTION_SIGNATURE = "x-notion-signature"
+
+
+def notion_token(headers: Mapping[str, str], body: bytes) -> str:
+    """The ``verification_token`` of Notion's handshake, a JSON body with that one field
+    and no signature; ``""`` when the request is not that handshake."""
+    if headers.get(NOTION_SIGNATURE) or not body.lstrip().startswith(b"{"):
+        return ""
+    try:
+        tree = parse_json(body)
+    except InvalidEvent:
+        return ""
+    if not isinstance(tree, dict) or list(tree) != ["verification_token"]:
+        return ""
+    token = tree["verification_token"]
+    return token.strip() if isinstance(token, str) else ""
 
 
 class Handshakes:
@@ -94,21 +117,34 @@ class Handshakes:
         return text_answer(200, query["hub.challenge"])
 
     async def before_verify(
-        self, source: SourceConfig, headers: Mapping[str, str], query: Mapping[str, str]
+        self,
+        source: SourceConfig,
+        headers: Mapping[str, str],
+        query: Mapping[str, str],
+        body: bytes = b"",
     ) -> Answer | None:
         """A handshake that comes before any signature can be checked (Graph's
-        validation, Asana's secret), and the secret Asana handed over earlier, held for
-        its verifier; None when the request is no such handshake."""
+        validation, Asana's secret, Notion's token), and the secret such a sender handed
+        over earlier, held for its verifier; None when the request is no such handshake."""
         kind = source.handshake
         if kind == "graph" and "validationToken" in query:
             return text_answer(200, query["validationToken"])
         if kind == "asana":
-            return await self._asana(source, headers)
+            offered = headers.get(HANDOVER_HEADER, "").strip()
+            # Asana wants its secret back in the answer's header.
+            echo = [(HANDOVER_HEADER.encode(), offered.encode())]
+            return await self._keep(source, offered, echo)
+        if kind == "notion":
+            return await self._keep(source, notion_token(headers, body), [])
         return None
 
-    async def _asana(self, source: SourceConfig, headers: Mapping[str, str]) -> Answer | None:
+    async def _keep(
+        self, source: SourceConfig, offered: str, echo: list[tuple[bytes, bytes]]
+    ) -> Answer | None:
+        """Keep the secret a handshake hands over (``offered``): None when it is not one
+        (``""``: the secret kept earlier, if any, is held for the verifier), 409 when
+        another is kept, else a 200 with no body and the ``echo`` headers."""
         verifier = self.verifiers[source.name]
-        offered = headers.get(HANDOVER_HEADER, "").strip()
         if not isinstance(verifier, KeptSecretVerifier) or self.gateway is None:
             return None  # its secrets are configured (or nothing is kept: sources try)
         if not offered:
@@ -127,7 +163,7 @@ class Handshakes:
                 "over its own",
             )
         verifier.hold(kept)
-        return Answer(200, b"", [(b"x-hook-secret", kept.encode())])
+        return Answer(200, b"", echo)
 
     def after_verify(self, source: SourceConfig, tree: Any) -> Answer | None:
         """A signed handshake (Slack's, Zoom's), answered once its signature held; None

@@ -7,6 +7,8 @@ core: an ISO 8601 signed timestamp (Zendesk) and ``item:index`` (Attio)."""
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import time
 from dataclasses import dataclass, field
@@ -334,3 +336,86 @@ def test_item_index_is_each_item_s_place_in_the_delivery() -> None:
     assert ids == ["k:0", "k:1", "k:2"]
     # Outside a batch there is no item: a template that reads one renders nothing
     assert render("{header:Idempotency-Key}:{item:index}", delivery) is None
+
+
+def notion_event(event_id: str, page: str, attempt: int) -> bytes:
+    return json.dumps(
+        {
+            "id": event_id,
+            "timestamp": "2026-01-01T00:00:00.000Z",
+            "workspace_id": "ws-1",
+            "subscription_id": "sub-1",
+            "integration_id": "int-1",
+            "type": "page.content_updated",
+            "authors": [{"id": "u-1", "type": "person"}],
+            "attempt_number": attempt,
+            "entity": {"id": page, "type": "page"},
+            "data": {"parent": {"id": "db-1", "type": "database"}},
+        }
+    ).encode()
+
+
+def notion_signed(token: str, body: bytes) -> dict[str, str]:
+    digest = hmac.new(token.encode(), body, hashlib.sha256).hexdigest()
+    return {"content-type": "application/json", "X-Notion-Signature": f"sha256={digest}"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_notion_s_token_is_kept_shown_and_signs_its_deliveries(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Given a Notion source with no secret of its own (Notion hands it over)
+    sources = tmp_path / "sources.toml"
+    sources.write_text(
+        '[sources.notion]\nverify = { scheme = "notion" }\nformat = "mapped"\n'
+        'record_key = "page:{body:entity.id}"\n'
+        '[sources.notion.on."page.content_updated"]\nedits = { increment = 1 }\n'
+    )
+    stack.settings = stack.settings.model_copy(update={"sources_file": sources})
+    stack.worker(lanes=2)
+    stack.receiver()
+    stack.wait_all_owned()
+    plain = {"content-type": "application/json"}
+    # When Notion's verification request comes (unsigned)
+    token = "secret_" + "t0k3n" * 8
+    handshake = json.dumps({"verification_token": token}).encode()
+    assert send(stack, "notion", handshake, plain).status_code == 200
+    # Then nothing is recorded, and the operator can read the token for Notion's Verify
+    assert stack.open_store().journal_size() == 0
+    shown = stack.keylane("sources", "show-secret", "notion")
+    assert (shown.returncode, shown.stdout.strip()) == (0, token), shown.stderr
+    # When an event comes signed with it, then its retry (attempt_number raised)
+    first = send(
+        stack,
+        "notion",
+        notion_event("ev-1", "pg-1", 1),
+        notion_signed(token, notion_event("ev-1", "pg-1", 1)),
+    )
+    assert first.status_code == 202, first.text
+    stack.wait_journal(1)
+    retry_body = notion_event("ev-1", "pg-1", 2)
+    retry = send(stack, "notion", retry_body, notion_signed(token, retry_body))
+    # Then the event is applied once and the retry is a duplicate
+    assert retry.status_code == 200, retry.text
+    assert stack.open_store().read("page:pg-1").fields == {"edits": 1}
+    # When a delivery is signed with another token, or another verification comes
+    before = (stack.open_store().journal_size(), stack.view().counters())
+    forged_body = notion_event("ev-2", "pg-1", 1)
+    forged = send(stack, "notion", forged_body, notion_signed("secret_other", forged_body))
+    other = send(
+        stack, "notion", json.dumps({"verification_token": "secret_other"}).encode(), plain
+    )
+    # Then the first is a 401, the second a 409 (the kept token stays), nothing recorded
+    assert forged.status_code == 401, forged.text
+    assert other.status_code == 409, other.text
+    assert (stack.open_store().journal_size(), stack.view().counters()) == before
+    # And once the operator forgets it, a new subscription's token is kept
+    assert stack.keylane("sources", "forget-secret", "notion").returncode == 0
+    assert (
+        send(
+            stack, "notion", json.dumps({"verification_token": "secret_new"}).encode(), plain
+        ).status_code
+        == 200
+    )
+    assert stack.keylane("sources", "show-secret", "notion").stdout.strip() == "secret_new"

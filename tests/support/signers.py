@@ -192,6 +192,12 @@ def airtable_signs(secret: str, out: Outgoing, at: int) -> dict[str, str]:
     return {"X-Airtable-Content-MAC": "hmac-sha256=" + _hex(base64.b64decode(secret), out.body)}
 
 
+def notion_signs(secret: str, out: Outgoing, at: int) -> dict[str, str]:
+    # developers.notion.com webhooks, step 3: sha256= and the hex HMAC-SHA256 of the body,
+    # keyed with the verification_token
+    return {"X-Notion-Signature": "sha256=" + _hex(secret.encode(), out.body)}
+
+
 def token_in_header(name: str) -> Signer:
     """A sender that sends a shared token in header ``name``."""
 
@@ -236,6 +242,7 @@ SIGNERS: dict[str, Signer] = {
     "calcom": calcom_signs,
     "webflow": webflow_signs,
     "airtable": airtable_signs,
+    "notion": notion_signs,
     "pipedrive": basic_credentials,
     "basic": basic_credentials,
 }

@@ -1,5 +1,5 @@
-"""Form, scheduling, site and base builders beyond the first fifteen: Tally, Formstack,
-Cal.com, Webflow, Airtable. Each entry says where its facts come from."""
+"""Form, scheduling, site and workspace builders beyond the first fifteen: Tally,
+Formstack, Cal.com, Webflow, Airtable, Notion. Each entry says where its facts come from."""
 
 from __future__ import annotations
 
@@ -88,5 +88,24 @@ BUILDERS = (
         event_type=None,
         retention_s=DAY_S,
         docs="https://airtable.com/developers/web/api/webhooks-overview",
+    ),
+    Preset(
+        name="notion",
+        title="Notion",
+        check="hmac",
+        # X-Notion-Signature: sha256= and the hex HMAC-SHA256 of the body, keyed with the
+        # subscription's verification_token, which Notion sends once, unsigned, when the
+        # subscription is made (developers.notion.com/reference/webhooks, steps 2 and 3):
+        # kept by the receiver as Asana's secret is, unless secrets_env names it.
+        layout=SignatureLayout(header="x-notion-signature", prefix="sha256="),
+        needs_secrets=False,
+        handshake="notion",
+        event_id="body:id",  # "Unique identifier for this webhook event"
+        event_type="body:type",  # page.created, page.content_updated, comment.created, ...
+        # attempt_number: "The delivery attempt number (1-8) of the current event
+        # delivery", raised by each retry (its webhook event reference).
+        digest_excludes=("attempt_number",),
+        retention_s=2 * DAY_S,  # 8 attempts (their schedule was not read)
+        docs="https://developers.notion.com/reference/webhooks",
     ),
 )

@@ -22,7 +22,9 @@ Check: TypeAlias = Literal[
     "hmac", "standard_webhooks", "twilio", "token", "basic", "salesforce", "graph", "none"
 ]
 #: A handshake the receiver answers itself, recording nothing (producers/handshakes.py).
-Handshake: TypeAlias = Literal["slack", "zoom", "meta", "mailchimp", "graph", "asana", "monday"]
+Handshake: TypeAlias = Literal[
+    "slack", "zoom", "meta", "mailchimp", "graph", "asana", "notion", "monday"
+]
 #: The body of a 2xx a sender expects instead of keylane's JSON (producers/answers.py).
 Reply: TypeAlias = Literal["salesforce_ack", "twiml"]
 #: How the secret becomes the HMAC key: its UTF-8 text, base64 or hex decoded, or a
