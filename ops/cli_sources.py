@@ -140,8 +140,8 @@ def _try(
             **base,
             "status": 200,
             "verdict": "handshake",
-            "reason": "Notion's handshake: its verification_token would be kept "
-            "(`keylane sources show-secret` prints it for Notion's Verify)",
+            "reason": "Notion's handshake: answered, its verification_token kept unless "
+            "secrets_env names it (`keylane sources show-secret` prints a kept one)",
         }
     if source.handshake == "graph" and "validationToken" in params:
         return {**base, "status": 200, "verdict": "handshake", "answer": params["validationToken"]}
@@ -264,8 +264,7 @@ async def _kept(settings: Settings, source: str) -> str | None:
 def forget_secret(ctx: click.Context, source_name: str) -> None:
     """Forget the secret SOURCE's sender handed over in its handshake (Asana's
     X-Hook-Secret, Notion's verification_token), so that a new webhook's handshake can
-    hand over its own. Until then,
-    SOURCE's deliveries fail their check (401)."""
+    hand over its own. Until then, SOURCE's deliveries fail their check (401)."""
     settings = settings_of(ctx)
     if load_sources(settings).get(source_name) is None:
         raise ConfigError(f"no source named {source_name!r}")

@@ -135,7 +135,10 @@ class Handshakes:
             echo = [(HANDOVER_HEADER.encode(), offered.encode())]
             return await self._keep(source, offered, echo)
         if kind == "notion":
-            return await self._keep(source, notion_token(headers, body), [])
+            token = notion_token(headers, body)
+            if token and not isinstance(self.verifiers[source.name], KeptSecretVerifier):
+                return Answer(200, b"", [])  # its token is in secrets_env: nothing to keep
+            return await self._keep(source, token, [])
         return None
 
     async def _keep(

@@ -6,6 +6,7 @@ core: an ISO 8601 signed timestamp (Zendesk) and ``item:index`` (Attio)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -18,11 +19,13 @@ from typing import Any
 import httpx
 import pytest
 
-from keylane.producers.signatures import Target, verifier_from_environ
+from keylane.producers.handshakes import Handshakes
+from keylane.producers.signatures import Target, verifier_from_environ, verifiers_of
 from keylane.producers.signatures.verifier import parse_timestamp
 from keylane.routing.contract.errors import SignatureError
 from keylane.routing.contract.mapping import Delivery, items_of, render
 from keylane.routing.contract.signing import parse_verify_config
+from keylane.routing.contract.sources import parse_sources
 from tests.support.signers import SIGNERS, Outgoing
 from tests.support.stack import Stack
 
@@ -419,3 +422,24 @@ def test_notion_s_token_is_kept_shown_and_signs_its_deliveries(
         == 200
     )
     assert stack.keylane("sources", "show-secret", "notion").stdout.strip() == "secret_new"
+
+
+def test_notion_s_verification_is_answered_also_when_its_token_is_configured() -> None:
+    # Given a Notion source whose token is in secrets_env (nothing to keep)
+    sources = parse_sources(
+        '[sources.notion]\nverify = { scheme = "notion", secrets_env = ["NOTION_TOKEN"] }\n'
+    )
+    (source,) = sources.all()
+    environ = {"NOTION_TOKEN": "secret_configured"}
+    handshakes = Handshakes(sources, verifiers_of(sources, environ), environ, None)
+
+    def answer(headers: dict[str, str], body: bytes) -> int | None:
+        found = asyncio.run(handshakes.before_verify(source, headers, {}, body))
+        return None if found is None else found.status
+
+    # Then its verification is answered 200 (recording nothing: no gateway is even there)
+    assert answer({}, b'{"verification_token": "secret_configured"}') == 200
+    # And a body with more than the token, or a signed one, is a delivery to verify
+    assert answer({}, b'{"verification_token": "t", "type": "page.created"}') is None
+    signed_headers = {"x-notion-signature": "sha256=00"}
+    assert answer(signed_headers, b'{"verification_token": "t"}') is None
