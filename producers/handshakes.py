@@ -4,6 +4,8 @@ itself, recording nothing: no event id is marked seen, nothing is queued or jour
 * **Slack** ``url_verification`` and **Zoom** ``endpoint.url_validation``: signed like
   any delivery, answered only when the signature holds (:meth:`Handshakes.after_verify`):
   Slack's ``challenge`` echoed, Zoom's ``plainToken`` with its HMAC under the secret token.
+* **monday.com**: ``{"challenge": ...}``, answered with the same JSON once the URL's
+  token holds.
 * **Meta**: a ``GET`` with ``hub.mode=subscribe``, ``hub.verify_token`` and
   ``hub.challenge``: the challenge as text when the verify token is the one in
   ``verify_token_env``, else 403.
@@ -169,12 +171,14 @@ class Handshakes:
         return Answer(200, b"", echo)
 
     def after_verify(self, source: SourceConfig, tree: Any) -> Answer | None:
-        """A signed handshake (Slack's, Zoom's), answered once its signature held; None
+        """A checked handshake (Slack's, Zoom's, monday's), answered once its check held; None
         when the delivery is an event."""
         if not isinstance(tree, dict):
             return None
         if source.handshake == "slack" and tree.get("type") == "url_verification":
             return json_answer(200, {"challenge": str(tree.get("challenge", ""))})
+        if source.handshake == "monday" and list(tree) == ["challenge"]:
+            return json_answer(200, {"challenge": str(tree["challenge"])})
         if source.handshake == "zoom" and tree.get("event") == "endpoint.url_validation":
             plain = (tree.get("payload") or {}).get("plainToken")
             if not isinstance(plain, str) or not plain:

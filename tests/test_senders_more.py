@@ -19,7 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
+from keylane.producers.answers import Answer
+from keylane.producers.delivery import read_verified
 from keylane.producers.handshakes import Handshakes
+from keylane.producers.intake import Parts
 from keylane.producers.signatures import Target, verifier_from_environ, verifiers_of
 from keylane.producers.signatures.verifier import parse_timestamp
 from keylane.routing.contract.errors import SignatureError
@@ -443,3 +446,31 @@ def test_notion_s_verification_is_answered_also_when_its_token_is_configured() -
     assert answer({}, b'{"verification_token": "t", "type": "page.created"}') is None
     signed_headers = {"x-notion-signature": "sha256=00"}
     assert answer(signed_headers, b'{"verification_token": "t"}') is None
+
+
+def test_monday_s_challenge_is_echoed_once_its_url_token_holds() -> None:
+    # Given a monday.com source, its token in the URL given to monday
+    sources = parse_sources(
+        '[sources.monday]\nverify = { scheme = "monday", secrets_env = ["MONDAY_URL_TOKEN"] }\n'
+    )
+    (source,) = sources.all()
+    environ = {"MONDAY_URL_TOKEN": "monday-token"}
+    verifiers = verifiers_of(sources, environ)
+    handshakes = Handshakes(sources, verifiers, environ, None)
+    challenge = b'{"challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"}'
+
+    def read(query: dict[str, str]) -> object:
+        parts = Parts(challenge, {"content-type": "application/json"}, query, "json")
+        return read_verified(
+            source, verifiers["monday"], handshakes, parts, Target(query=query), 0, None, 10
+        )
+
+    # When monday sends its challenge to the URL with the token
+    answer = read({"key": "monday-token"})
+    # Then the same JSON is the answer, and nothing is taken as an event
+    assert isinstance(answer, Answer)
+    assert answer.status == 200
+    assert json.loads(answer.body) == json.loads(challenge)
+    # And without the token it is refused, as any delivery would be
+    with pytest.raises(SignatureError):
+        read({"key": "guess"})

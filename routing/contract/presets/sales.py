@@ -1,5 +1,6 @@
-"""CRM, support and payment senders beyond the first fifteen: Close, Attio, Zendesk,
-Square. Each entry says where its facts come from (the provider's page, or its SDK)."""
+"""CRM, support, work and payment senders beyond the first fifteen: Close, Attio, Zendesk,
+monday.com, Square. Each entry says where its facts come from (the provider's page, or its
+SDK)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,24 @@ SALES = (
         # were not read): 2 days.
         retention_s=2 * DAY_S,
         docs="https://developer.zendesk.com/documentation/webhooks/verifying/",
+    ),
+    Preset(
+        name="monday",
+        title="monday.com board webhooks",
+        # A board webhook made in monday's Integrations Center signs nothing (one made by an
+        # app through the API carries a JWT, which this preset does not check): a token in
+        # the URL given to monday is the proof (?key=...).
+        check="token",
+        sent_in="query:key",
+        # When the URL is given, monday POSTs {"challenge": ...} and wants the same JSON
+        # back (developer.monday.com, webhooks, "URL Verification").
+        handshake="monday",
+        # Events are {"event": {...}}; no id monday says is kept on a retry: a retry sends
+        # the same event (changedAt, triggerTime in it), so the body is the id.
+        event_id="content-hash",
+        event_type="body:event.type",  # create_pulse, update_column_value, ...
+        retention_s=DAY_S,  # "retried once per minute for 30 minutes"
+        docs="https://developer.monday.com/api-reference/docs/webhooks",
     ),
     Preset(
         name="square",
