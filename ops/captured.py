@@ -49,11 +49,15 @@ def read_captured(raw: bytes) -> CapturedRequest:
 
 
 def _split(raw: bytes) -> tuple[bytes, bytes]:
-    for blank in (b"\r\n\r\n", b"\n\n"):
-        head, sep, body = raw.partition(blank)
-        if sep:
-            return head, body
-    return raw, b""
+    """The head and the body, at the first blank line, whichever line end it has: a head
+    written with LF (an editor's) may be followed by a body whose own lines end in CRLF
+    (a multipart body), whose blank lines are not the head's end."""
+    ends = [(raw.find(blank), blank) for blank in (b"\r\n\r\n", b"\n\n")]
+    found = [(at, blank) for at, blank in ends if at >= 0]
+    if not found:
+        return raw, b""
+    at, blank = min(found)
+    return raw[:at], raw[at + len(blank) :]
 
 
 def _unchunk(body: bytes) -> bytes:

@@ -1,6 +1,6 @@
 """``keylane sources``: the sources of this deployment, what keylane would do with a
 captured delivery (``sources try``), and the secret a sender handed over in its handshake
-(``sources forget-secret``). See ``ops/docs/senders.md``."""
+(``sources show-secret``, ``sources forget-secret``). See ``ops/docs/senders.md``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ..producers.answers import Answer
 from ..producers.delivery import Taken, query_params, read_verified, target_of
 from ..producers.formats import format_of
 from ..producers.gateway import ReceiverGateway
-from ..producers.handshakes import HANDOVER_HEADER, Handshakes
+from ..producers.handshakes import HANDOVER_HEADER, Handshakes, notion_token
 from ..producers.intake import Ignored, Parts, load_hook
 from ..producers.signatures import verifier_from_environ
 from ..routing.contract.errors import ConfigError, InvalidEvent, SignatureError
@@ -135,6 +135,14 @@ def _try(
             "verdict": "handshake",
             "reason": "Asana's handshake: its X-Hook-Secret would be kept and echoed",
         }
+    if source.handshake == "notion" and notion_token(headers, request.body):
+        return {
+            **base,
+            "status": 200,
+            "verdict": "handshake",
+            "reason": "Notion's handshake: answered, its verification_token kept unless "
+            "secrets_env names it (`keylane sources show-secret` prints a kept one)",
+        }
     if source.handshake == "graph" and "validationToken" in params:
         return {**base, "status": 200, "verdict": "handshake", "answer": params["validationToken"]}
     try:
@@ -225,13 +233,38 @@ def _print(report: dict[str, Any]) -> None:
             click.echo(f"      also: {', '.join(event['identities'])}")
 
 
+@sources.command("show-secret")
+@click.argument("source_name", metavar="SOURCE")
+@click.pass_context
+def show_secret(ctx: click.Context, source_name: str) -> None:
+    """Print the secret SOURCE's sender handed over in its handshake: Notion's
+    verification_token, which its "Verify" asks for (or Asana's X-Hook-Secret). Exit code
+    1 when none is kept."""
+    settings = settings_of(ctx)
+    if load_sources(settings).get(source_name) is None:
+        raise ConfigError(f"no source named {source_name!r}")
+    kept = asyncio.run(_kept(settings, source_name))
+    if kept is None:
+        click.echo(f"{source_name}: no secret is kept (its handshake has not come)", err=True)
+        raise SystemExit(1)
+    click.echo(kept)
+
+
+async def _kept(settings: Settings, source: str) -> str | None:
+    gateway = ReceiverGateway.from_settings(settings)
+    try:
+        return await gateway.kept_secret(source)
+    finally:
+        await gateway.close()
+
+
 @sources.command("forget-secret")
 @click.argument("source_name", metavar="SOURCE")
 @click.pass_context
 def forget_secret(ctx: click.Context, source_name: str) -> None:
     """Forget the secret SOURCE's sender handed over in its handshake (Asana's
-    X-Hook-Secret), so that a new webhook's handshake can hand over its own. Until then,
-    SOURCE's deliveries fail their check (401)."""
+    X-Hook-Secret, Notion's verification_token), so that a new webhook's handshake can
+    hand over its own. Until then, SOURCE's deliveries fail their check (401)."""
     settings = settings_of(ctx)
     if load_sources(settings).get(source_name) is None:
         raise ConfigError(f"no source named {source_name!r}")

@@ -4,6 +4,8 @@ itself, recording nothing: no event id is marked seen, nothing is queued or jour
 * **Slack** ``url_verification`` and **Zoom** ``endpoint.url_validation``: signed like
   any delivery, answered only when the signature holds (:meth:`Handshakes.after_verify`):
   Slack's ``challenge`` echoed, Zoom's ``plainToken`` with its HMAC under the secret token.
+* **monday.com**: ``{"challenge": ...}``, answered with the same JSON once the URL's
+  token holds.
 * **Meta**: a ``GET`` with ``hub.mode=subscribe``, ``hub.verify_token`` and
   ``hub.challenge``: the challenge as text when the verify token is the one in
   ``verify_token_env``, else 403.
@@ -15,6 +17,11 @@ itself, recording nothing: no event id is marked seen, nothing is queued or jour
   only; a second is refused until an operator forgets the kept one) and echoed; later
   deliveries are checked with the secret Redis keeps when they come, whichever receiver
   kept it (:class:`~keylane.producers.signatures.KeptSecretVerifier`).
+* **Notion**: the first ``POST`` is ``{"verification_token": ...}``, unsigned: kept as
+  Asana's secret is and answered 200. The person setting the subscription up pastes the
+  token into Notion's "Verify" (``keylane sources show-secret``), and Notion signs later
+  deliveries with it. A token someone else sent first would not verify there: the
+  subscription stays unverified until ``keylane sources forget-secret``.
 """
 
 from __future__ import annotations
@@ -24,15 +31,33 @@ import hmac
 from collections.abc import Mapping
 from typing import Any
 
-from ..routing.contract.errors import ConfigError
+from ..routing.contract.errors import ConfigError, InvalidEvent
 from ..routing.contract.signing import PresetConfig, load_secrets
 from ..routing.contract.sources import SourceConfig, Sources
 from .answers import Answer, error_answer, json_answer, text_answer
+from .formats import parse_json
 from .gateway import ReceiverGateway
 from .signatures import KeptSecretVerifier, Verifier
 
 #: The header that hands Asana's secret over (and echoes it back).
 HANDOVER_HEADER = "x-hook-secret"
+#: The header of Notion's signed deliveries (its handshake has none).
+NOTION_SIGNATURE = "x-notion-signature"
+
+
+def notion_token(headers: Mapping[str, str], body: bytes) -> str:
+    """The ``verification_token`` of Notion's handshake, a JSON body with that one field
+    and no signature; ``""`` when the request is not that handshake."""
+    if headers.get(NOTION_SIGNATURE) or not body.lstrip().startswith(b"{"):
+        return ""
+    try:
+        tree = parse_json(body)
+    except InvalidEvent:
+        return ""
+    if not isinstance(tree, dict) or list(tree) != ["verification_token"]:
+        return ""
+    token = tree["verification_token"]
+    return token.strip() if isinstance(token, str) else ""
 
 
 class Handshakes:
@@ -95,26 +120,43 @@ class Handshakes:
         return text_answer(200, query["hub.challenge"])
 
     async def before_verify(
-        self, source: SourceConfig, headers: Mapping[str, str], query: Mapping[str, str]
+        self,
+        source: SourceConfig,
+        headers: Mapping[str, str],
+        query: Mapping[str, str],
+        body: bytes = b"",
     ) -> Answer | None:
         """A handshake that comes before any signature can be checked (Graph's
-        validation, Asana's secret), and the secret Asana handed over earlier, held for
-        its verifier; None when the request is no such handshake."""
+        validation, Asana's secret, Notion's token), and the secret such a sender handed
+        over earlier, held for its verifier; None when the request is no such handshake."""
         kind = source.handshake
         if kind == "graph" and "validationToken" in query:
             return text_answer(200, query["validationToken"])
         if kind == "asana":
-            return await self._asana(source, headers)
+            offered = headers.get(HANDOVER_HEADER, "").strip()
+            # Asana wants its secret back in the answer's header.
+            echo = [(HANDOVER_HEADER.encode(), offered.encode())]
+            return await self._keep(source, offered, echo)
+        if kind == "notion":
+            token = notion_token(headers, body)
+            if token and not isinstance(self.verifiers[source.name], KeptSecretVerifier):
+                return Answer(200, b"", [])  # its token is in secrets_env: nothing to keep
+            return await self._keep(source, token, [])
         return None
 
-    async def _asana(self, source: SourceConfig, headers: Mapping[str, str]) -> Answer | None:
+    async def _keep(
+        self, source: SourceConfig, offered: str, echo: list[tuple[bytes, bytes]]
+    ) -> Answer | None:
+        """Keep the secret a handshake hands over (``offered``): None when it is not one
+        (``""``: the secret kept earlier, if any, is held for the verifier), 409 when
+        another is kept, else a 200 with no body and the ``echo`` headers."""
         verifier = self.verifiers[source.name]
-        offered = headers.get(HANDOVER_HEADER, "").strip()
         if not isinstance(verifier, KeptSecretVerifier) or self.gateway is None:
             return None  # its secrets are configured (or nothing is kept: sources try)
         if not offered:
             # Read for every delivery, not once: an operator may have forgotten the kept
-            # secret since, and another receiver kept a new webhook's (one GET, Asana only).
+            # secret since, and another receiver kept a new webhook's (one GET, Asana and
+            # Notion only).
             verifier.hold(await self.gateway.kept_secret(source.name))
             return None
         kept = await self.gateway.keep_secret(source.name, offered)
@@ -127,15 +169,17 @@ class Handshakes:
                 "over its own",
             )
         verifier.hold(kept)
-        return Answer(200, b"", [(b"x-hook-secret", kept.encode())])
+        return Answer(200, b"", echo)
 
     def after_verify(self, source: SourceConfig, tree: Any) -> Answer | None:
-        """A signed handshake (Slack's, Zoom's), answered once its signature held; None
+        """A checked handshake (Slack's, Zoom's, monday's), answered once its check held; None
         when the delivery is an event."""
         if not isinstance(tree, dict):
             return None
         if source.handshake == "slack" and tree.get("type") == "url_verification":
             return json_answer(200, {"challenge": str(tree.get("challenge", ""))})
+        if source.handshake == "monday" and list(tree) == ["challenge"]:
+            return json_answer(200, {"challenge": str(tree["challenge"])})
         if source.handshake == "zoom" and tree.get("event") == "endpoint.url_validation":
             plain = (tree.get("payload") or {}).get("plainToken")
             if not isinstance(plain, str) or not plain:

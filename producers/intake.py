@@ -113,7 +113,7 @@ def take_in_all(
         digest = digest_of(item, source.digest_exclusions)
         try:
             taken.append(
-                _take(source, verified, delivery.item(item, at), digest, hook, _text(item))
+                _take(source, verified, delivery.item(item, at, index), digest, hook, _text(item))
             )
         except InvalidEvent as exc:
             raise replace_message(exc, f"item {index}: {exc}") from None

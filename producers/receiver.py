@@ -122,7 +122,7 @@ class Receiver:
             )
             params = query_params(query)
             if source.handshake is not None:
-                early = await self.handshakes.before_verify(source, headers, params)
+                early = await self.handshakes.before_verify(source, headers, params, body)
                 if early is not None:
                     return early
             target = target_of(source, self.settings, path, query, params)

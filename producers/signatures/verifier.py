@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol
 
 from ...routing.contract.errors import SignatureError
@@ -20,6 +21,12 @@ from ...routing.contract.errors import SignatureError
 # in milliseconds) and keep ``int()`` cheap.
 _UNIX_SECONDS = re.compile(r"[0-9]{1,12}")
 _UNIX_MILLISECONDS = re.compile(r"[0-9]{1,15}")
+# An ISO 8601 date and time in ASCII, with its zone (Z or an offset) and at most
+# microseconds: what fromisoformat then reads without guessing a zone.
+_ISO_8601 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?"
+    r"(?:Z|[+-][0-9]{2}:[0-9]{2})"
+)
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,15 @@ def malformed(header: str, detail: str) -> SignatureError:
 
 def parse_timestamp(raw: str, header: str, unit: str = "s") -> int:
     """The Unix seconds in ``raw``, the value of ``header`` (``unit = "ms"``: it holds
-    milliseconds; the whole seconds of them are returned)."""
+    milliseconds; the whole seconds of them are returned; ``"iso"``: an ISO 8601 date and
+    time with its zone, ``2021-07-25T10:00:00Z``)."""
+    if unit == "iso":
+        if not _ISO_8601.fullmatch(raw):
+            raise malformed(header, "timestamp is not an ISO 8601 date and time with its zone")
+        try:
+            return int(datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp())
+        except ValueError:  # a month 13, a day 32
+            raise malformed(header, "timestamp is not a date and time") from None
     if unit == "ms":
         if not _UNIX_MILLISECONDS.fullmatch(raw):
             raise malformed(header, "timestamp is not whole Unix milliseconds")

@@ -10,7 +10,10 @@ A *reference* names where a value lives:
   standing for the index of the item being read at that level (Meta's ``entry[].id`` of
   the entry an item is in); outside a batch, the same as ``body:``;
 * ``header:X-Request-Id`` — a request header (case-insensitive);
-* ``query:token`` — a parameter of the URL the sender called (its first value).
+* ``query:token`` — a parameter of the URL the sender called (its first value);
+* ``item:index`` — in a batched delivery, the item's position among the delivery's items
+  (0, 1, ...): with a delivery-wide id (Attio's ``Idempotency-Key`` header), each item's
+  own, ``{header:Idempotency-Key}:{item:index}``; outside a batch, nothing.
 
 A *template* builds a string from references: ``"customer:{body:data.object.customer}"``.
 A template that is a single reference without braces yields the value itself.
@@ -29,8 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-_REFERENCE = re.compile(r"^(body|header|query|delivery):(.+)$")
-_PLACEHOLDER = re.compile(r"\{((?:body|header|query|delivery):[^{}]+)\}")
+_REFERENCE = re.compile(r"^(body|header|query|delivery):(.+)$|^(item):(index)$")
+_PLACEHOLDER = re.compile(r"\{((?:body|header|query|delivery):[^{}]+|item:index)\}")
 EVERY = "*"
 
 MISSING: Any = object()
@@ -47,10 +50,12 @@ class Delivery:
     query: Mapping[str, str] = field(default_factory=dict)
     whole: Any = MISSING
     at: tuple[int, ...] = ()
+    index: int | None = None
 
-    def item(self, item: Any, at: tuple[int, ...]) -> Delivery:
-        """The delivery as an item of it reads it (``body:`` is the item)."""
-        return Delivery(item, self.headers, self.query, self.body, at)
+    def item(self, item: Any, at: tuple[int, ...], index: int | None = None) -> Delivery:
+        """The delivery as an item of it reads it (``body:`` is the item; ``index``: its
+        position among the delivery's items)."""
+        return Delivery(item, self.headers, self.query, self.body, at, index)
 
 
 def is_reference(value: object) -> bool:
@@ -67,8 +72,8 @@ def check_reference(value: str) -> str:
     """``value`` if it is a well-formed reference; ``ValueError`` otherwise."""
     if not is_reference(value):
         raise ValueError(
-            f"{value!r} is not a reference (body:<path>, delivery:<path>, header:<name> "
-            "or query:<name>)"
+            f"{value!r} is not a reference (body:<path>, delivery:<path>, header:<name>, "
+            "query:<name> or item:index)"
         )
     return value
 
@@ -101,6 +106,8 @@ def resolve(reference: str, delivery: Delivery) -> Any:
         return delivery.headers.get(where[0], MISSING)
     if kind == "query":
         return delivery.query.get(where[0], MISSING)
+    if kind == "item":
+        return MISSING if delivery.index is None else delivery.index
     if delivery.whole is MISSING:  # not a batch: the whole body is the body
         return _walk(delivery.body, where)
     return _walk_at(delivery.whole, where, delivery.at)
@@ -156,7 +163,8 @@ def _reference(reference: str) -> tuple[str, tuple[str, ...]]:
     match = _REFERENCE.match(reference)
     if match is None:
         raise ValueError(f"not a reference: {reference!r}")
-    kind, where = match.groups()
+    body_like, path, item, index = match.groups()
+    kind, where = (body_like, path) if body_like is not None else (item, index)
     if kind == "header":
         return kind, (where.lower(),)
     if kind == "query":

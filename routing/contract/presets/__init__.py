@@ -9,11 +9,13 @@ SDK (the sources are named in ops/docs/senders.md, where the table of every pres
 from __future__ import annotations
 
 from .billing import BILLING
+from .builders import BUILDERS
 from .crm import CRM
 from .forms import FORMS
 from .generic import GENERIC
 from .messaging import MESSAGING
 from .model import Algorithm, Check, Encoding, Handshake, KeyForm, Preset, Reply, SignatureLayout
+from .sales import SALES
 
 __all__ = [
     "PRESETS",
@@ -30,7 +32,8 @@ __all__ = [
 
 #: Every preset by its scheme name.
 PRESETS: dict[str, Preset] = {
-    preset.name: preset for preset in (*GENERIC, *BILLING, *CRM, *FORMS, *MESSAGING)
+    preset.name: preset
+    for preset in (*GENERIC, *BILLING, *CRM, *FORMS, *MESSAGING, *SALES, *BUILDERS)
 }
 
 

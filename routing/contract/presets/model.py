@@ -22,7 +22,9 @@ Check: TypeAlias = Literal[
     "hmac", "standard_webhooks", "twilio", "token", "basic", "salesforce", "graph", "none"
 ]
 #: A handshake the receiver answers itself, recording nothing (producers/handshakes.py).
-Handshake: TypeAlias = Literal["slack", "zoom", "meta", "mailchimp", "graph", "asana", "monday"]
+Handshake: TypeAlias = Literal[
+    "slack", "zoom", "meta", "mailchimp", "graph", "asana", "notion", "monday"
+]
 #: The body of a 2xx a sender expects instead of keylane's JSON (producers/answers.py).
 Reply: TypeAlias = Literal["salesforce_ack", "twiml"]
 #: How the secret becomes the HMAC key: its UTF-8 text, base64 or hex decoded, or a
@@ -52,7 +54,9 @@ class SignatureLayout:
     signature_key: str = "v1"
     timestamp_key: str = "t"
     timestamp_header: str | None = None
-    timestamp_unit: Literal["s", "ms"] = "s"
+    #: How the timestamp is written: Unix seconds, Unix milliseconds, or an ISO 8601
+    #: date and time with its zone (Zendesk's ``2021-07-25T10:00:00Z``).
+    timestamp_unit: Literal["s", "ms", "iso"] = "s"
     signed_payload: str = "{body}"
     event_id_header: str | None = None
     key: KeyForm = "utf8"
