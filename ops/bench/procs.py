@@ -357,6 +357,8 @@ class BenchOptions:
     duration_s: int = 15
     #: Whether (a) ends with a round under py-spy, summed by area of the receiver.
     profile: bool = False
+    #: (a)'s body kinds (:mod:`keylane.ops.bench.bodies`), each measured every round.
+    bodies: tuple[str, ...] = ("json",)
 
 
 _STARTED = time.monotonic()
