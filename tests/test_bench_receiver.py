@@ -1,19 +1,24 @@
 """The receiver benchmark's pieces that need no long run (:mod:`keylane.ops.bench.bodies`,
-:mod:`keylane.ops.bench.receiver_report`): wrk's Lua makes bodies of every kind that
-keylane's own receiver reads as the event they carry; the ratios are read round by
-round."""
+:mod:`keylane.ops.bench.receiver_report`, :mod:`keylane.ops.bench.trees`): wrk's Lua
+makes bodies of every kind that keylane's own receiver reads as the event they carry;
+the ratios are read round by round; another revision is found, unpacked and installed
+as its own lock says."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
+from keylane.ops.bench import trees
 from keylane.ops.bench.bodies import KINDS, SOURCES, source_of
+from keylane.ops.bench.procs import REPO, BenchFailure
 from keylane.ops.bench.receiver_report import ReceiverResults, ReceiverRun
 from keylane.ops.bench.wrk import WrkResult, run_wrk
 from keylane.producers.formats import format_of, read_tree
@@ -21,6 +26,9 @@ from keylane.producers.receiver_app import create_receiver
 from keylane.routing.contract.settings import Settings
 from keylane.routing.contract.sources import parse_sources
 from tests.support.http_server import serving
+
+#: The release 0.1.0.
+RELEASE = "44bfee1"
 
 
 class _Capture(BaseHTTPRequestHandler):
@@ -126,3 +134,50 @@ def test_the_ratios_are_read_round_by_round_and_spread_over_the_rounds() -> None
     text = "\n".join(results.render({"rounds": 3, "concurrency": 32, "duration_s": 15}))
     assert "keylane / ff333c5: CPU 0.80x (0.60-1.00); requests/s 1.25x (1.00-1.60)" in text
     assert "skipped: ff333c5 form: refused" in text
+
+
+def test_a_revision_is_cached_by_its_full_hash_and_installed_from_its_own_lock(
+    tmp_path: Path,
+) -> None:
+    # Given the release's short hash
+    commit = trees.resolve(RELEASE)
+    assert len(commit) == 40
+    assert commit.startswith(RELEASE)
+    assert trees.resolve(commit) == commit
+    # Then its files and venv are kept under its full hash
+    root, venv = trees.cache_of(commit, tmp_path)
+    assert (root, venv) == (tmp_path / commit / "tree", tmp_path / commit / "venv")
+    # And its venv is built from its own lock, hashes required, keylane without deps
+    argvs = trees.install_argvs("/usr/bin/python3", root, venv)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    assert argvs == [
+        ["/usr/bin/python3", "-m", "venv", str(venv)],
+        [*pip, "install", "--require-hashes", "-r", str(root / "ops/requirements-dev.txt")],
+        [*pip, "install", "--no-deps", "--no-build-isolation", str(root)],
+    ]
+    # And it is served by its venv's python
+    tree = trees.Tree(commit, root, venv)
+    assert tree.label == RELEASE
+    assert tree.keylane_argv("serve")[:3] == [str(venv / "bin" / "python"), "-m", "keylane.ops.cli"]
+
+
+def test_a_name_that_is_no_commit_is_refused() -> None:
+    with pytest.raises(BenchFailure, match="not a commit"):
+        trees.resolve("no-such-revision-anywhere")
+
+
+def test_a_revision_is_unpacked_from_the_repository_history(tmp_path: Path) -> None:
+    # When the release is unpacked
+    commit = trees.resolve(RELEASE)
+    root = tmp_path / "tree"
+    trees.unpack(commit, root)
+    # Then its files are the revision's, its keylane/ links kept, nothing left beside it
+    shown = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{commit}:ops/requirements-dev.txt"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    assert (root / "ops/requirements-dev.txt").read_bytes() == shown
+    assert (root / "keylane" / "ops").is_symlink()
+    assert (root / "keylane" / "ops" / "cli.py").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tree"]

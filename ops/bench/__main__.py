@@ -4,9 +4,10 @@
     latency and server CPU per request of ``keylane serve`` under ``wrk -t1
     -c<--concurrency> -d<--duration>s`` (new event ids, each ``--body`` kind;
     :mod:`keylane.ops.bench.wrk`), against a baseline served the same way
-    (:mod:`keylane.ops.bench.baseline`: parse the body, ``LPUSH``, nothing else), taking
-    turns round by round; every 2xx is checked against the accept script's count and the
-    shard queues.
+    (:mod:`keylane.ops.bench.baseline`: parse the body, ``LPUSH``, nothing else) and,
+    with ``--against REV``, that revision's ``keylane serve``
+    (:mod:`keylane.ops.bench.trees`), taking turns round by round; every 2xx is checked
+    against the accept script's count and the shard queues.
 (b) **End to end**: for each ``--keys`` count, events per second from the first POST
     until the store's journal holds every event, with ``--workers`` worker processes of
     ``--lanes`` lanes, against a baseline that applies the same events in this process
@@ -47,7 +48,8 @@ same run.
 (a) receiver: requests per second, p50/p99 latency and server CPU per request of
     `keylane serve` under wrk (installed with apt-get when absent), for each --body
     kind, against a bare Starlette app served the same way that parses the body and
-    LPUSHes it; every server once a round, --rounds rounds.
+    LPUSHes it and, with --against REV, against the receiver of that git revision;
+    every server once a round, --rounds rounds.
 (b) end to end: events per second from the first POST until the store journal
     holds them all, once per --keys count, against a lane's read, change and write
     in one thread on a fresh store; then journal size, sums, revisions and
@@ -217,6 +219,14 @@ def _counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int
     "the demo source).",
 )
 @click.option(
+    "--against",
+    metavar="REV",
+    default=None,
+    help="(a) also serves the receiver of this git revision (e.g. 44bfee1, v0.1.0), "
+    "installed from its own lock into a venv cached by commit under "
+    "$TMPDIR/keylane-bench-trees, taking turns with this tree's round by round.",
+)
+@click.option(
     "--only",
     type=click.Choice(["receiver", "e2e", "drain"]),
     default=None,
@@ -242,6 +252,7 @@ def main(
     lanes: int,
     rounds: int,
     bodies: tuple[str, ...],
+    against: str | None,
     only: str | None,
     profile: bool,
     keep_temp: bool,
@@ -263,6 +274,7 @@ def main(
         drain_workers,
         duration_s=duration_s,
         profile=profile,
+        against=against,
         bodies=bodies,
     )
     try:

@@ -1,7 +1,13 @@
-"""Part (a) of the benchmark, the receiver: wrk against the baseline and this tree's
-``keylane serve`` with each ``--body`` kind (the bench's sources file:
-:mod:`keylane.ops.bench.bodies`), each once a round for ``--rounds`` rounds; after every
-keylane run, its 2xx are checked against what Redis holds in its namespace.
+"""Part (a) of the benchmark, the receiver: wrk against the baseline, this tree's
+``keylane serve`` with each ``--body`` kind and, with ``--against REV``, that revision's
+``keylane serve`` (:mod:`keylane.ops.bench.trees`) with the same kinds, each once a round
+for ``--rounds`` rounds; after every keylane run, its 2xx are checked against what Redis
+holds in that receiver's namespace.
+
+Both receivers are served alike: ``keylane serve`` on a free port, the same Redis and
+settings, the bench's sources file (:mod:`keylane.ops.bench.bodies`), each in a namespace
+and store of its own. A kind another revision refuses whole in the warm-up (a tree from
+before it read forms, multipart or XML) is left out for it, and the report says so.
 """
 
 from __future__ import annotations
@@ -21,11 +27,15 @@ from .procs import (
     BenchFailure,
     Child,
     delete_namespace,
+    fresh_store_url,
+    namespace_of,
+    new_namespace,
     redis_cpu_s,
     say,
 )
 from .receiver_report import BASELINE, CURRENT, ReceiverRun, key_of
 from .report import Report
+from .trees import Tree, prepare
 from .wrk import WrkResult, ensure_wrk, run_wrk
 
 WARMUP_S = 2
@@ -37,7 +47,7 @@ IN_FLIGHT_S = 0.5
 class Target:
     """One server and one body kind: one wrk run a round."""
 
-    server: str  # baseline or keylane
+    server: str  # baseline, keylane, or another revision's short hash
     body: str
     proc: Child
     url: str
@@ -49,19 +59,27 @@ class Target:
         """Its name in the report."""
         return key_of(self.server, self.body)
 
+    @property
+    def other_tree(self) -> bool:
+        """Served by another revision (which may refuse a kind)."""
+        return self.server not in (BASELINE, CURRENT)
+
 
 def run_receiver_phase(bench: Bench, report: Report) -> None:
     """(a): every target once a round, ``rounds`` times, the order shifted by one each
     round; each run checked, each round's events then deleted."""
     opts = bench.opts
     bench.wrk = ensure_wrk()
+    other = prepare(opts.against) if opts.against else None  # minutes the first time
     # The receivers of (a), and of (b) after it, read the bench's sources.
     bench.env["KEYLANE_SOURCES_FILE"] = str(write_sources(bench.tmp))
     receiver, url = start_receiver(bench)
     baseline, base_url = _start_baseline(bench)
     targets = [Target(BASELINE, "json", baseline, f"{base_url}/webhooks/bench", None)]
     targets += _targets(CURRENT, receiver, url, bench.namespace, opts.bodies)
-    _warm(bench, targets)
+    if other is not None:
+        targets += _targets(other.label, *_start_other(bench, other), opts.bodies)
+    targets = _warm(bench, targets, report)
     for round_no in range(opts.rounds):
         shift = round_no % len(targets)
         for target in targets[shift:] + targets[:shift]:
@@ -76,7 +94,8 @@ def run_receiver_phase(bench: Bench, report: Report) -> None:
             report.receiver.rounds.append(run)
             # A round leaves ~100 MB queued.
             delete_namespace(bench.redis, target.namespace or bench.namespace)
-    baseline.stop()
+    for proc in {t.proc.pid: t.proc for t in targets if t.proc is not receiver}.values():
+        proc.stop()
     if opts.profile:
         body = opts.bodies[0]
         report.receiver.profile = _profile_receiver(
@@ -117,10 +136,49 @@ def _start_baseline(bench: Bench) -> tuple[Child, str]:
     return baseline, url
 
 
-def _warm(bench: Bench, targets: list[Target]) -> None:
+def _start_other(bench: Bench, tree: Tree) -> tuple[Child, str, str]:
+    """``keylane serve`` of another revision, with the run's settings but a namespace, a
+    store and a data directory of its own: the process, its URL and its namespace."""
+    opts = bench.opts
+    namespace = bench.es.enter_context(namespace_of(bench.redis, new_namespace()))
+    store_url = bench.es.enter_context(
+        fresh_store_url(opts.store, bench.tmp, opts.pg_url, f"tree_{tree.label}")
+    )
+    env = {
+        **bench.env,
+        "KEYLANE_NAMESPACE": namespace,
+        "KEYLANE_STORE_URL": store_url,
+        "KEYLANE_DATA_DIR": str(bench.tmp / f"data-{tree.label}"),
+    }
+    port = free_port()
+    argv = tree.keylane_argv("serve", "--port", str(port))
+    proc = bench.start(f"receiver-{tree.label}", argv, env, cwd=tree.root)
+    url = f"http://127.0.0.1:{port}"
+    bench.wait_http(proc, f"{url}/readyz")
+    return proc, url, namespace
+
+
+def _warm(bench: Bench, targets: list[Target], report: Report) -> list[Target]:
+    """Each target warmed up for a moment; the targets to measure: all but another
+    revision's kinds that it refused whole (noted in the report)."""
+    kept = []
     for target in targets:
-        tag = f"warm-{target.server}-{target.body}"
-        run_wrk(bench.wrk, target.url, tag, bench.opts.concurrency, WARMUP_S, body=target.body)
+        load = run_wrk(
+            bench.wrk,
+            target.url,
+            f"warm-{target.server}-{target.body}",
+            bench.opts.concurrency,
+            WARMUP_S,
+            body=target.body,
+        )
+        if target.other_tree and load.requests and not load.answered_2xx:
+            report.receiver.skipped.append(
+                f"{target.key}: refused all {load.requests} requests of the warm-up (that "
+                f"revision reads no {target.body} bodies); left out of every round"
+            )
+            continue
+        kept.append(target)
+    return kept
 
 
 def _measure(bench: Bench, target: Target, round_no: int) -> ReceiverRun:
