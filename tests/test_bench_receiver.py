@@ -6,6 +6,8 @@ as its own lock says."""
 
 from __future__ import annotations
 
+import re
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from keylane.ops.bench import trees
+from keylane.ops.bench.__main__ import main
 from keylane.ops.bench.bodies import KINDS, SOURCES, source_of
 from keylane.ops.bench.procs import REPO, BenchFailure
 from keylane.ops.bench.receiver_report import ReceiverResults, ReceiverRun
@@ -181,3 +184,21 @@ def test_a_revision_is_unpacked_from_the_repository_history(tmp_path: Path) -> N
     assert (root / "keylane" / "ops").is_symlink()
     assert (root / "keylane" / "ops" / "cli.py").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tree"]
+
+
+def test_every_command_of_the_benchmarks_page_parses_and_names_a_revision_there_is() -> None:
+    # Given each `python -m keylane.ops.bench ...` line of the benchmarks page
+    page = (REPO / "ops" / "docs" / "benchmarks.md").read_text()
+    commands = [
+        shlex.split(line, comments=True)
+        for line in re.findall(r"^python -m keylane\.ops\.bench (.+)$", page, re.M)
+    ]
+    assert any("--against" in argv for argv in commands)
+    assert any("--body" in argv for argv in commands)
+    for argv in commands:
+        # Then the benchmark's options read it as written
+        with main.make_context("bench", list(argv)) as ctx:
+            against = ctx.params["against"]
+            # And the revision it names is one of this repository's
+            if against is not None:
+                assert len(trees.resolve(against)) == 40
