@@ -8,10 +8,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from keylane.routing.contract.errors import InvalidEvent
 from keylane.routing.contract.events import Event, wire_changes
 from keylane.routing.contract.message import event_message, parse_message
 from keylane.routing.contract.settings import Settings
+from tests.support.http_server import serving
 from tests.support.stack import Stack, wait_until
 
 SHARDS = ShardMap(64)
@@ -180,15 +180,8 @@ class _Recorder(BaseHTTPRequestHandler):
 @pytest.fixture
 def hook() -> Iterator[tuple[str, list[tuple[dict[str, str], bytes]]]]:
     calls: list[tuple[dict[str, str], bytes]] = []
-    handler = type("Recorder", (_Recorder,), {"calls": calls})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", calls
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(type("Recorder", (_Recorder,), {"calls": calls})) as url:
+        yield url, calls
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)

@@ -1,10 +1,13 @@
 """keylane's benchmark: ``python -m keylane.ops.bench``.
 
-(a) **Receiver**: requests per second, p50/p99 latency and server CPU per request of
-    ``keylane serve`` under ``wrk -t1 -c<--concurrency> -d<--duration>s`` (new event ids,
-    the ``demo`` source; :mod:`keylane.ops.bench.wrk`), against a baseline served the
-    same way (:mod:`keylane.ops.bench.baseline`: parse the body, ``LPUSH``, nothing
-    else); every 202 is checked against the accept script's count and the shard queues.
+(a) **Receiver** (:mod:`keylane.ops.bench.receiver`): requests per second, p50/p99
+    latency and server CPU per request of ``keylane serve`` under ``wrk -t1
+    -c<--concurrency> -d<--duration>s`` (new event ids, each ``--body`` kind;
+    :mod:`keylane.ops.bench.wrk`), against a baseline served the same way
+    (:mod:`keylane.ops.bench.baseline`: parse the body, ``LPUSH``, nothing else) and,
+    with ``--against REV``, that revision's ``keylane serve``
+    (:mod:`keylane.ops.bench.trees`), taking turns round by round; every 2xx is checked
+    against the accept script's count and the shard queues.
 (b) **End to end**: for each ``--keys`` count, events per second from the first POST
     until the store's journal holds every event, with ``--workers`` worker processes of
     ``--lanes`` lanes, against a baseline that applies the same events in this process
@@ -43,8 +46,10 @@ same run.
 
 \b
 (a) receiver: requests per second, p50/p99 latency and server CPU per request of
-    `keylane serve` under wrk (installed with apt-get when absent), against a bare
-    Starlette app served the same way that parses the body and LPUSHes it.
+    `keylane serve` under wrk (installed with apt-get when absent), for each --body
+    kind, against a bare Starlette app served the same way that parses the body and
+    LPUSHes it and, with --against REV, against the receiver of that git revision;
+    every server once a round, --rounds rounds.
 (b) end to end: events per second from the first POST until the store journal
     holds them all, once per --keys count, against a lane's read, change and write
     in one thread on a fresh store; then journal size, sums, revisions and
@@ -63,8 +68,9 @@ end; stops every process it starts. Exit code 1 if an invariant does not hold.
 def run_bench(opts: BenchOptions) -> int:
     """Run the benchmark, print the table and the JSON line; the exit code."""
     from .drain import run_drain_phase
-    from .phases import run_e2e_phase, run_receiver_phase
+    from .phases import run_e2e_phase
     from .procs import Bench, redis_profile
+    from .receiver import run_receiver_phase
     from .report import Report
 
     with INTERRUPTS.installed(), ExitStack() as es:
@@ -102,6 +108,16 @@ def run_bench(opts: BenchOptions) -> int:
             click.echo(f"\nFAILED: {failure}", err=True)
             return 1
     return 0
+
+
+def _kinds(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
+    """A comma-separated list of body kinds, duplicates dropped."""
+    from .bodies import KINDS
+
+    kinds = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    if not kinds or not set(kinds) <= set(KINDS):
+        raise click.BadParameter(f"a comma-separated list of {', '.join(KINDS)}")
+    return kinds
 
 
 def _counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -189,7 +205,26 @@ def _counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int
     type=click.IntRange(1, 20),
     default=2,
     show_default=True,
-    help="(a) alternates baseline and keylane this many times; the best of each is shown.",
+    help="(a) runs every server and body kind once a round, this many rounds; each round "
+    "is shown, with the spread and the round-by-round ratios.",
+)
+@click.option(
+    "--body",
+    "bodies",
+    default="json",
+    show_default=True,
+    callback=_kinds,
+    help="(a)'s body kinds, comma-separated, each measured every round: json, form, "
+    "multipart, xml (one event, read by one mapped source) or envelope (keylane's own, "
+    "the demo source).",
+)
+@click.option(
+    "--against",
+    metavar="REV",
+    default=None,
+    help="(a) also serves the receiver of this git revision (e.g. 44bfee1, v0.1.0), "
+    "installed from its own lock into a venv cached by commit under "
+    "$TMPDIR/keylane-bench-trees, taking turns with this tree's round by round.",
 )
 @click.option(
     "--only",
@@ -216,6 +251,8 @@ def main(
     drain_workers: tuple[int, ...],
     lanes: int,
     rounds: int,
+    bodies: tuple[str, ...],
+    against: str | None,
     only: str | None,
     profile: bool,
     keep_temp: bool,
@@ -237,6 +274,8 @@ def main(
         drain_workers,
         duration_s=duration_s,
         profile=profile,
+        against=against,
+        bodies=bodies,
     )
     try:
         code = run_bench(opts)

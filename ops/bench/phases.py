@@ -1,11 +1,10 @@
-"""Two parts of the benchmark, (a) receiver and (b) end to end, run on a :class:`Bench`
-(its processes, namespace and store) and written into a :class:`Report`; (c) is in
-:mod:`keylane.ops.bench.drain`."""
+"""Part (b) of the benchmark, end to end, run on a :class:`Bench` (its processes,
+namespace and store) and written into a :class:`Report`, and the receiver it shares with
+(a) (:mod:`keylane.ops.bench.receiver`); (c) is in :mod:`keylane.ops.bench.drain`."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 
@@ -16,7 +15,6 @@ from ...workers.stores import open_store
 from ...workers.stores.sql import SqlStore
 from ..deployment_view import DeploymentView
 from ..embedded_redis import free_port
-from . import profile
 from .e2e import apply_direct, check_store, workload
 from .load import run_load
 from .procs import (
@@ -25,59 +23,13 @@ from .procs import (
     Bench,
     BenchFailure,
     Child,
-    delete_namespace,
     fresh_store_url,
     keylane_argv,
     redis_cpu_s,
     say,
     wait_for,
 )
-from .report import E2eRun, ReceiverRun, Report
-from .wrk import WrkResult, ensure_wrk, run_wrk
-
-WARMUP_S = 2
-#: How long the requests wrk leaves in flight when it stops may take to finish.
-IN_FLIGHT_S = 0.5
-
-
-def _measure(bench: Bench, name: str, proc: Child, url: str, tag: str) -> ReceiverRun:
-    opts = bench.opts
-    cpu0, redis0 = proc.cpu_s(), redis_cpu_s(bench.redis)
-    accepted0, queued0 = _accepted_and_queued(bench)
-    load = run_wrk(bench.wrk, url, tag, opts.concurrency, opts.duration_s)
-    run = ReceiverRun(name, load, proc.cpu_s() - cpu0, redis_cpu_s(bench.redis) - redis0)
-    if name == "keylane":
-        time.sleep(IN_FLIGHT_S)  # the requests wrk left in flight finish
-        accepted, queued = _accepted_and_queued(bench)
-        _check_accepted(load, accepted - accepted0, queued - queued0, opts.concurrency)
-    return run
-
-
-def _accepted_and_queued(bench: Bench) -> tuple[int, int]:
-    """The accept script's count and the events in the shard queues, read at one instant
-    (MULTI/EXEC: an accept runs wholly before or after)."""
-    keys, shards = RedisKeys(bench.namespace), ShardMap(bench.opts.shards)
-    pipe = bench.redis.pipeline(transaction=True)
-    pipe.hget(keys.counters, "accepted")
-    for shard in range(shards.count):
-        pipe.llen(keys.queue(shards.queue_name(shard)))
-    accepted, *depths = pipe.execute()
-    return int(accepted or 0), sum(int(n) for n in depths)
-
-
-def _check_accepted(load: WrkResult, accepted: int, queued: int, connections: int) -> None:
-    """Every 2xx wrk saw is an event the accept script counted, and every event it
-    counted is in a shard queue (wrk stops counting with up to one request in flight per
-    connection: those may be accepted without being counted)."""
-    if load.status_errors or load.socket_errors:
-        raise BenchFailure(
-            f"keylane answered {load.status_errors} request(s) with an error "
-            f"({load.socket_errors} socket errors)"
-        )
-    if not load.answered_2xx <= accepted <= load.answered_2xx + connections:
-        raise BenchFailure(f"wrk saw {load.answered_2xx} answers but {accepted} were accepted")
-    if queued != accepted:
-        raise BenchFailure(f"{accepted} events accepted but {queued} queued")
+from .report import E2eRun, Report
 
 
 def start_receiver(bench: Bench) -> tuple[Child, str]:
@@ -90,71 +42,6 @@ def start_receiver(bench: Bench) -> tuple[Child, str]:
         bench.receiver_url = f"http://127.0.0.1:{port}"
         bench.wait_http(bench.receiver, f"{bench.receiver_url}/readyz")
     return bench.receiver, bench.receiver_url
-
-
-def run_receiver_phase(bench: Bench, report: Report) -> None:
-    """(a): alternate baseline and keylane ``rounds`` times under wrk; keep the best of
-    each."""
-    opts = bench.opts
-    bench.wrk = ensure_wrk()
-    receiver, url = start_receiver(bench)
-    port = free_port()
-    baseline = bench.start(
-        "baseline",
-        [
-            sys.executable,
-            "-m",
-            "keylane.ops.bench.baseline",
-            "--port",
-            str(port),
-            "--redis-url",
-            opts.redis_url,
-            "--key",
-            f"{bench.namespace}:baseline",
-        ],
-    )
-    base_url = f"http://127.0.0.1:{port}"
-    bench.wait_http(baseline, f"{base_url}/healthz")
-    targets = {
-        "baseline": (baseline, f"{base_url}/webhooks/demo"),
-        "keylane": (receiver, f"{url}/webhooks/demo"),
-    }
-    for name, (_proc, target) in targets.items():
-        run_wrk(bench.wrk, target, f"warm-{name}", opts.concurrency, WARMUP_S)
-    for round_no in range(opts.rounds):
-        for name, (proc, target) in targets.items():
-            say(
-                f"(a) round {round_no + 1}/{opts.rounds}: wrk -t1 -c{opts.concurrency} "
-                f"-d{opts.duration_s}s against {name}"
-            )
-            run = _measure(bench, name, proc, target, f"a{round_no}-{name}")
-            say(f"(a)   {name}: {run.load.per_s:.0f} requests/s, p99 {run.load.p99_ms:.1f} ms")
-            report.receiver_rounds.append(run)
-            delete_namespace(bench.redis, bench.namespace)  # a round leaves ~100 MB queued
-            best = report.receiver.get(name)
-            if best is None or run.load.per_s > best.load.per_s:
-                report.receiver[name] = run
-    baseline.stop()
-    if opts.profile:
-        report.receiver_profile = _profile_receiver(bench, receiver, f"{url}/webhooks/demo")
-    # Phase (b) starts from an empty namespace: no queued events, no dedupe marks.
-    delete_namespace(bench.redis, bench.namespace)
-
-
-def _profile_receiver(bench: Bench, receiver: Child, url: str) -> list[tuple[str, float]]:
-    """One more wrk round against the receiver under py-spy (not counted in the figures:
-    the profiler takes CPU of its own): where the receiver's time goes."""
-    opts = bench.opts
-    py_spy = profile.find_py_spy()
-    say(f"(a) profile: wrk -d{opts.duration_s}s against keylane under py-spy (not counted)")
-    out = bench.tmp / "receiver-profile.txt"
-    proc = profile.start(py_spy, receiver.pid, opts.duration_s, out)
-    try:
-        run_wrk(bench.wrk, url, "profile", opts.concurrency, opts.duration_s)
-    finally:
-        found = profile.finish(proc, out)
-    delete_namespace(bench.redis, bench.namespace)
-    return found
 
 
 def start_workers(bench: Bench) -> list[Child]:

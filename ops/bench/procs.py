@@ -197,12 +197,14 @@ def descendants(pid: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def child(name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> Iterator[Child]:
-    """Start ``argv`` (output to ``<log_dir>/<name>.log``); stop it on exit."""
+def child(
+    name: str, argv: list[str], env: dict[str, str], log_dir: Path, cwd: Path = REPO
+) -> Iterator[Child]:
+    """Start ``argv`` in ``cwd`` (output to ``<log_dir>/<name>.log``); stop it on exit."""
     log_path = log_dir / f"{name}.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True
         )
     proc = Child(name, process, log_path)
     try:
@@ -357,6 +359,10 @@ class BenchOptions:
     duration_s: int = 15
     #: Whether (a) ends with a round under py-spy, summed by area of the receiver.
     profile: bool = False
+    #: A git revision whose receiver (a) also serves, alternated with this tree's.
+    against: str | None = None
+    #: (a)'s body kinds (:mod:`keylane.ops.bench.bodies`), each measured every round.
+    bodies: tuple[str, ...] = ("json",)
 
 
 _STARTED = time.monotonic()
@@ -424,13 +430,15 @@ class Bench:
         argv: list[str],
         env: dict[str, str] | None = None,
         es: contextlib.ExitStack | None = None,
+        cwd: Path = REPO,
     ) -> Child:
-        """Start a child (with ``env``, default :attr:`env`) that is stopped when ``es``
-        (default: the whole run's stack) unwinds, or earlier, by the caller."""
+        """Start a child (with ``env``, default :attr:`env`, in ``cwd``, default this
+        checkout) that is stopped when ``es`` (default: the whole run's stack) unwinds, or
+        earlier, by the caller."""
         with INTERRUPTS.critical():
             stack = self.es if es is None else es
             proc = stack.enter_context(
-                child(name, argv, self.env if env is None else env, self.logs)
+                child(name, argv, self.env if env is None else env, self.logs, cwd)
             )
             self.children.append(proc)
         return proc

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,36 +10,7 @@ from typing import Any
 from ..tables import render_table
 from .e2e import DirectRun
 from .load import LoadResult
-from .wrk import WrkResult
-
-
-@dataclass(frozen=True)
-class ReceiverRun:
-    """One timed wrk run against one server: the receiver or the baseline."""
-
-    name: str
-    load: WrkResult
-    server_cpu_s: float
-    redis_cpu_s: float
-
-    def per_request_ms(self, seconds: float) -> float:
-        """``seconds`` spread over the requests answered, in milliseconds."""
-        return seconds / max(1, self.load.requests) * 1000
-
-    def as_json(self) -> dict[str, Any]:
-        """The numbers of this run."""
-        load = self.load
-        return {
-            "requests_per_s": round(load.per_s, 1),
-            "p50_ms": round(load.p50_ms, 2),
-            "p99_ms": round(load.p99_ms, 2),
-            "errors": load.status_errors + load.socket_errors,
-            "server_cpu_ms_per_req": round(self.per_request_ms(self.server_cpu_s), 4),
-            "client_cpu_ms_per_req": round(self.per_request_ms(load.client_cpu_s), 4),
-            "redis_cpu_ms_per_req": round(self.per_request_ms(self.redis_cpu_s), 4),
-            "server_core_pct": round(100 * self.server_cpu_s / load.elapsed_s, 1),
-            "client_core_pct": round(100 * load.client_cpu_s / load.elapsed_s, 1),
-        }
+from .receiver_report import ReceiverResults
 
 
 @dataclass(frozen=True)
@@ -187,17 +157,10 @@ class Report:
     redis: dict[str, str]
     load_before: tuple[float, ...]
     load_after: tuple[float, ...] = ()
-    receiver: dict[str, ReceiverRun] = field(default_factory=dict)
-    receiver_rounds: list[ReceiverRun] = field(default_factory=list)
-    receiver_profile: list[tuple[str, float]] = field(default_factory=list)
+    receiver: ReceiverResults = field(default_factory=ReceiverResults)
     e2e: list[E2eRun] = field(default_factory=list)
     drain: list[DrainRun] = field(default_factory=list)
     invariants: str = "not checked"
-
-    def receiver_ratio(self) -> float:
-        """keylane's requests/s over the baseline's."""
-        base, real = self.receiver["baseline"], self.receiver["keylane"]
-        return real.load.per_s / base.load.per_s
 
     def as_json(self) -> dict[str, Any]:
         """The one-line summary."""
@@ -209,15 +172,8 @@ class Report:
             "loadavg_after": [round(x, 2) for x in self.load_after],
             "redis": self.redis,
         }
-        if self.receiver:
-            out["receiver"] = {name: run.as_json() for name, run in self.receiver.items()}
-            if len(self.receiver) == 2:
-                out["receiver"]["ratio"] = round(self.receiver_ratio(), 3)
-            out["receiver"]["rounds"] = [
-                {"server": run.name, **run.as_json()} for run in self.receiver_rounds
-            ]
-            if self.receiver_profile:
-                out["receiver"]["profile"] = {a: round(f, 3) for a, f in self.receiver_profile}
+        if self.receiver.rounds:
+            out["receiver"] = self.receiver.as_json()
         if self.e2e:
             out["e2e"] = [run.as_json() for run in self.e2e]
         if self.drain:
@@ -239,19 +195,17 @@ class Report:
                 "note: (b)'s load generator (raw HTTP/1.1 on one asyncio loop, in this "
                 "process) shares the CPUs with the servers: about 0.05 ms of CPU per request."
             )
-        if len(self.receiver) == 2:
-            lines += ["", *self._render_receiver()]
-        if self.receiver_profile:
-            lines += ["", "(a) where keylane's receiver spends its time (py-spy, one more round):"]
-            lines += [f"  {100 * f:5.1f} %  {area}" for area, f in self.receiver_profile]
+        if self.receiver.rounds:
+            lines += ["", *self.receiver.render(self.options)]
         if self.e2e:
             lines += ["", *self._render_e2e()]
         if self.drain:
             lines += ["", *self._render_drain()]
         checked = []
-        if self.receiver:
+        if self.receiver.rounds:
             checked.append(
-                "checked after (a): every 202 keylane sent was counted by its accept script, "
+                "checked after each (a) round: every 2xx a keylane receiver sent (this tree's "
+                "or another's, each in its own namespace) was counted by its accept script, "
                 "and every event counted is in a shard queue"
             )
         if self.e2e:
@@ -269,52 +223,6 @@ class Report:
             lines += ["", *checked]
         lines += [f"invariants: {self.invariants}"]
         return "\n".join(lines)
-
-    def _render_receiver(self) -> list[str]:
-        o = self.options
-        rows = []
-        for name in ("baseline", "keylane"):
-            j = self.receiver[name].as_json()
-            rows.append(
-                [
-                    name,
-                    f"{j['requests_per_s']:.0f}",
-                    f"{j['p50_ms']:.1f}",
-                    f"{j['p99_ms']:.1f}",
-                    j["errors"],
-                    f"{j['server_cpu_ms_per_req']:.3f}",
-                    f"{j['redis_cpu_ms_per_req']:.3f}",
-                    f"{j['client_cpu_ms_per_req']:.3f}",
-                    f"{j['server_core_pct']:.0f}",
-                ]
-            )
-        base, real = self.receiver["baseline"], self.receiver["keylane"]
-        cpu_ratio = (
-            real.per_request_ms(real.server_cpu_s) / base.per_request_ms(base.server_cpu_s)
-            if base.server_cpu_s
-            else math.nan
-        )
-        rounds = ", ".join(f"{run.name} {run.load.per_s:.0f}" for run in self.receiver_rounds)
-        return [
-            f"(a) receiver: wrk -t1 -c{o['concurrency']} -d{o['duration_s']}s, new event ids, "
-            f"the demo source; best of {o['rounds']} round(s) ({rounds} requests/s)",
-            render_table(
-                [
-                    "server",
-                    "requests/s",
-                    "p50 ms",
-                    "p99 ms",
-                    "errors",
-                    "server cpu ms/req",
-                    "redis cpu ms/req",
-                    "wrk cpu ms/req",
-                    "server core%",
-                ],
-                rows,
-            ),
-            f"keylane/baseline: throughput {self.receiver_ratio():.2f}x, "
-            f"server CPU per request {cpu_ratio:.2f}x",
-        ]
 
     def _render_e2e(self) -> list[str]:
         o = self.options

@@ -2,9 +2,10 @@
 load costs a small share of a core and the server under test is the limit.
 
 Each request carries a new event id (``<tag>-<thread>-<n>``) and one of 1,024 record keys,
-in keylane's own envelope: every request is a first delivery, none a duplicate. wrk's Lua
-``done`` hook prints the figures as one JSON line, read here; wrk's own CPU time is read
-from the kernel when it exits. wrk is Debian's and Ubuntu's package ``wrk``:
+in one of the body kinds of :mod:`keylane.ops.bench.bodies` (keylane's own envelope unless
+asked otherwise): every request is a first delivery, none a duplicate. wrk's Lua ``done``
+hook prints the figures as one JSON line, read here; wrk's own CPU time is read from the
+kernel when it exits. wrk is Debian's and Ubuntu's package ``wrk``:
 :func:`ensure_wrk` installs it with ``apt-get`` when it is absent and the benchmark runs
 as root, and otherwise says how to.
 """
@@ -20,12 +21,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .bodies import lua_of
 from .procs import BenchFailure, say
 
 #: Marks the line that wrk's ``done`` hook prints.
 RESULT_MARK = "KEYLANE_WRK "
 
-# Lua run by wrk: unique event ids per thread and request, figures printed as JSON.
+# Lua run by wrk after a body kind's headers and body(id, key): unique event ids per
+# thread and request, figures printed as JSON.
 SCRIPT = r"""
 local tag = "bench"
 local threads = {}
@@ -42,13 +45,9 @@ function init(args)
   tag = (args[1] or "bench") .. "-" .. tostring(tid)
 end
 
-local headers = {["Content-Type"] = "application/json"}
 function request()
   n = n + 1
-  local body = string.format(
-    '{"id": "%s-%d", "type": "bench.increment", "record_key": "bench:%s:%d", ' ..
-    '"changes": {"n": {"increment": 1}}}', tag, n, tag, n % 1024)
-  return wrk.format("POST", nil, headers, body)
+  return wrk.format("POST", nil, headers, body(tag .. "-" .. n, tag .. "." .. n % 1024))
 end
 
 function done(summary, latency, requests)
@@ -112,14 +111,26 @@ def ensure_wrk() -> str:
     return found
 
 
+def script_of(body: str) -> str:
+    """wrk's whole Lua script for requests of body kind ``body``."""
+    return lua_of(body) + SCRIPT
+
+
 def run_wrk(
-    wrk: str, url: str, tag: str, connections: int, duration_s: int, threads: int = 1
+    wrk: str,
+    url: str,
+    tag: str,
+    connections: int,
+    duration_s: int,
+    threads: int = 1,
+    body: str = "envelope",
 ) -> WrkResult:
     """``wrk -t THREADS -c CONNECTIONS -d DURATION --latency`` POSTing new events to
-    ``url``; event ids start with ``tag`` (a new tag per run keeps every id new)."""
+    ``url``, each a body of kind ``body``; event ids start with ``tag`` (a new tag per run
+    keeps every id new)."""
     with tempfile.TemporaryDirectory(prefix="klwrk-") as tmp:
         script = Path(tmp) / "events.lua"
-        script.write_text(SCRIPT)
+        script.write_text(script_of(body))
         argv = [wrk, f"-t{threads}", f"-c{connections}", f"-d{duration_s}s", "--latency"]
         argv += ["-s", str(script), url, "--", tag]
         out_path = Path(tmp) / "out.txt"
