@@ -356,7 +356,8 @@ class AmqpEventQueue:
                 [(item.source, item.event_id, item.body_sha256) for item in items]
             )
         except BrokerUnavailable as exc:
-            log.warning("dedupe marks unreadable, publishing %d event(s): %s", len(items), exc)
+            names = ", ".join(f"{item.source}/{item.event_id}" for item in items)
+            log.warning("dedupe marks unreadable, publishing %s: %s", names, exc)
             return [None] * len(items)
 
     async def ping(self) -> bool:

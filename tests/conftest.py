@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 from kombu import Connection
 
@@ -40,9 +41,12 @@ from tests.support.stack import Stack
 
 STORE_KINDS = ["sqlite", "postgres"]
 
-# Hypothesis fails an example that runs past 200 ms by default: a timing, which a busy
-# machine breaks (354 ms seen under a full suite). Examples are judged by what they assert.
-hypothesis_settings.register_profile("keylane", deadline=None)
+# Hypothesis fails an example that runs past 200 ms by default, and a test whose data
+# takes long to generate (its too_slow health check): timings, which a busy machine breaks
+# (354 ms seen under a full suite). Examples are judged by what they assert.
+hypothesis_settings.register_profile(
+    "keylane", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 hypothesis_settings.load_profile("keylane")
 
 

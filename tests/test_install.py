@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ import pytest
 
 from tests.support.packaging import (
     build_wheel,
+    dev_requirements,
     direct_requirements,
     requirement_name,
     shipped_copy,
@@ -199,6 +201,20 @@ def test_keylane_up_from_a_clean_install_applies_an_event(
     assert " exited with " not in log.read_text(errors="replace"), log.read_text(errors="replace")
 
 
+def _stub_packages(dest: Path) -> Path:
+    """A folder holding copies of the stub-only packages the dev extra names
+    (``types-defusedxml`` installs ``defusedxml-stubs``), at the versions the dev
+    environment has; mypy finds them on the checked interpreter's path."""
+    dest.mkdir()
+    site = next(Path(p) for p in sys.path if p.endswith("site-packages"))
+    for requirement in dev_requirements():
+        name = requirement_name(requirement)
+        if name.startswith("types-"):
+            stubs = name.removeprefix("types-") + "-stubs"
+            shutil.copytree(site / stubs, dest / stubs)
+    return dest
+
+
 def test_the_type_check_passes_against_the_versions_this_install_resolved(
     clean_venv: Path, tmp_path: Path
 ) -> None:
@@ -207,7 +223,12 @@ def test_the_type_check_passes_against_the_versions_this_install_resolved(
     mypy = Path(sys.executable).parent / "mypy"
     argv = [mypy, "--python-executable", clean_venv / "bin" / "python"]
     argv += ["--cache-dir", tmp_path / "mypy-cache"]
+    # and the dev environment's stub-only packages (types-defusedxml: type information
+    # only, nothing a user's install runs), on the checked interpreter's path
+    env = {**os.environ, "PYTHONPATH": str(_stub_packages(tmp_path / "stubs"))}
     # When keylane is checked as configured in pyproject.toml
-    checked = subprocess.run([str(a) for a in argv], cwd=REPO, capture_output=True, text=True)
+    checked = subprocess.run(
+        [str(a) for a in argv], cwd=REPO, capture_output=True, text=True, env=env
+    )
     # Then it passes: no error and no `type: ignore` depends on which allowed version is there
     assert checked.returncode == 0, checked.stdout + checked.stderr

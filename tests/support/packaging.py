@@ -108,6 +108,12 @@ def direct_requirements() -> list[str]:
     return list(project["dependencies"])
 
 
+def dev_requirements() -> list[str]:
+    """The dev extra's requirements as pyproject.toml declares them."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return list(project["optional-dependencies"]["dev"])
+
+
 def requirement_name(spec: str) -> str:
     """The distribution name of a requirement (``celery[redis]~=5.7.0`` -> ``celery``)."""
     return re.split(r"[\[<>=~!; ]", spec, maxsplit=1)[0]
