@@ -141,6 +141,9 @@ def test_throughput_against_a_destination_that_admits_less_than_configured(
         adaptive = run_once(opts, adaptive=True, es=es)
     print(f"\nfixed: {fixed}\nadaptive: {adaptive}")
     # Then every event was delivered once, in order per record, both times (run_once
-    # checks it), and adapting hits the limit far less often
+    # checks it)
     assert fixed.events == adaptive.events == 24
-    assert adaptive.throttled <= max(2, fixed.throttled // 2), (fixed, adaptive)
+    # And the adaptive rate settles below the limit: in the second half of its run it meets
+    # it at most once (a fixed rate keeps meeting it; how often depends on how fast a busy
+    # machine sends, so only the adaptive run's settling is asserted)
+    assert adaptive.late_throttled <= 1, (fixed, adaptive)
