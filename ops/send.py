@@ -15,13 +15,13 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from ..producers.delivery import public_url
-from ..producers.gateway import ReceiverGateway
 from ..producers.signatures.signer import Outgoing, sign
 from ..producers.signatures.standard_webhooks import ID_HEADER
 from ..routing.contract.errors import ConfigError
 from ..routing.contract.settings import Settings
 from ..routing.contract.signing import HmacConfig, NoneConfig, load_secrets
 from ..routing.contract.sources import SourceConfig, load_sources
+from .cli_sources import kept_secret
 
 #: Media types by file extension, where Python's table has none or another.
 _MEDIA_TYPES = {
@@ -126,18 +126,10 @@ def _secret(settings: Settings, source: SourceConfig, environ: Mapping[str, str]
     preset = source.preset
     if preset is None or preset.check != "hmac":
         return None  # a check of what the body carries (Salesforce, Graph)
-    kept = asyncio.run(_kept(settings, source.name))
+    kept = asyncio.run(kept_secret(settings, source.name))
     if kept is None:
         raise ConfigError(
             f"source {source.name}: no secret is kept yet (its sender hands it over in its "
             "handshake, which comes first)"
         )
     return kept
-
-
-async def _kept(settings: Settings, source: str) -> str | None:
-    gateway = ReceiverGateway.from_settings(settings)
-    try:
-        return await gateway.kept_secret(source)
-    finally:
-        await gateway.close()

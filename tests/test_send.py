@@ -6,6 +6,8 @@ sends unsigned, and what cannot be sent says why."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.readme import page_text
 from tests.support.senders import applied, sender_deployment
-from tests.support.stack import Stack, settings_env
+from tests.support.stack import Stack, settings_env, wait_until
 
 SECRETS = {
     "GITHUB_WEBHOOK_SECRET": "send-tests-github-secret",
@@ -70,6 +73,12 @@ def _send(
         text=True,
         timeout=60,
     )
+
+
+def _says_why(sent: subprocess.CompletedProcess[str], why: str) -> None:
+    """Nothing was sent: exit code 2 and ``why`` on stderr."""
+    assert sent.returncode == 2, sent.stdout + sent.stderr
+    assert why in sent.stderr
 
 
 def test_a_github_delivery_is_signed_and_applied_with_a_new_id_each_time(
@@ -137,9 +146,10 @@ def test_a_stripe_delivery_is_signed_with_its_id_in_the_body(stack: Stack, tmp_p
     assert second.stdout.startswith("200 OK\n"), second.stdout + second.stderr
     applied(stack, "customer:cus_send", {"paid_cents": 1200})
     # And an id in the body cannot be overridden: the command says where it is
-    refused = _send(stack, tmp_path, "stripe", "--file", "invoice.json", "--event-id", "x")
-    assert refused.returncode == 2
-    assert "reads its event id from body:id" in refused.stderr
+    _says_why(
+        _send(stack, tmp_path, "stripe", "--file", "invoice.json", "--event-id", "x"),
+        "reads its event id from body:id",
+    )
 
 
 def test_twilio_is_signed_over_the_public_url_the_receiver_checks(
@@ -171,17 +181,20 @@ def test_a_source_without_a_secret_sends_unsigned(stack: Stack, tmp_path: Path) 
 def test_what_cannot_be_sent_says_why_and_exits_2(stack: Stack, tmp_path: Path) -> None:
     (tmp_path / "b.json").write_text("{}")
     # An unknown source names the sources there are
-    unknown = _send(stack, tmp_path, "nope", "--file", "b.json")
-    assert unknown.returncode == 2
-    assert "no source named 'nope' (sources: forms, github, stripe, twilio)" in unknown.stderr
+    _says_why(
+        _send(stack, tmp_path, "nope", "--file", "b.json"),
+        "no source named 'nope' (sources: forms, github, stripe, twilio)",
+    )
     # A secret not set names its variable, never a value
-    unset = _send(stack, tmp_path, "stripe", "--file", "b.json", environ={"STRIPE_SECRET": ""})
-    assert unset.returncode == 2
-    assert "STRIPE_SECRET is empty" in unset.stderr
+    _says_why(
+        _send(stack, tmp_path, "stripe", "--file", "b.json", environ={"STRIPE_SECRET": ""}),
+        "STRIPE_SECRET is empty",
+    )
     # No receiver there: says where it tried
-    away = _send(stack, tmp_path, "forms", "--file", "b.json", "--url", "http://127.0.0.1:9/x")
-    assert away.returncode == 2
-    assert "could not send to http://127.0.0.1:9/x" in away.stderr
+    _says_why(
+        _send(stack, tmp_path, "forms", "--file", "b.json", "--url", "http://127.0.0.1:9/x"),
+        "could not send to http://127.0.0.1:9/x",
+    )
 
 
 def test_an_answer_that_is_not_2xx_exits_1_with_its_status_and_body(
@@ -193,3 +206,62 @@ def test_an_answer_that_is_not_2xx_exits_1_with_its_status_and_body(
     assert sent.returncode == 1
     assert sent.stdout.startswith("400 Bad Request\n"), sent.stdout
     assert '"error"' in sent.stdout
+
+
+# -- the Senders page's example, as written ----------------------------------------------
+
+TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+SHARD = re.compile(r'"shard":\d+,"queue":"keylane\.shard\.\d+"')
+
+
+def _blocks(text: str) -> dict[str, str]:
+    """The code blocks of ``text`` by info string (one of each here)."""
+    chunks = [chunk.partition("\n") for chunk in text.split("```")[1::2]]
+    return {info.strip(): body for info, _, body in chunks}
+
+
+def _same(shown: list[str], got: list[str]) -> None:
+    """``got`` is what the page shows, a time and a shard aside; a shown line ending in
+    ``…`` is the start of the line."""
+    assert len(got) >= len(shown), (shown, got)
+    for want, line in zip(shown, got, strict=False):
+        want, line = (SHARD.sub("S", TIMESTAMP.sub("T", text)) for text in (want, line))
+        if want.endswith("…"):
+            assert line.startswith(want[:-1]), (want, line)
+        else:
+            assert line == want
+
+
+def _once_applied(stack: Stack, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """``keylane ARGS`` (a ``records get``) once it finds the record: once the lane has
+    applied the event, as the page says."""
+    wait_until(lambda: stack.keylane(*args).returncode == 0, 60, "the record applied")
+    return stack.keylane(*args)
+
+
+def test_the_senders_page_example_runs_as_written(redis_url: str, tmp_path: Path) -> None:
+    # Given the page's sources file, event and commands, and a deployment of that file
+    # with the secret its export line sets
+    page = page_text("senders.md")
+    heading = "\n### Trying a mapping without the provider\n"
+    # (to the next heading; page_section would take a "# " line of output for a heading)
+    blocks = _blocks(page.split(heading, 1)[1].split("\n### ", 1)[0])
+    (tmp_path / "sources.toml").write_text(blocks["toml"])
+    (tmp_path / "invoice.json").write_text(blocks["json"])
+    lines = blocks["sh"].splitlines()
+    exported = dict(pair.split("=", 1) for pair in shlex.split(lines[0])[1:])
+    secrets = {k: v for k, v in exported.items() if not k.startswith("KEYLANE_")}
+    (tmp_path / "run").mkdir()
+    with sender_deployment(redis_url, tmp_path / "run", blocks["toml"], secrets) as stack:
+        commands = [n for n, line in enumerate(lines) if line.startswith("keylane ")]
+        for n, end in zip(commands, [*commands[1:], len(lines)], strict=True):
+            # When each command is run as typed, in the folder of the two files
+            argv = shlex.split(lines[n], comments=True)
+            shown = [line.removeprefix("# ") for line in lines[n + 1 : end]]
+            assert argv[:2] in (["keylane", "send"], ["keylane", "records"]), argv
+            if argv[1] == "send":
+                got = _send(stack, tmp_path, *argv[2:], environ=exported)
+            else:
+                got = _once_applied(stack, argv[1:])
+            # Then it prints what the page shows
+            _same(shown, got.stdout.splitlines())
