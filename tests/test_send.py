@@ -10,13 +10,14 @@ import re
 import shlex
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.readme import page_text
-from tests.support.senders import applied, sender_deployment
+from tests.support.senders import applied, send, sender_deployment
 from tests.support.stack import Stack, settings_env, wait_until
 
 SECRETS = {
@@ -48,6 +49,12 @@ on."*".last_message = { set = "body:Body" }
 
 [sources.forms]
 verify = { scheme = "none" }
+
+[sources.asana]
+verify = { scheme = "asana" }
+format = "mapped"
+record_key = "task:{body:resource.gid}"
+on."task.changed".changed = { add = "body:change.field" }
 """
 
 
@@ -178,12 +185,38 @@ def test_a_source_without_a_secret_sends_unsigned(stack: Stack, tmp_path: Path) 
     applied(stack, "contact:send", {"visits": 1})
 
 
+def test_asana_is_signed_with_the_secret_kept_from_its_handshake(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Given an Asana source whose secret is handed over in its handshake, none yet
+    events = {
+        "events": [
+            {
+                "action": "changed",
+                "resource": {"gid": "77", "resource_type": "task"},
+                "change": {"field": "assignee"},
+                "created_at": "2026-01-01T00:00:00Z",
+            }
+        ]
+    }
+    (tmp_path / "events.json").write_text(json.dumps(events))
+    _says_why(_send(stack, tmp_path, "asana", "--file", "events.json"), "no secret is kept yet")
+    # When Asana's handshake hands one over, then the same file is sent
+    secret = uuid.uuid4().hex
+    handshake = send(stack, "asana", b"", {"X-Hook-Secret": secret}, content_type=None)
+    assert handshake.status_code == 200, handshake.text
+    sent = _send(stack, tmp_path, "asana", "--file", "events.json")
+    # Then it is signed with the kept secret, verified and applied
+    assert sent.stdout.startswith("202 Accepted\n"), sent.stdout + sent.stderr
+    applied(stack, "task:77", {"changed": ["assignee"]})
+
+
 def test_what_cannot_be_sent_says_why_and_exits_2(stack: Stack, tmp_path: Path) -> None:
     (tmp_path / "b.json").write_text("{}")
     # An unknown source names the sources there are
     _says_why(
         _send(stack, tmp_path, "nope", "--file", "b.json"),
-        "no source named 'nope' (sources: forms, github, stripe, twilio)",
+        "no source named 'nope' (sources: asana, forms, github, stripe, twilio)",
     )
     # A secret not set names its variable, never a value
     _says_why(
