@@ -27,6 +27,7 @@ from .cli_merges import merges
 from .cli_outcomes import outcome
 from .cli_records import records
 from .cli_schedules import repair, run_command, scheduler, schedules
+from .cli_send import send
 from .cli_sources import sources
 from .observability import init_sentry
 
@@ -306,6 +307,7 @@ cli.add_command(journal)
 cli.add_command(merges)
 cli.add_command(outcome)
 cli.add_command(sources)
+cli.add_command(send)
 accept_deployment_options(cli)
 
 

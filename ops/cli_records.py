@@ -1,18 +1,110 @@
-"""``keylane records``: read a record, or edit it from outside the lanes."""
+"""``keylane records``: list records, read one, or edit one from outside the lanes."""
 
 from __future__ import annotations
 
 import json
+import shlex
 
 import click
 
+from ..workers.store_rows import RecordPage, RecordQuery
 from .cli_common import cli_store, emit_json, settings_of, when
 from .outside_edit import edit_record, parse_assignment, record_json
+from .tables import render_table
+
+MAX_LIST_LIMIT = 1000
 
 
-@click.group()
-def records() -> None:
-    """Read records, or edit them from outside the lanes."""
+@click.group(invoke_without_command=True)
+@click.pass_context
+def records(ctx: click.Context) -> None:
+    """List records, read one, or edit one from outside the lanes (alone: the first page
+    of the list, as ``records list``)."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(records_list)
+
+
+@records.command("list")
+@click.option("--prefix", default="", help="Only keys that start with this text (crm:).")
+@click.option(
+    "--where",
+    "where",
+    multiple=True,
+    metavar="FIELD=VALUE",
+    help="Only records whose FIELD equals VALUE (JSON if it parses, else text; repeatable: "
+    "all must hold).",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, MAX_LIST_LIMIT),
+    default=50,
+    show_default=True,
+    help="Records per page.",
+)
+@click.option("--after", default="", metavar="KEY", help="Start after this key (the next page).")
+@click.option("--merged", is_flag=True, help="Also list records merged into another (tombstones).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: the records and the next page.")
+@click.pass_context
+def records_list(
+    ctx: click.Context,
+    prefix: str = "",
+    where: tuple[str, ...] = (),
+    limit: int = 50,
+    after: str = "",
+    merged: bool = False,
+    as_json: bool = False,
+) -> None:
+    """Records in key order, a page at a time: key, revision, when updated, and the
+    fields (cut short; ``records get KEY`` shows them whole). A record merged into
+    another (a tombstone) is left out unless ``--merged``: its events go to the record
+    that absorbed it. The text ends with the command for the next page when there is
+    one; ``--json`` prints ``records`` and ``next_after``."""
+    query = RecordQuery(
+        prefix=prefix,
+        where=tuple(parse_assignment(w) for w in where),
+        after=after,
+        limit=limit,
+        merged=merged,
+    )
+    store = cli_store(settings_of(ctx))
+    try:
+        page = store.list_records(query)
+    finally:
+        store.close()
+    if as_json:
+        emit_json(
+            {"records": [record_json(r) for r in page.records], "next_after": page.next_after}
+        )
+        return
+    _print_page(page, merged)
+    if page.next_after is not None:
+        click.echo(f"next page: {_next_command(prefix, where, limit, page.next_after, merged)}")
+
+
+def _print_page(page: RecordPage, merged: bool) -> None:
+    if not page.records:
+        click.echo("no records")
+        return
+    headers = ["key", "revision", "updated", *(["merged_into"] if merged else []), "fields"]
+    rows = []
+    for record in page.records:
+        shown = " ".join(f"{k}={json.dumps(record.fields[k])}" for k in sorted(record.fields))
+        row = [record.key, record.revision, when(record.updated_at)]
+        rows.append([*row, *([record.merged_into] if merged else []), shown])
+    click.echo(render_table(headers, rows))
+
+
+def _next_command(prefix: str, where: tuple[str, ...], limit: int, after: str, merged: bool) -> str:
+    words = ["keylane", "records", "list"]
+    if prefix:
+        words += ["--prefix", prefix]
+    for condition in where:
+        words += ["--where", condition]
+    if limit != 50:
+        words += ["--limit", str(limit)]
+    if merged:
+        words.append("--merged")
+    return " ".join(shlex.quote(w) for w in [*words, "--after", after])
 
 
 @records.command("get")

@@ -243,14 +243,15 @@ def show_secret(ctx: click.Context, source_name: str) -> None:
     settings = settings_of(ctx)
     if load_sources(settings).get(source_name) is None:
         raise ConfigError(f"no source named {source_name!r}")
-    kept = asyncio.run(_kept(settings, source_name))
+    kept = asyncio.run(kept_secret(settings, source_name))
     if kept is None:
         click.echo(f"{source_name}: no secret is kept (its handshake has not come)", err=True)
         raise SystemExit(1)
     click.echo(kept)
 
 
-async def _kept(settings: Settings, source: str) -> str | None:
+async def kept_secret(settings: Settings, source: str) -> str | None:
+    """The secret ``source``'s sender handed over in its handshake, if one is kept."""
     gateway = ReceiverGateway.from_settings(settings)
     try:
         return await gateway.kept_secret(source)

@@ -47,6 +47,8 @@ from .store_rows import (
     Parked,
     PrunedTable,
     Record,
+    RecordPage,
+    RecordQuery,
     Removal,
     TableAge,
 )
@@ -115,6 +117,11 @@ class RecordStore(StoreConnection):
     def scan_records(self, prefix: str = "", after: str = "", limit: int = 500) -> list[Record]:
         """Up to ``limit`` records whose keys start with ``prefix`` and sort after
         ``after``, in key order: a repair sweep reads the store page by page."""
+
+    @abstractmethod
+    def list_records(self, query: RecordQuery) -> RecordPage:
+        """A page of the records ``query`` asks for, and where the next page starts
+        (``keylane records list``): full unless it is the last."""
 
 
 class JournalStore(StoreConnection):

@@ -202,3 +202,27 @@ class DeadLetterFilter:
     newer_than_s: float | None = None
     ids: tuple[int, ...] = ()
     limit: int | None = None
+
+
+@dataclass(frozen=True)
+class RecordQuery:
+    """Which records to list (``keylane records list``): keys starting with ``prefix``
+    (literally) and sorting after ``after``, in key order, whose fields hold each of
+    ``where``'s values (the field present and equal as JSON: ``1`` is ``1.0``, never
+    ``true``), at most ``limit``; tombstones (records merged into another) only with
+    ``merged``."""
+
+    prefix: str = ""
+    where: tuple[tuple[str, Any], ...] = ()
+    after: str = ""
+    limit: int = 50
+    merged: bool = False
+
+
+@dataclass(frozen=True)
+class RecordPage:
+    """A page of :class:`RecordQuery`: its records, and the key the next page starts
+    after (None: this is the last page)."""
+
+    records: list[Record]
+    next_after: str | None

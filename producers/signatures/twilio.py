@@ -33,6 +33,8 @@ from .verifier import (
 
 HEADER = "x-twilio-signature"
 SETTINGS_HEADER = "x-twilio-webhooks-signature-settings"
+#: The URL parameter that carries the SHA-256 of a body that is not a form.
+BODY_SHA256 = "bodySHA256"
 _DEFAULT_PORTS = {"https": 443, "http": 80}
 
 
@@ -59,13 +61,13 @@ class TwilioVerifier:
         if not target.url:
             raise SignatureError("twilio signs the URL it called: none is configured")
         algorithm = _algorithm(lowered.get(SETTINGS_HEADER, ""))
-        expected_body = target.query.get("bodySHA256")
+        expected_body = target.query.get(BODY_SHA256)
         if expected_body is not None:
             if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), expected_body.lower()):
                 raise SignatureError("the body does not match its bodySHA256")
             params = b""
         else:
-            params = _sorted_params(body, lowered.get("content-type", ""))
+            params = signed_params(body, lowered.get("content-type", ""))
         for url in _url_variants(target.url):
             if self._keys.match(url.encode() + params, [signature], algorithm):
                 return Verified(scheme=self.name, event_id=None, timestamp=None)
@@ -80,7 +82,7 @@ def _algorithm(settings: str) -> Algorithm:
     return "sha1"
 
 
-def _sorted_params(body: bytes, content_type: str) -> bytes:
+def signed_params(body: bytes, content_type: str) -> bytes:
     """Each form parameter's name and value, sorted by name (a repeated name's values
     sorted too), as Twilio concatenates them; nothing for a body that is not a form."""
     if not content_type.lower().startswith("application/x-www-form-urlencoded"):

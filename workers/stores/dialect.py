@@ -2,9 +2,9 @@
 
 SQLite and PostgreSQL differ in these places only: how the connection opens (the
 dialect's constructor), how a write transaction begins and ends, how the shard's fence
-row is locked, how JSON goes in and out, the placeholder style (the dialect's cursor
-takes ``?``), the DDL's type names, and how the prune's one runner is chosen. Everything
-else is written once.
+row is locked, how JSON goes in and out and how a field of it is compared, the
+placeholder style (the dialect's cursor takes ``?``), the DDL's type names, and how the
+prune's one runner is chosen. Everything else is written once.
 """
 
 from __future__ import annotations
@@ -44,6 +44,14 @@ class Dialect(Protocol):
 
     def json_out(self, column: str) -> str:
         """SQL that reads a JSON column as text."""
+        ...
+
+    def field_equals(self, column: str, name: str, value_json: str) -> tuple[str, list[Any]]:
+        """A condition (SQL text and its parameters) that holds when the JSON object in
+        ``column`` has the field ``name`` (taken literally) equal to the JSON value
+        ``value_json``, as JSON compares: numbers by value, objects whatever their keys'
+        order, ``true`` never ``1``. It may hold for more rows than that (never fewer):
+        the caller compares what it reads again."""
         ...
 
     def transaction(self) -> AbstractContextManager[Cursor]:

@@ -55,6 +55,11 @@ class PostgresDialect:
     def json_out(self, column: str) -> str:
         return f"{column}::text"
 
+    def field_equals(self, column: str, name: str, value_json: str) -> tuple[str, list[Any]]:
+        # jsonb's equality is JSON's (1 = 1.0, keys in any order); the cast is per row read,
+        # the column stays json (see above).
+        return f"({column}::jsonb -> ?::text) = ?::jsonb", [name, value_json]
+
     def migrate(self, ddl: str) -> None:
         with self.transaction() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))

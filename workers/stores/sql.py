@@ -40,6 +40,8 @@ from ..store_rows import (
     Parked,
     PrunedTable,
     Record,
+    RecordPage,
+    RecordQuery,
     Removal,
     TableAge,
 )
@@ -73,6 +75,7 @@ from .sql_parked import (
     release_record,
     unpark_messages,
 )
+from .sql_record_query import list_records
 from .sql_records import keys_with_prefix, read_record, records_after, write_record
 from .sql_tries import forget_tries, note_try, noted_tries
 from .sql_writes import commit_writes
@@ -250,6 +253,10 @@ class SqlStore(
     def scan_records(self, prefix: str = "", after: str = "", limit: int = 500) -> list[Record]:
         with self.dialect.cursor() as cur:
             return records_after(self.dialect, cur, prefix, after, limit)
+
+    def list_records(self, query: RecordQuery) -> RecordPage:
+        with self.dialect.cursor() as cur:
+            return list_records(self.dialect, cur, query)
 
     def fence_of(self, shard: int) -> int:
         with self.dialect.cursor() as cur:

@@ -15,13 +15,18 @@ _COLUMNS = "key, {fields}, revision, updated_at, created_at, merged_into, kept_f
 
 def read_record(d: Dialect, cur: Cursor, record_key: str) -> Record:
     """The record as it is now (revision 0 and no fields when absent)."""
-    columns = _COLUMNS.format(fields=d.json_out("fields"))
-    cur.execute(f"SELECT {columns} FROM records WHERE key = ?", (record_key,))
+    cur.execute(f"SELECT {record_columns(d)} FROM records WHERE key = ?", (record_key,))
     row = cur.fetchone()
-    return Record(record_key, {}, 0) if row is None else _record(row)
+    return Record(record_key, {}, 0) if row is None else record_of(row)
 
 
-def _record(row: Any) -> Record:
+def record_columns(d: Dialect) -> str:
+    """The columns :func:`record_of` reads, in its order."""
+    return _COLUMNS.format(fields=d.json_out("fields"))
+
+
+def record_of(row: Any) -> Record:
+    """A row of :func:`record_columns` as a :class:`Record`."""
     created_at = None if row[4] is None else float(row[4])
     fields = json.loads(row[1])
     return Record(str(row[0]), fields, int(row[2]), float(row[3]), created_at, row[5], row[6])
@@ -103,10 +108,9 @@ def keys_with_prefix(cur: Cursor, prefix: str, limit: int) -> list[str]:
 def records_after(d: Dialect, cur: Cursor, prefix: str, after: str, limit: int) -> list[Record]:
     """Up to ``limit`` records whose keys start with ``prefix`` and sort after ``after``,
     in key order (a sweep's page: each page a read of its own, no long transaction)."""
-    columns = _COLUMNS.format(fields=d.json_out("fields"))
     cur.execute(
-        f"SELECT {columns} FROM records "
+        f"SELECT {record_columns(d)} FROM records "
         "WHERE key > ? AND substr(key, 1, ?) = ? ORDER BY key LIMIT ?",
         (after, len(prefix), prefix, limit),
     )
-    return [_record(r) for r in cur.fetchall()]
+    return [record_of(r) for r in cur.fetchall()]

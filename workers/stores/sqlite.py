@@ -11,7 +11,7 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from ...routing.contract.errors import StoreUnavailable
 from .dialect import Cursor
@@ -50,6 +50,18 @@ class SqliteDialect:
 
     def json_out(self, column: str) -> str:
         return column
+
+    def field_equals(self, column: str, name: str, value_json: str) -> tuple[str, list[Any]]:
+        # json_each takes the field's name literally (a path would need it quoted); its
+        # type tells true from 1, and an integer and a real compare by value. An object or
+        # an array is only matched by its kind here: SQLite compares them as text (1.0 is
+        # not 1 inside), so the caller compares them as JSON.
+        sql = (
+            f"EXISTS (SELECT 1 FROM json_each({column}) AS f WHERE f.key = ? "
+            "AND replace(f.type, 'real', 'integer') = replace(json_type(?), 'real', 'integer') "
+            "AND (f.type IN ('object', 'array') OR f.atom IS json_extract(?, '$')))"
+        )
+        return sql, [name, value_json, value_json]
 
     def migrate(self, ddl: str) -> None:
         try:
