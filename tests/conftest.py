@@ -26,6 +26,7 @@ from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 from kombu import Connection
 
+from keylane.ops.embedded_redis import EmbeddedRedis
 from keylane.routing.contract.amqp_names import dead_queue, probe_queue, shard_queue
 from keylane.routing.contract.settings import Settings, load_settings
 from keylane.workers.stores import open_store
@@ -231,3 +232,14 @@ def _delete_queues(cluster: RabbitCluster, s: Settings) -> None:
         channel.queue_delete(dead_queue(s.namespace))
         channel.queue_delete(probe_queue(s.namespace))
         channel.exchange_delete(dead_queue(s.namespace))
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    """A Redis server of the test's own (its INFO counts only what the test runs)."""
+    server = EmbeddedRedis(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

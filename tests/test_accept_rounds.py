@@ -7,10 +7,8 @@ only the deliveries it carried."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import redis
 import redis.asyncio as aioredis
 
@@ -22,16 +20,6 @@ from keylane.routing.contract.schedules import RunLease
 from keylane.routing.redis_keys import RedisKeys
 
 SHARDS = ShardMap(4)
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
-    server = EmbeddedRedis(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def event(n: int, shard: int = 0, body: str = "b", high_water: int = 1000) -> Enqueue:

@@ -5,10 +5,7 @@ told its own values and only its own errors."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 import redis
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -25,16 +22,6 @@ def batches(client: aioredis.Redis, namespace: str) -> MarkBatches:
     """The marks of a gateway on ``client`` for ``namespace`` (its counters:
     ``<namespace>:counters``)."""
     return ReceiverGateway(client, RedisKeys(namespace), ShardMap()).marks
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
-    server = EmbeddedRedis(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def test_a_thousand_requests_at_once_each_get_their_values_and_the_counts_add_up(

@@ -21,6 +21,12 @@
     shard is owned (and from worker start) until the journal holds every event, with
     workers' and Redis's CPU per event, against the same direct baseline, and checked
     as in (b) (the push order standing in for the HTTP answers).
+(d) **Trickle** (:mod:`keylane.ops.bench.trickle`): events arriving one at a time, no
+    backlog. One receiver and one worker at their defaults on a Redis server of the run's
+    own; the idle cost, then per ``--rates`` rate, ``--seconds`` of events paced one at a
+    time over the largest ``--keys`` count: Redis commands per event (``INFO
+    commandstats``), by name, and CPU ms per event of receiver, worker and Redis with the
+    idle cost subtracted; then journal size, sums and no dead letters are checked.
 
 Everything runs under a private Redis namespace ``klbench-<hex>`` (its keys are deleted
 at the end; nothing else is touched) and a private store (a SQLite file in a temporary
@@ -37,6 +43,7 @@ from dataclasses import asdict
 import click
 
 from .procs import INTERRUPTS, BenchFailure, BenchOptions, say, worker_processes
+from .trickle_report import Pace
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 MAX_WORKERS = 64
@@ -59,19 +66,25 @@ same run.
     from the moment every shard is owned (and from worker start) until the journal
     holds them all, once per --keys and worker count, against the same baseline;
     checked as (b), with the push order as the order to keep.
+(d) trickle: one receiver and one worker at their defaults on a Redis server of their
+    own; the idle cost, then for each --rates rate --seconds of events sent one at a
+    time over the largest --keys count: Redis commands per event, by command, and CPU
+    ms per event by process, less the idle cost; journal size and sums checked.
 
 Runs under a private Redis namespace (klbench-<hex>) and store, both removed at the
 end; stops every process it starts. Exit code 1 if an invariant does not hold.
 """
 
 
-def run_bench(opts: BenchOptions) -> int:
-    """Run the benchmark, print the table and the JSON line; the exit code."""
+def run_bench(opts: BenchOptions, pace: Pace | None = None) -> int:
+    """Run the benchmark, print the table and the JSON line; the exit code. ``pace``:
+    (d)'s rates and seconds (default: :class:`Pace`'s)."""
     from .drain import run_drain_phase
     from .phases import run_e2e_phase
     from .procs import Bench, redis_profile
     from .receiver import run_receiver_phase
     from .report import Report
+    from .trickle import run_trickle_phase
 
     with INTERRUPTS.installed(), ExitStack() as es:
         bench = Bench(opts, es)
@@ -94,6 +107,9 @@ def run_bench(opts: BenchOptions) -> int:
                 report.invariants = "OK"
             if opts.only in (None, "drain"):
                 run_drain_phase(bench, report)
+                report.invariants = "OK"
+            if opts.only in (None, "trickle"):
+                report.trickle = run_trickle_phase(opts, es, pace or Pace())
                 report.invariants = "OK"
         except BenchFailure as exc:
             failure = exc
@@ -227,8 +243,22 @@ def _counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int
     "$TMPDIR/keylane-bench-trees, taking turns with this tree's round by round.",
 )
 @click.option(
+    "--rates",
+    default="10,50,200",
+    show_default=True,
+    callback=_counts,
+    help="(d)'s rates, events per second, comma-separated: each runs --seconds.",
+)
+@click.option(
+    "--seconds",
+    type=click.FloatRange(0.5, 600),
+    default=20.0,
+    show_default=True,
+    help="Seconds of events per (d) rate.",
+)
+@click.option(
     "--only",
-    type=click.Choice(["receiver", "e2e", "drain"]),
+    type=click.Choice(["receiver", "e2e", "drain", "trickle"]),
     default=None,
     help="Run only one part.",
 )
@@ -253,6 +283,8 @@ def main(
     rounds: int,
     bodies: tuple[str, ...],
     against: str | None,
+    rates: tuple[int, ...],
+    seconds: float,
     only: str | None,
     profile: bool,
     keep_temp: bool,
@@ -278,7 +310,7 @@ def main(
         bodies=bodies,
     )
     try:
-        code = run_bench(opts)
+        code = run_bench(opts, Pace(tuple(float(r) for r in rates), seconds))
     except BenchFailure as exc:
         click.echo(f"bench: {exc}", err=True)
         code = 1

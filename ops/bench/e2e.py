@@ -78,13 +78,7 @@ def check_store(
 ) -> list[str]:
     """Every way the store differs from ``work`` applied exactly once, in order (empty
     when the invariants hold): its journal, dead letters and records."""
-    problems: list[str] = []
-    size = store.journal_size()
-    if size != journal_expected:
-        problems.append(f"journal holds {size} entries, expected {journal_expected}")
-    dead = store.dead_letters(DeadLetterFilter(limit=3))
-    if dead:
-        problems.append(f"dead letters present, e.g. {dead[0].reason}: {dead[0].error}")
+    problems = check_journal(store, journal_expected)
     for key, (total, count) in work.totals().items():
         record = store.read(key)
         if record.fields.get("n") != total or record.revision != count:
@@ -95,6 +89,19 @@ def check_store(
     if spans is not None:
         problems += _check_order(store, work, spans)
     return problems[:20]
+
+
+def check_journal(store: SqlStore, journal_expected: int) -> list[str]:
+    """How the store's journal size and dead letters differ from ``journal_expected``
+    entries and none (empty when they do not)."""
+    problems: list[str] = []
+    size = store.journal_size()
+    if size != journal_expected:
+        problems.append(f"journal holds {size} entries, expected {journal_expected}")
+    dead = store.dead_letters(DeadLetterFilter(limit=3))
+    if dead:
+        problems.append(f"dead letters present, e.g. {dead[0].reason}: {dead[0].error}")
+    return problems
 
 
 def _check_order(

@@ -73,6 +73,34 @@ def run_load(
     return _run(_load(url, bodies, concurrency, retry))
 
 
+def run_paced(url: str, bodies: Sequence[bytes], rate_per_s: float) -> LoadResult:
+    """POST every body to ``url`` one at a time on one connection, body ``i`` sent at
+    ``i / rate_per_s`` seconds after the first (or as soon as the answer before it came,
+    if that was later): a steady trickle, not a load as fast as the server answers. Each
+    is retried as :func:`run_load` does with ``retry``."""
+    return _run(_paced(url, bodies, rate_per_s))
+
+
+async def _paced(url: str, bodies: Sequence[bytes], rate_per_s: float) -> LoadResult:
+    result = LoadResult(sent=len(bodies), elapsed_s=0.0, client_cpu_s=0.0)
+    result.spans = [None] * len(bodies)
+    client = _Connection(url)
+    try:
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        result.first_post_at = t0
+        for index, body in enumerate(bodies):
+            delay = t0 + index / rate_per_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await _send_one(client, index, body, True, result)
+        result.last_answer_at = time.perf_counter()
+        result.elapsed_s = result.last_answer_at - t0
+        result.client_cpu_s = time.process_time() - cpu0
+    finally:
+        client.close()
+    return result
+
+
 def _run(coro: Coroutine[Any, Any, LoadResult]) -> LoadResult:
     factory: Callable[[], asyncio.AbstractEventLoop] | None = None
     try:
@@ -169,22 +197,30 @@ async def _sender(
 ) -> None:
     # One shared iterator on one loop: each body is taken by exactly one sender.
     for index, body in queue:
-        first_sent = time.perf_counter()
-        for attempt in range(11):
-            started = time.perf_counter()
-            status = await client.post(body)
-            if retry and attempt < 10 and (status == 0 or status in RETRY_STATUSES):
-                result.retries += 1
-                await asyncio.sleep(0.05 * (attempt + 1))
-                continue
-            break
-        if status == 0:
-            result.transport_errors += 1
-        else:
-            answered = time.perf_counter()
-            result.statuses[status] += 1
-            result.latencies_ms.append((answered - started) * 1000)
-            result.spans[index] = (first_sent, answered)
+        await _send_one(client, index, body, retry, result)
+
+
+async def _send_one(
+    client: _Connection, index: int, body: bytes, retry: bool, result: LoadResult
+) -> None:
+    """POST body ``index`` until it is answered (retried as a sender would, with
+    ``retry``) and record what came back."""
+    first_sent = time.perf_counter()
+    for attempt in range(11):
+        started = time.perf_counter()
+        status = await client.post(body)
+        if retry and attempt < 10 and (status == 0 or status in RETRY_STATUSES):
+            result.retries += 1
+            await asyncio.sleep(0.05 * (attempt + 1))
+            continue
+        break
+    if status == 0:
+        result.transport_errors += 1
+    else:
+        answered = time.perf_counter()
+        result.statuses[status] += 1
+        result.latencies_ms.append((answered - started) * 1000)
+        result.spans[index] = (first_sent, answered)
 
 
 def get_ok(url: str) -> bool:

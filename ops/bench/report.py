@@ -11,6 +11,7 @@ from ..tables import render_table
 from .e2e import DirectRun
 from .load import LoadResult
 from .receiver_report import ReceiverResults
+from .trickle_report import TrickleResults
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ class Report:
     receiver: ReceiverResults = field(default_factory=ReceiverResults)
     e2e: list[E2eRun] = field(default_factory=list)
     drain: list[DrainRun] = field(default_factory=list)
+    trickle: TrickleResults | None = None
     invariants: str = "not checked"
 
     def as_json(self) -> dict[str, Any]:
@@ -178,6 +180,8 @@ class Report:
             out["e2e"] = [run.as_json() for run in self.e2e]
         if self.drain:
             out["drain"] = [run.as_json() for run in self.drain]
+        if self.trickle is not None:
+            out["trickle"] = self.trickle.as_json()
         out["invariants"] = self.invariants
         return out
 
@@ -201,6 +205,8 @@ class Report:
             lines += ["", *self._render_e2e()]
         if self.drain:
             lines += ["", *self._render_drain()]
+        if self.trickle is not None:
+            lines += ["", *self.trickle.render()]
         checked = []
         if self.receiver.rounds:
             checked.append(
@@ -219,6 +225,8 @@ class Report:
                 "applied, each record's revisions in push order, no dead letters, "
                 "`keylane audit`"
             )
+        if self.trickle is not None:
+            checked.append("checked after (d): journal size, each record's sum, no dead letters")
         if checked:
             lines += ["", *checked]
         lines += [f"invariants: {self.invariants}"]

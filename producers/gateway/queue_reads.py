@@ -77,6 +77,18 @@ class QueueReads:
             drained={int(k): int(v) for k, v in replies[-2].items()},
         )
 
+    async def drains(self) -> tuple[dict[int, int], int]:
+        """The drain counts the lanes keep, by shard, and the events waiting over all
+        shards as the sources' backlog counts them: two commands, where :meth:`queues`
+        reads two a shard."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.keys.drained)
+        pipe.hgetall(self.keys.backlog)
+        with broker_errors():
+            drained, backlog = await pipe.execute()
+        waiting = sum(max(0, int(v)) for v in backlog.values())
+        return {int(k): int(v) for k, v in drained.items()}, waiting
+
     async def metrics(self) -> MetricSnapshot:
         """Counters, latency histogram, live workers, held keys, destinations, and the
         store's sizes and last prune as the prune recorded them."""

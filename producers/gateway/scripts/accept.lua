@@ -66,22 +66,34 @@ local function shares(source)
   end
   local others = 0
   for name, waiting in pairs(backlog) do
-    if name ~= source then others = others + waiting end
+    if name ~= source then others = others + math.max(0, waiting) end
   end
   local mine = backlog[source] or 0
   return mine, others, mine + others
 end
 
--- A delivery of source bringing n_new events past its share (limit): {'throttled', its
--- backlog} while others' events wait, {'overloaded', the backlog} past the global mark;
--- nil when it is taken.
-local function over_share(source, limit, n_new)
-  if limit <= 0 or n_new == 0 then return nil end
-  local mine, others, all = shares(source)
+-- Count a delivery of source bringing n_new events into the backlog: nil when it is
+-- taken (counted in), else {'throttled', its backlog} when it would take its source past
+-- its share (limit) while others' events wait, {'overloaded', the backlog} past the global
+-- mark (and then it is not counted in). The increment goes first: its reply is the
+-- source's backlog, so a delivery within its share (the usual case) costs one command,
+-- and the whole hash is read only when a share is passed.
+local function count_in(source, limit, n_new)
+  if n_new == 0 then return nil end
+  local now = redis.call('HINCRBY', KEYS[3], source, n_new)
+  if backlog then backlog[source] = now end
+  if limit <= 0 then return nil end
+  local mine = math.max(0, now - n_new)
   if mine + n_new <= limit then return nil end
-  if all + n_new > global_high_water then return {'overloaded', all} end
-  if others > 0 then return {'throttled', mine} end
-  return nil
+  local _, others = shares(source)
+  local refused = nil
+  if mine + others + n_new > global_high_water then
+    refused = {'overloaded', mine + others}
+  elseif others > 0 then
+    refused = {'throttled', mine}
+  end
+  if refused then backlog[source] = redis.call('HINCRBY', KEYS[3], source, -n_new) end
+  return refused
 end
 
 for _ = 1, tonumber(ARGV[3]) do
@@ -99,13 +111,8 @@ for _ = 1, tonumber(ARGV[3]) do
     else
       local n_new = 0
       for i = 1, n do if verdicts[i][1] == 'accepted' then n_new = n_new + 1 end end
-      refused = over_share(source, limit, n_new)
-      if refused then
-        count(refused[1], 1)
-      elseif n_new > 0 then
-        redis.call('HINCRBY', KEYS[3], source, n_new)
-        if backlog then backlog[source] = (backlog[source] or 0) + n_new end
-      end
+      refused = count_in(source, limit, n_new)
+      if refused then count(refused[1], 1) end
     end
   end
   if refused then

@@ -95,19 +95,47 @@ local function retry_in(rec, id)
   return nil
 end
 
+-- What one script call learned of a shard (K) that spares reading it again: none_held
+-- (nothing is held anywhere), queue_left (the shard queue may hold messages not admitted),
+-- and fresh (the records whose first message admit just moved in).
+local MEMO = {}
+local function memo(K)
+  local m = MEMO[K]
+  if not m then
+    m = {fresh = {}}
+    MEMO[K] = m
+  end
+  return m
+end
+
+-- The dead letter that holds record key, else false. Nothing is held anywhere, the usual
+-- case, costs one HLEN a script call instead of a look-up per record (memo(K) remembers
+-- it; a script that holds a record sets its none_held to false).
+local function holder_of(K, key)
+  if memo(K).none_held == nil then memo(K).none_held = redis.call('HLEN', K.held) == 0 end
+  if memo(K).none_held then return false end
+  return redis.call('HGET', K.held, key)
+end
+
+local function is_held(K, key)
+  return holder_of(K, key) ~= false
+end
+
 -- Move up to n messages from the shard queue into their records' lists (K = the shard's
--- keys, see below). A record that gets its first message becomes ready now; a record that
--- is waiting, busy or held keeps its state. Two control messages act here instead:
--- keylane_unhold releases a record held by that dead letter, and the operator's retry of
--- the dead letter that holds its record (keylane_retry_of) goes first in the record's
--- list and releases it.
+-- keys, see below), in one RPOP: memo(K).queue_left says whether the queue may hold more
+-- (it gave all n), and a second call in the same script pops nothing when it gave fewer. A
+-- record that gets its first message becomes ready now; a record that is waiting, busy or
+-- held keeps its state. Two control messages act here instead: keylane_unhold releases a
+-- record held by that dead letter, and the operator's retry of the dead letter that holds
+-- its record (keylane_retry_of) goes first in the record's list and releases it.
 local function admit(K, shard, now, n)
-  for _ = 1, n do
-    local m = redis.call('RPOP', K.queue)
-    if not m then return end
+  if n < 1 or memo(K).queue_left == false then return end
+  local popped = redis.call('RPOP', K.queue, n) or {}
+  memo(K).queue_left = #popped == n
+  for _, m in ipairs(popped) do
     local h, key, kw = describe(m)
     local rec = K.rec_prefix .. key
-    local holder = redis.call('HGET', K.held, key)
+    local holder = holder_of(K, key)
     local unhold, retry_of = h.keylane_unhold, retry_of_message(h, kw)
     if kw and h.task == 'keylane.unhold' then unhold = kw.dead_letter_id end
     if unhold ~= nil then
@@ -125,10 +153,15 @@ local function admit(K, shard, now, n)
       redis.call('HINCRBY', K.depth, shard, redis.call('LLEN', rec))
       if redis.call('HEXISTS', K.busy, key) == 0 then redis.call('ZADD', K.ready, now, key) end
     else
-      redis.call('RPUSH', rec, m)
+      local len = redis.call('RPUSH', rec, m)
       if not holder then
         redis.call('HINCRBY', K.depth, shard, 1)
-        if redis.call('HEXISTS', K.busy, key) == 0 then
+        if len == 1 then
+          -- A record with no messages was nowhere: not busy (a busy record's head is in
+          -- its list until acknowledged) and not waiting (hand_out drops why it waited).
+          redis.call('ZADD', K.ready, 'NX', now, key)
+          memo(K).fresh[key] = true
+        elseif redis.call('HEXISTS', K.busy, key) == 0 then
           redis.call('ZADD', K.ready, 'NX', now, key)
         end
       else
@@ -140,22 +173,28 @@ end
 
 -- Ms until the shard's earliest record in ready is due (0: one is due now), -1: none is
 -- there. A lane that is handed a record sets its shard's timer by it, so a record that
--- waits is woken when it is due even while its shard-mates are being handled.
-local function next_due(K, now)
-  local first = redis.call('ZRANGE', K.ready, 0, 0, 'WITHSCORES')
-  if #first == 0 then return -1 end
-  return math.max(0, tonumber(first[2]) - now)
+-- waits is woken when it is due even while its shard-mates are being handled. after: the
+-- score of the record that followed the one just handed out when the caller read it (false:
+-- none did), which spares reading ready again; nil: read it.
+local function next_due(K, now, after)
+  if after == nil then
+    local first = redis.call('ZRANGE', K.ready, 0, 0, 'WITHSCORES')
+    after = #first > 0 and tonumber(first[2])
+  end
+  if not after then return -1 end
+  return math.max(0, after - now)
 end
 
 -- Hand the head of record key's list to a lane (it becomes busy): {key, message,
--- deliveries, held, batch, next due (see next_due)}. A first delivery whose message
--- carries keylane_batch also takes the record's next messages with the same keylane_batch
--- value that were never handed out, up to the limit it names, while the record is not
--- held: a batch, in order. Only the head is counted: when it is handed out again (a crash,
--- a failure) it goes alone, and so do the ones behind it, each counted then.
-local function hand_out(K, key, now)
+-- deliveries, held, batch, next due (see next_due, and its after)}. A first delivery whose
+-- message carries keylane_batch also takes the record's next messages with the same
+-- keylane_batch value that were never handed out, up to the limit it names, while the
+-- record is not held: a batch, in order. Only the head is counted: when it is handed out
+-- again (a crash, a failure) it goes alone, and so do the ones behind it, each counted then.
+local function hand_out(K, key, now, after)
   local rec = K.rec_prefix .. key
-  local m = redis.call('LINDEX', rec, 0)
+  local head = redis.call('LRANGE', rec, 0, 1)
+  local m = head[1]
   if not m then
     redis.call('ZREM', K.ready, key)
     redis.call('HDEL', K.busy, key)
@@ -163,9 +202,9 @@ local function hand_out(K, key, now)
   end
   redis.call('ZREM', K.ready, key)
   redis.call('HSET', K.busy, key, now)
-  redis.call('HDEL', K.waits, key)
+  if not memo(K).fresh[key] then redis.call('HDEL', K.waits, key) end
   local n = redis.call('HINCRBY', K.deliveries, redis.sha1hex(m), 1)
-  local held = redis.call('HEXISTS', K.held, key)
+  local held = is_held(K, key) and 1 or 0
   local batch = {}
   if n == 1 and held == 0 then
     local h = describe(m)
@@ -173,7 +212,8 @@ local function hand_out(K, key, now)
     local limit = type(tag) == 'string' and tonumber(string.match(tag, '^(%d+):')) or 1
     local i = 1
     while #batch + 1 < limit do
-      local nxt = redis.call('LINDEX', rec, i)
+      local nxt
+      if i == 1 then nxt = head[2] else nxt = redis.call('LINDEX', rec, i) end
       if not nxt then break end
       local hn = describe(nxt)
       if hn.keylane_batch ~= tag or redis.call('HEXISTS', K.deliveries, redis.sha1hex(nxt)) == 1
@@ -182,23 +222,24 @@ local function hand_out(K, key, now)
       i = i + 1
     end
   end
-  return {key, m, n, held, batch, next_due(K, now)}
+  return {key, m, n, held, batch, next_due(K, now, after)}
 end
 
 -- The shard's next record that is due, handed out; else nil and the ms until the
--- earliest waiting record is due (-1: none waits; 0 also while the shard queue still holds
--- messages admit has not moved yet: those behind held, busy or waiting records' ones may
--- be due, so the caller looks again now instead of leaving them to the idle poll).
+-- earliest waiting record is due (-1: none waits; 0 also while the shard queue may still
+-- hold messages admit has not moved yet: those behind held, busy or waiting records' ones
+-- may be due, so the caller looks again now instead of leaving them to the idle poll). The
+-- earliest record is due when its score is not after now (what ZRANGEBYSCORE -inf now
+-- would give); the one after it sets the timer.
 local function take_due(K, now)
   while true do
-    local due = redis.call('ZRANGEBYSCORE', K.ready, '-inf', now, 'LIMIT', 0, 1)
-    if #due == 0 then
-      if redis.call('LLEN', K.queue) > 0 then return nil, 0 end
-      local first = redis.call('ZRANGE', K.ready, 0, 0, 'WITHSCORES')
+    local first = redis.call('ZRANGE', K.ready, 0, 1, 'WITHSCORES')
+    if #first == 0 or tonumber(first[2]) > now then
+      if memo(K).queue_left ~= false and redis.call('LLEN', K.queue) > 0 then return nil, 0 end
       if #first == 0 then return nil, -1 end
       return nil, tonumber(first[2]) - now
     end
-    local got = hand_out(K, due[1], now)
+    local got = hand_out(K, first[1], now, first[4] ~= nil and tonumber(first[4]))
     if got then return got, 0 end
   end
 end

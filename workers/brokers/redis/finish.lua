@@ -21,7 +21,7 @@ local then_take, admit_max = ARGV[5] == '1', tonumber(ARGV[6])
 if redis.call('GET', K.lease) ~= lease then return 0 end
 local now = now_ms()
 local rec = K.rec_prefix .. key
-local was_held = redis.call('HEXISTS', K.held, key) == 1
+local was_held = is_held(K, key)
 local channel = ARGV[7]
 for i = 8, #ARGV, ack_width() do
   local m = ARGV[i + ACK.message]
@@ -48,6 +48,7 @@ if holds then
 end
 if holds then
   if redis.call('HSETNX', K.held, key, hold) == 1 then
+    memo(K).none_held = false
     redis.call('HINCRBY', K.depth, shard, -left)
     redis.call('HINCRBY', K.counters, 'held', 1)
   end
