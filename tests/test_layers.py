@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {folder: f"keylane.{folder}" for folder in ("routing", "producers", "workers", "ops")}
 RANK = {"routing": 0, "contract": 1, "producers": 2, "workers": 2, "ops": 3, "public": 4}
 #: The only modules that import the Redis client, per side: the producers' gateway package
-#: (a module per concept), the lanes' Redis broker, and in ops the deployment view and the
+#: (a module per concept), the lanes' Redis broker (redis.py and its parts), and in ops the deployment view and the
 #: embedded server's supervisor, which pings the server it runs (benchmarks drive Redis
 #: directly).
 REDIS_IMPORTERS = {
@@ -43,6 +43,8 @@ REDIS_IMPORTERS = {
     "keylane.producers.gateway.redis_calls",
     "keylane.producers.gateway.schedule_gateway",
     "keylane.workers.brokers.redis",
+    "keylane.workers.brokers.redis_calls",
+    "keylane.workers.brokers.redis_leases",
     "keylane.ops.deployment_view",
     "keylane.ops.embedded_redis",
 }

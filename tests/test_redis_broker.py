@@ -15,6 +15,7 @@ from keylane.routing.contract.message import build_event_message
 from keylane.routing.redis_keys import RedisKeys
 from keylane.workers.broker import Ack, Idle, Lease, Taken
 from keylane.workers.brokers.redis import ADMIT_MAX, RedisLaneBroker
+from keylane.workers.brokers.redis_leases import older_than_supported
 
 SHARDS = ShardMap(1)
 
@@ -107,3 +108,19 @@ def test_a_shard_whose_queue_still_holds_messages_is_never_reported_idle(
         assert got == Idle({0: 0.0}), got
     expect(got, "b")
     assert json.loads(got.raw)["headers"]["keylane_record"] == "b"
+
+
+def test_a_redis_older_than_6_2_is_refused_by_version_and_the_running_one_is_not(
+    redis_url: str,
+) -> None:
+    # Given the versions Redis names in INFO server
+    # Then one before 6.2 (no RPOP with a count) is too old, 6.2 and later are not
+    assert older_than_supported("6.0.16")
+    assert older_than_supported("5.0.14")
+    assert not any(map(older_than_supported, ["6.2.14", "7.0.15", "7.2.4", "8.0.0"]))
+    # And the Redis the tests run on passes the worker's check
+    broker = RedisLaneBroker.from_url(redis_url, RedisKeys("keylane-version-check"), ShardMap(2))
+    try:
+        broker.check_server()
+    finally:
+        broker.close()

@@ -32,7 +32,7 @@ from keylane.routing.contract.redis_scripts import (
 from keylane.routing.contract.settings import Settings
 from keylane.routing.redis_keys import MESSAGE_NOTES, RedisKeys, message_digest
 from keylane.workers.broker import Ack, Lease, Taken, Tell
-from keylane.workers.brokers import redis as lane_redis
+from keylane.workers.brokers import redis_calls as lane_redis
 from keylane.workers.brokers.redis import RedisLaneBroker
 from keylane.workers.stores.sql import SqlStore
 from tests.support.stack import Stack
@@ -44,7 +44,12 @@ FOLDERS = {
         "producers/gateway/receiver_gateway.py",
         "producers/gateway/schedule_gateway.py",
     ),
-    lane_redis.SCRIPTS: ("workers/brokers/redis.py", "workers/flow.py"),
+    lane_redis.SCRIPTS: (
+        "workers/brokers/redis.py",
+        "workers/brokers/redis_leases.py",
+        "workers/brokers/redis_notes.py",
+        "workers/flow.py",
+    ),
 }
 SHARDS = ShardMap(2)
 

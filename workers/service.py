@@ -138,6 +138,7 @@ class LaneService:
         """Claim the SQLite store (one writer process), create the schema, join the
         members, take shards and start the lanes."""
         if self.redis is not None:
+            self.redis.check_server()  # refuses a Redis older than the scripts need
             self.redis.claim_layout(LAYOUT_VERSION)  # refuses a newer release's namespace
         if self.writer is not None:
             self.writer.claim()

@@ -1,5 +1,7 @@
 """The lanes' broker on Redis: the worker side's one gateway to Redis (leases, records,
-membership, the SQLite writer claim, counters, destinations' flow control).
+membership, the SQLite writer claim, counters, destinations' flow control). This module
+is its records' queue; the leases and membership are :mod:`.redis_leases`, the notes
+kept with a message :mod:`.redis_notes`, how it calls Redis :mod:`.redis_calls`.
 
 Why keylane does not let kombu's Redis consumer read the shard queues (facts.md): kombu
 pops with ``BRPOP`` and only afterwards records the message as unacknowledged, so a
@@ -28,85 +30,39 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from typing import Any, cast
 
 import redis
-from redis.commands.core import Script
-from redis.typing import EncodableT, FieldT
 
 from ...routing import ShardMap
-from ...routing.contract.destinations import EXCERPT_CHARS
-from ...routing.contract.errors import ConfigError
 from ...routing.contract.message import build_unhold_message
-from ...routing.contract.redis_scripts import (
-    COMMON_KEYS,
-    SHARD_KEYS,
-    ScriptFolder,
-    errors_as_unavailable,
-)
-from ...routing.contract.replies import reply_int, reply_text
+from ...routing.contract.redis_scripts import COMMON_KEYS, SHARD_KEYS
+from ...routing.contract.replies import reply_text
 from ...routing.contract.settings import Settings
 from ...routing.redis_keys import (
-    MESSAGE_NOTES,
     ONCE_MARKER_TTL_MS,
     SEND_MARKER_TTL_MS,
     RedisKeys,
     latency_bucket,
-    message_digest,
 )
-from ..broker import (
-    Ack,
-    Acquired,
-    Counts,
-    Idle,
-    Lease,
-    MessageNotes,
-    Outgoing,
-    RecordQueue,
-    ShardLeases,
-    Taken,
-    Tell,
-)
+from ..broker import Ack, Counts, Idle, Lease, Outgoing, RecordQueue, Taken, Tell
 from ..flow import DestinationFlow
+from .redis_calls import broker_errors, call, script_text
+from .redis_leases import RedisShardLeases
+from .redis_notes import RedisMessageNotes
 
-LEASE_LOG_MAXLEN = 100_000
 #: Messages a take or finish moves from the shard queue into records' lists at most (a
 #: bound on one script's time; the next call admits more).
 ADMIT_MAX = 64
-#: The lane scripts, ``redis/<name>.lua`` beside this module.
-SCRIPTS = ScriptFolder(__package__, "redis")
 
 
-def broker_errors() -> AbstractContextManager[None]:
-    """Turn any Redis error raised inside the block into :class:`BrokerUnavailable` (the
-    one mapping, :func:`~keylane.routing.contract.redis_scripts.errors_as_unavailable`)."""
-    return errors_as_unavailable(redis.RedisError)
-
-
-def run_script(script: Any, keys: list[str], args: list[Any]) -> Any:
-    """Run a registered Lua script (EVALSHA, loaded again after NOSCRIPT), Redis errors as
-    :class:`BrokerUnavailable`."""
-    with broker_errors():
-        return script(keys=keys, args=args)
-
-
-def script_text(name: str) -> str:
-    """The Lua source of script ``name`` (``redis/<name>.lua``), with the helpers and the
-    generated layouts it includes before it."""
-    return SCRIPTS.source(name)
-
-
-class RedisLaneBroker(RecordQueue, ShardLeases, MessageNotes):
+class RedisLaneBroker(RedisShardLeases, RedisMessageNotes, RecordQueue):
     """The lane broker on Redis, every role of :mod:`keylane.workers.broker` (the lanes'
     :class:`RecordQueue`, the ownership's :class:`ShardLeases`, :class:`MessageNotes`),
     through redis-py's connection pool (thread-safe)."""
 
     def __init__(self, client: redis.Redis, keys: RedisKeys, shards: ShardMap) -> None:
-        self.client = client
-        self.keys = keys
-        self.shards = shards
-        self._scripts: dict[str, Script] = {}
+        super().__init__(client, keys, shards)
         #: Each shard's keys, built once: every take and finish sends them.
         self._shard_keys_of: dict[int, list[str]] = {}
         #: Destinations' flow control, shared by every worker (its own module).
@@ -124,12 +80,6 @@ class RedisLaneBroker(RecordQueue, ShardLeases, MessageNotes):
     def from_settings(cls, settings: Settings) -> RedisLaneBroker:
         """The lane broker on ``settings``' Redis."""
         return cls.from_url(settings.redis_dsn(), settings.keys, settings.shards)
-
-    def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        script = self._scripts.get(name)
-        if script is None:
-            script = self._scripts[name] = self.client.register_script(script_text(name))
-        return run_script(script, keys, args)
 
     def queue_key(self, shard: int) -> str:
         """The Redis list of the shard's Celery queue."""
@@ -158,84 +108,6 @@ class RedisLaneBroker(RecordQueue, ShardLeases, MessageNotes):
 
     def _common_keys(self) -> list[str]:
         return [getattr(self.keys, name) for name in COMMON_KEYS]
-
-    # -- leases ------------------------------------------------------------------------
-
-    def acquire(self, shard: int, worker_id: str, ttl_ms: int) -> Acquired:
-        k = self.keys
-        ok, holder, restored = self._run(
-            "acquire",
-            [
-                k.lease(shard),
-                k.fence(shard),
-                k.busy(shard),
-                k.ready(shard),
-                k.lease_log,
-                k.last_owner(shard),
-            ],
-            [worker_id, ttl_ms, shard, LEASE_LOG_MAXLEN],
-        )
-        holder = reply_text(holder)
-        if not ok:
-            return Acquired(None, holder, 0)
-        token = int(holder.rsplit("/", 1)[1])
-        return Acquired(Lease(shard, holder, token), holder, int(restored))
-
-    def renew(self, leases: Sequence[Lease], ttl_ms: int) -> list[bool]:
-        if not leases:
-            return []
-        result = self._run(
-            "renew",
-            [self.keys.lease(lease.shard) for lease in leases],
-            [ttl_ms, *(lease.value for lease in leases)],
-        )
-        return [bool(x) for x in result]
-
-    def release_lease(self, lease: Lease, worker_id: str, reason: str = "released") -> bool:
-        k = self.keys
-        return bool(
-            self._run(
-                "release",
-                [k.lease(lease.shard), k.lease_log, k.last_owner(lease.shard)],
-                [lease.value, lease.shard, reason, LEASE_LOG_MAXLEN, worker_id, lease.token],
-            )
-        )
-
-    def lose(self, lease: Lease, worker_id: str, why: str) -> None:
-        # Nothing to let go of: the lease expires in Redis, and the next owner restores
-        # the messages this worker had in flight. The lease log keeps the event.
-        fields: dict[FieldT, EncodableT] = {
-            "event": "lost",
-            "shard": lease.shard,
-            "worker": worker_id,
-            "token": lease.token,
-            "restored": 0,
-            "expired": "",
-        }
-        _do(lambda: self.client.xadd(self.keys.lease_log, fields, maxlen=LEASE_LOG_MAXLEN))
-
-    def bump_fence(self, shard: int, at_least: int) -> int:
-        return int(self._run("bump_fence", [self.keys.fence(shard)], [at_least]))
-
-    # -- the SQLite store's one writer --------------------------------------------------
-
-    def claim_store_writer(
-        self, worker_id: str, ttl_ms: int, replacing: str = ""
-    ) -> tuple[str, bool]:
-        """Claim (or renew) being the store's one writer for ``ttl_ms``, or take the claim
-        over from ``replacing`` (a holder known to be gone). Returns the holder after the
-        call, and whether that holder's claim ran out without a release (it may be paused:
-        the caller decides whether it is gone)."""
-        k = self.keys
-        holder, how = self._run(
-            "claim", [k.store_writer, k.store_writer_last], [worker_id, ttl_ms, replacing]
-        )
-        return reply_text(holder), reply_text(how) == "expired"
-
-    def release_store_writer(self, worker_id: str) -> bool:
-        """Give the writer claim up (only if still ours)."""
-        k = self.keys
-        return bool(self._run("unclaim", [k.store_writer, k.store_writer_last], [worker_id]))
 
     # -- records -----------------------------------------------------------------------
 
@@ -331,7 +203,7 @@ class RedisLaneBroker(RecordQueue, ShardLeases, MessageNotes):
         return bool(self._run("wait", keys, args))
 
     def in_flight(self, shard: int) -> list[str]:
-        return [reply_text(k) for k in _do(lambda: self.client.hkeys(self.keys.busy(shard)))]
+        return [reply_text(k) for k in call(lambda: self.client.hkeys(self.keys.busy(shard)))]
 
     def reclaim(self, lease: Lease, record_keys: Sequence[str], min_age_s: float) -> int:
         if not record_keys:
@@ -340,55 +212,17 @@ class RedisLaneBroker(RecordQueue, ShardLeases, MessageNotes):
         args = [lease.value, round(min_age_s * 1000), *record_keys]
         return int(self._run("reclaim", keys, args))
 
-    # -- notes kept with an in-flight message ------------------------------------------
-
-    def note_failure(self, shard: int, raw: bytes, error: str) -> None:
-        self._note(shard, raw, "error", error[:EXCERPT_CHARS])
-
-    def last_failure(self, shard: int, raw: bytes) -> str:
-        return reply_text(self._noted(shard, raw, "error"))
-
-    def note_write(self, shard: int, raw: bytes, condition: str | None) -> None:
-        self._note(shard, raw, "write", condition)
-
-    def noted_write(self, shard: int, raw: bytes) -> str | None:
-        value = self._noted(shard, raw, "write")
-        return None if value is None else reply_text(value)
-
-    def retries(self, shard: int, raw: bytes) -> int:
-        return reply_int(self._noted(shard, raw, "retries"))
-
-    def note_retry(self, shard: int, raw: bytes) -> tuple[int, float]:
-        retries, since_ms = self._run(
-            "note_retry", [self.keys.deliveries(shard)], [message_digest(raw)]
-        )
-        return int(retries), int(since_ms) / 1000
-
-    def _note(self, shard: int, raw: bytes, what: str, value: str | None) -> None:
-        """Keep ``value`` (None: forget it) with the message, in its shard's deliveries
-        hash; the message's ack forgets it."""
-        assert what in MESSAGE_NOTES
-        key, field = self.keys.deliveries(shard), f"{message_digest(raw)}:{what}"
-        if value is None:
-            _do(lambda: self.client.hdel(key, field))
-        else:
-            _do(lambda: self.client.hset(key, field, value))
-
-    def _noted(self, shard: int, raw: bytes, what: str) -> Any:
-        field = f"{message_digest(raw)}:{what}"
-        return _do(lambda: self.client.hget(self.keys.deliveries(shard), field))
-
     # -- held records (for triage) -------------------------------------------------------
 
     def held_by(self, record_key: str) -> int | None:
         """The dead letter holding ``record_key``, if any."""
-        value = _do(lambda: self.client.hget(self.keys.held, record_key))
+        value = call(lambda: self.client.hget(self.keys.held, record_key))
         return int(value) if value is not None else None
 
     def queued(self, record_key: str) -> int:
         """Messages waiting in ``record_key``'s list (behind a hold, a wait, or in flight)."""
         key = self.keys.record(self.shards.shard_for_key(record_key), record_key)
-        return int(_do(lambda: self.client.llen(key)))
+        return int(call(lambda: self.client.llen(key)))
 
     def push_once(
         self, marker: str, shard: int, raw: bytes, marker_ttl_ms: int = ONCE_MARKER_TTL_MS
@@ -415,7 +249,7 @@ class RedisLaneBroker(RecordQueue, ShardLeases, MessageNotes):
         records' lists hold them (read only: ``keylane audit`` compares the two)."""
         found: dict[int, list[str]] = {shard: [] for shard in range(self.shards.count)}
         head = self.keys.record_prefix(0).removesuffix("0:")  # what every shard's shares
-        names = _do(lambda: list(self.client.scan_iter(match=f"{head}*", count=1000)))
+        names = call(lambda: list(self.client.scan_iter(match=f"{head}*", count=1000)))
         for name in names:
             number, _, record_key = reply_text(name).removeprefix(head).partition(":")
             if number.isdigit() and int(number) in found:
@@ -429,38 +263,9 @@ class RedisLaneBroker(RecordQueue, ShardLeases, MessageNotes):
 
     # -- membership and counters ---------------------------------------------------------
 
-    def heartbeat(self, worker_id: str, info: dict[str, Any], member_ttl_ms: int) -> list[str]:
-        now_ms = int(time.time() * 1000)
-        k = self.keys
-        pipe = self.client.pipeline(transaction=True)
-        pipe.zadd(k.members, {worker_id: now_ms})
-        pipe.hset(k.member(worker_id), mapping={"info": json.dumps(info), "seen_ms": now_ms})
-        pipe.pexpire(k.member(worker_id), member_ttl_ms * 10)
-        pipe.zremrangebyscore(k.members, 0, now_ms - member_ttl_ms)
-        pipe.zrange(k.members, 0, -1)
-        result = _do(pipe.execute)
-        return [reply_text(m) for m in result[-1]]
-
-    def claim_layout(self, version: int) -> None:
-        """Mark the namespace as laid out in ``version`` when nothing marks it (a
-        namespace of keylane 0.1.0: layout 1), and refuse one a newer release laid out."""
-        key = self.keys.layout
-        pipe = self.client.pipeline(transaction=True)  # (SET NX GET needs Redis 7)
-        pipe.set(key, version, nx=True)
-        pipe.get(key)
-        found = _do(pipe.execute)[-1]
-        if found is not None and int(found) > version:
-            raise ConfigError(
-                f"the Redis namespace {self.keys.namespace!r} is laid out by a newer keylane "
-                f"(layout {int(found)}; this one reads {version}): upgrade this worker"
-            )
-
-    def leave(self, worker_id: str) -> None:
-        _do(lambda: self.client.zrem(self.keys.members, worker_id))
-
     def incr(self, counter: str, by: int = 1) -> None:
         """Add to one of the deployment's counters."""
-        _do(lambda: self.client.hincrby(self.keys.counters, counter, by))
+        call(lambda: self.client.hincrby(self.keys.counters, counter, by))
 
     # -- the doorbell and stray messages -------------------------------------------------
 
@@ -500,11 +305,6 @@ def _taken(shard: int, reply: Any) -> Taken:
         tuple(bytes(m) for m in batch),
         None if int(due_ms) < 0 else int(due_ms) / 1000,
     )
-
-
-def _do(fn: Callable[[], Any]) -> Any:
-    with broker_errors():
-        return fn()
 
 
 __all__ = ["RedisLaneBroker", "broker_errors", "script_text"]
