@@ -51,6 +51,29 @@ hypothesis_settings.register_profile(
 hypothesis_settings.load_profile("keylane")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """How `pytest -n N --dist loadgroup` (pyproject.toml) shares the tests among its
+    processes: each test goes to whichever process is free, except that the tests using
+    the RabbitMQ cluster all go to one process (one 3-node cluster for the run), and the
+    tests of a module with a fixture wider than a test (a deployment or a venv built once
+    per module) go to one process together (built once)."""
+    for item in items:
+        fixtures = getattr(item, "_fixtureinfo", None)
+        if fixtures is None:
+            continue
+        if "rabbitmq_cluster" in fixtures.names_closure:
+            item.add_marker(pytest.mark.xdist_group("rabbitmq"))
+            continue
+        scopes = {
+            definition.scope
+            for definitions in fixtures.name2fixturedefs.values()
+            for definition in definitions
+        }
+        if scopes & {"module", "package", "class"}:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Redis server URL (an existing one, or one started for the session)."""
