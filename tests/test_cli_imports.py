@@ -1,8 +1,10 @@
-"""What a short command imports (issue 48): ``import keylane`` loads none of keylane's
-modules until a public name is used.
+"""A short command imports what it uses (issue 48): ``keylane records get`` and
+``keylane --help`` load neither the receiver nor the lanes nor a client library they do
+not call, and ``import keylane`` loads none of keylane's modules until a public name is
+used.
 
-Each check runs a fresh interpreter and looks at ``sys.modules``: a property of the
-imports, not a timing, so it holds on a busy machine.
+Each check runs a fresh interpreter and looks at ``sys.modules`` after the command ran: a
+property of the imports, not a timing, so it holds on a busy machine.
 """
 
 from __future__ import annotations
@@ -11,13 +13,116 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+from keylane.ops.outside_edit import edit_record
+from keylane.workers.stores import open_store
 from tests.support.stack import REPO
+
+#: What a command that reads the store has no use for: the brokers' clients, Celery, the
+#: receiver's web stack, Sentry, metrics, the HTTP clients, PostgreSQL's driver on SQLite,
+#: the receiver's and the lanes' own modules. (asyncio is not among them: pydantic-settings,
+#: which the settings are built on, imports it.)
+HEAVY = (
+    *("celery", "kombu", "amqp", "aiormq", "pamqp", "redis", "hiredis"),
+    *("starlette", "uvicorn", "httpx", "httpcore", "sentry_sdk", "prometheus_client"),
+    *("psycopg", "msgspec", "python_multipart", "defusedxml"),
+    *("keylane.api", "keylane.producers", "keylane.workers.lanes", "keylane.workers.app"),
+    *("keylane.routing.contract.sources", "keylane.routing.contract.events"),
+)
+
+#: Runs the ``keylane`` command in this interpreter, then prints the heavy modules loaded.
+RUN_THEN_LIST = """
+import json, sys
+from keylane.ops.cli import main
+heavy = json.loads(sys.argv[2])
+sys.argv = ["keylane", *json.loads(sys.argv[1])]
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+else:
+    code = 0
+loaded = sorted(m for m in sys.modules if any(m == h or m.startswith(h + ".") for h in heavy))
+print(json.dumps({"code": code, "loaded": loaded}), file=sys.stderr)
+"""
 
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEYLANE_")}
     return {**env, "PYTHONPATH": str(REPO), "COLUMNS": "100", **extra}
+
+
+def _run_then_list(
+    args: list[str], cwd: Path, heavy: tuple[str, ...] = HEAVY
+) -> tuple[int, list[str], str]:
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_THEN_LIST, json.dumps(args), json.dumps(heavy)],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    report = json.loads(done.stderr.strip().splitlines()[-1])
+    return report["code"], report["loaded"], done.stdout
+
+
+def test_records_get_imports_no_broker_client_receiver_or_lanes(
+    tmp_path: Path, redis_url: str
+) -> None:
+    # Given a deployment's data directory with its SQLite store, a record in it, and the
+    # URL file of a running embedded Redis (as `keylane up` leaves it: the command looks)
+    data_dir = tmp_path / "keylane-data"
+    store = open_store(f"sqlite:///{data_dir / 'keylane.sqlite3'}")
+    try:
+        store.migrate()
+        edit_record(store, "contact:42", {"email": "a@b.c"}, [])
+    finally:
+        store.close()
+    (data_dir / "redis").mkdir()
+    (data_dir / "redis" / "url").write_text(redis_url + "\n")
+    # When `keylane records get` reads it
+    code, loaded, out = _run_then_list(["records", "get", "contact:42", "--json"], tmp_path)
+    # Then it printed the record, and loaded none of the heavy modules
+    assert code in (0, None), out
+    assert json.loads(out)["fields"] == {"email": "a@b.c"}
+    assert loaded == []
+
+
+def test_help_imports_no_subcommand_module(tmp_path: Path) -> None:
+    # When `keylane --help` lists the commands
+    modules = ("keylane.ops.cli_", "keylane.workers", "keylane.ops.status")
+    code, loaded, out = _run_then_list(["--help"], tmp_path, (*HEAVY, *modules))
+    # Then it imported none of them (the lazy group's module aside), and listed them all
+    assert code == 0
+    assert [m for m in loaded if m != "keylane.ops.cli_common" and "cli_lazy" not in m] == []
+    assert "  records    List records, read one, or edit one" in out
+
+
+LISTINGS = """
+import click, json
+from keylane.ops.cli import cli
+def listing(width):
+    ctx = click.Context(cli, info_name="keylane", terminal_width=width, max_content_width=width)
+    return cli.get_help(ctx)
+lazy = {w: listing(w) for w in (60, 80, 100, 140)}
+for name in cli.lazy:
+    cli.get_command(click.Context(cli), name)
+print(json.dumps({"lazy": lazy, "loaded": {w: listing(w) for w in lazy}}))
+"""
+
+
+def test_the_help_list_says_what_each_command_once_imported_says() -> None:
+    # Given `keylane --help` at several widths before any subcommand is imported, and again
+    # after every one is
+    done = subprocess.run(
+        [sys.executable, "-c", LISTINGS], env=_env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    # Then the two say the same: each short help kept in the lazy list is the command's own
+    assert shown["lazy"] == shown["loaded"]
 
 
 PUBLIC = """
