@@ -18,6 +18,7 @@ from .cli_common import (
     cli_store,
     deployment_params,
     emit_json,
+    parse_age,
     setting_option,
     settings_of,
 )
@@ -264,7 +265,6 @@ def status(ctx: click.Context, as_json: bool, stuck_after: str) -> None:
     scheduled jobs; counters."""
     from .status import collect_merges, collect_retention, collect_status
     from .status_text import render_status
-    from .triage import parse_age
     from .views import open_view
 
     settings = settings_of(ctx)
@@ -290,7 +290,6 @@ def check_command(ctx: click.Context, receiver_url: str | None, max_age: str | N
 
     Exit code 0 when everything is healthy, 1 otherwise.
     """
-    from .triage import parse_age
 
     _exit_with_checks(settings_of(ctx), receiver_url, parse_age(max_age) if max_age else None)
 

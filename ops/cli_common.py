@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from ..routing.contract.errors import ConfigError, StoreMissing
+from ..routing.contract.errors import ConfigError, KeylaneError, StoreMissing
 from ..routing.contract.logcontext import configure_logging
 from ..routing.contract.settings import InvalidSettings, Settings, env_var, load_settings
 from .embedded_redis import with_embedded_redis
@@ -181,6 +181,18 @@ def when(ts: float | None) -> str | None:
     if ts is None:
         return None
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def parse_age(text: str) -> float:
+    """``90s``, ``15m``, ``2h``, ``3d`` (or plain seconds) -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    try:
+        if text and text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise KeylaneError(f"not a duration: {text!r} (use e.g. 90s, 15m, 2h, 3d)") from None
 
 
 def age(ts: float, now: float) -> str:

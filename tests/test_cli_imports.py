@@ -53,13 +53,22 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "PYTHONPATH": str(REPO), "COLUMNS": "100", **extra}
 
 
+def _store_with_a_record(data_dir: Path) -> None:
+    store = open_store(f"sqlite:///{data_dir / 'keylane.sqlite3'}")
+    try:
+        store.migrate()
+        edit_record(store, "contact:42", {"email": "a@b.c"}, [])
+    finally:
+        store.close()
+
+
 def _run_then_list(
-    args: list[str], cwd: Path, heavy: tuple[str, ...] = HEAVY
+    args: list[str], cwd: Path, heavy: tuple[str, ...] = HEAVY, **env: str
 ) -> tuple[int, list[str], str]:
     done = subprocess.run(
         [sys.executable, "-c", RUN_THEN_LIST, json.dumps(args), json.dumps(heavy)],
         cwd=cwd,
-        env=_env(),
+        env=_env(**env),
         capture_output=True,
         text=True,
         timeout=120,
@@ -74,12 +83,7 @@ def test_records_get_imports_no_broker_client_receiver_or_lanes(
     # Given a deployment's data directory with its SQLite store, a record in it, and the
     # URL file of a running embedded Redis (as `keylane up` leaves it: the command looks)
     data_dir = tmp_path / "keylane-data"
-    store = open_store(f"sqlite:///{data_dir / 'keylane.sqlite3'}")
-    try:
-        store.migrate()
-        edit_record(store, "contact:42", {"email": "a@b.c"}, [])
-    finally:
-        store.close()
+    _store_with_a_record(data_dir)
     (data_dir / "redis").mkdir()
     (data_dir / "redis" / "url").write_text(redis_url + "\n")
     # When `keylane records get` reads it
@@ -87,6 +91,33 @@ def test_records_get_imports_no_broker_client_receiver_or_lanes(
     # Then it printed the record, and loaded none of the heavy modules
     assert code in (0, None), out
     assert json.loads(out)["fields"] == {"email": "a@b.c"}
+    assert loaded == []
+
+
+#: What ``keylane status`` has no use for: it reads Redis (the client, the lanes' Redis
+#: broker's reads, the producers' reads of flow and schedule state) and the store, and
+#: nothing of RabbitMQ, the receiver, the lanes' work, Sentry or triage.
+STATUS_HEAVY = (
+    *("celery", "kombu", "amqp", "aiormq", "pamqp", "starlette", "uvicorn", "httpx"),
+    *("httpcore", "sentry_sdk", "prometheus_client", "psycopg", "python_multipart"),
+    *("keylane.api", "keylane.producers.receiver", "keylane.producers.amqp"),
+    *("keylane.producers.accept", "keylane.workers.lanes", "keylane.workers.app"),
+    *("keylane.workers.merges", "keylane.workers.brokers.rabbitmq", "keylane.ops.triage"),
+    "keylane.routing.contract.sources",
+)
+
+
+def test_status_imports_neither_rabbitmq_nor_the_receiver_nor_the_lanes(
+    tmp_path: Path, redis_url: str, namespace: str
+) -> None:
+    # Given a deployment's store and its Redis (an empty namespace of the test Redis)
+    _store_with_a_record(tmp_path / "keylane-data")
+    # When `keylane status` reports on it
+    args = ["status", "--json", "--redis-url", redis_url]
+    code, loaded, out = _run_then_list(args, tmp_path, STATUS_HEAVY, KEYLANE_NAMESPACE=namespace)
+    # Then it reported, and loaded none of what it does not use
+    assert code in (0, None), out
+    assert json.loads(out)["shards"]
     assert loaded == []
 
 
