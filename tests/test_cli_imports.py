@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from keylane.ops.outside_edit import edit_record
 from keylane.workers.stores import open_store
@@ -179,3 +183,31 @@ def test_import_keylane_loads_each_public_name_when_it_is_used() -> None:
     assert shown["api"] is True
     assert all(shown["names"].values())
     assert shown["lazy"] == sorted(set(shown["names"]) - {"__version__"})
+
+
+def test_the_benchmarks_page_s_import_commands_run_as_written(tmp_path: Path) -> None:
+    # Given the commands of the benchmarks page's section on short commands, and a
+    # deployment's folder with contact:42 in its store
+    if shutil.which("time", path="/usr/bin") is None:
+        pytest.skip("no /usr/bin/time here")
+    page = (REPO / "ops" / "docs" / "benchmarks.md").read_text()
+    section = page.split("## Short commands", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block is not None
+    _store_with_a_record(tmp_path / "keylane-data")
+    # When a shell runs them, with this interpreter's python and keylane first on PATH
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block.group(1)],
+        cwd=tmp_path,
+        env=_env(PATH=path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    # Then each says what it measures
+    assert done.returncode == 0, done.stderr
+    assert "keylane.ops.cli" in done.stderr or "keylane.ops.cli" in done.stdout
+    assert re.search(r"^[0-9.e-]+ s importing$", done.stdout, re.M), done.stdout
+    assert "contact:42  revision 1" in done.stdout
+    assert re.search(r"s wall, [0-9.]+ \+ [0-9.]+ s CPU", done.stderr), done.stderr
