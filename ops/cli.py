@@ -18,21 +18,78 @@ from .cli_common import (
     cli_store,
     deployment_params,
     emit_json,
+    parse_age,
     setting_option,
     settings_of,
 )
-from .cli_dlq import dlq
-from .cli_journal import journal
-from .cli_merges import merges
-from .cli_outcomes import outcome
-from .cli_records import records
-from .cli_schedules import repair, run_command, scheduler, schedules
-from .cli_send import send
-from .cli_sources import sources
-from .observability import init_sentry
+from .cli_lazy import LazyCommand, LazyGroup
+
+#: The subcommands defined in modules of their own, imported when one is used: each
+#: with its short help for ``keylane --help`` (the first sentence of its own help).
+LAZY_COMMANDS = {
+    "dlq": LazyCommand(
+        "keylane.ops.cli_dlq:dlq",
+        "The dead-letter review queue: list, show, retry, discard, resolve, export, stats.",
+    ),
+    "journal": LazyCommand(
+        "keylane.ops.cli_journal:journal",
+        "The journal of applied events: find an event, prune what is past its retention.",
+    ),
+    "merges": LazyCommand(
+        "keylane.ops.cli_merges:merges",
+        "Merges waiting for a person: list, show, resolve (a side per field), apart; undo a "
+        "merge applied; reconcile records that share a stable key.",
+    ),
+    "outcome": LazyCommand(
+        "keylane.ops.cli_outcomes:outcome",
+        "The outcome of SOURCE's event EVENT_ID: applied (at which revision, with its "
+        "result), refused (the condition, the value seen) or dead-lettered (its review row), "
+        "as the lane told it in Redis; when Redis has none, what the journal says.",
+    ),
+    "records": LazyCommand(
+        "keylane.ops.cli_records:records",
+        "List records, read one, or edit one from outside the lanes (alone: the first page "
+        "of the list, as ``records list``).",
+    ),
+    "repair": LazyCommand(
+        "keylane.ops.cli_schedules:repair",
+        "Sweep keylane's store with the repair NAME now: a repair event into the lane of "
+        "each record its check would change (the lane checks again on a fresh read).",
+    ),
+    "run": LazyCommand(
+        "keylane.ops.cli_schedules:run_command",
+        "Run the scheduled job JOB once, now, under its lease (exit code 1 if a run of it "
+        "is going, or it failed).",
+    ),
+    "scheduler": LazyCommand(
+        "keylane.ops.cli_schedules:scheduler",
+        "Run a scheduler: scheduled jobs and repair sweeps at their ticks.",
+    ),
+    "schedules": LazyCommand(
+        "keylane.ops.cli_schedules:schedules",
+        "Scheduled jobs: when they run, the run going, the last and next runs, and what "
+        "became of their ticks (started, buffered, skipped, missed) and runs.",
+    ),
+    "send": LazyCommand(
+        "keylane.ops.cli_send:send",
+        "Send the body in --file to the receiver as SOURCE's sender would: signed with the "
+        "source's own secret (its secrets_env, the first one; or the secret its sender "
+        "handed over in a handshake), the event id in the header its scheme carries it in, "
+        "to the URL the signature names where the scheme signs one (KEYLANE_PUBLIC_URL).",
+    ),
+    "sources": LazyCommand(
+        "keylane.ops.cli_sources:sources",
+        "The sources of this deployment (alone: the list, as ``sources list``).",
+    ),
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=LazyGroup,
+    lazy=LAZY_COMMANDS,
+    on_load=accept_deployment_options,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.version_option(package_name="keylane", prog_name="keylane", message="%(prog)s %(version)s")
 def cli() -> None:
     """keylane: webhook lanes with one owner per record and versioned writes.
@@ -91,6 +148,7 @@ def main() -> None:
 def up(ctx: click.Context, no_flower: bool, check: bool) -> None:
     """Run receiver, workers, a scheduler and Flower (and an embedded Redis if none is
     configured)."""
+    from .observability import init_sentry
     from .up import Supervisor, UpOptions
 
     settings = settings_of(ctx)
@@ -138,6 +196,7 @@ def worker(ctx: click.Context) -> None:
     """Run one worker process: it joins the others and takes its share of the shards."""
     from ..workers.service import check_worker_config
     from ..workers.worker import run_worker
+    from .observability import init_sentry
 
     settings = settings_of(ctx)
     check_worker_config(settings)  # a task or destination that cannot work stops it here
@@ -206,7 +265,6 @@ def status(ctx: click.Context, as_json: bool, stuck_after: str) -> None:
     scheduled jobs; counters."""
     from .status import collect_merges, collect_retention, collect_status
     from .status_text import render_status
-    from .triage import parse_age
     from .views import open_view
 
     settings = settings_of(ctx)
@@ -232,7 +290,6 @@ def check_command(ctx: click.Context, receiver_url: str | None, max_age: str | N
 
     Exit code 0 when everything is healthy, 1 otherwise.
     """
-    from .triage import parse_age
 
     _exit_with_checks(settings_of(ctx), receiver_url, parse_age(max_age) if max_age else None)
 
@@ -299,15 +356,6 @@ def audit(ctx: click.Context, as_json: bool) -> None:
     raise SystemExit(1 if problems else 0)
 
 
-cli.add_command(records)
-cli.add_command(dlq)
-for command in (scheduler, schedules, run_command, repair):
-    cli.add_command(command)
-cli.add_command(journal)
-cli.add_command(merges)
-cli.add_command(outcome)
-cli.add_command(sources)
-cli.add_command(send)
 accept_deployment_options(cli)
 
 

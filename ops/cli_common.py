@@ -16,16 +16,17 @@ import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from ..routing.contract.errors import ConfigError, StoreMissing
+from ..routing.contract.errors import ConfigError, KeylaneError, StoreMissing
 from ..routing.contract.logcontext import configure_logging
 from ..routing.contract.settings import InvalidSettings, Settings, env_var, load_settings
-from ..workers.stores import open_existing_store
-from ..workers.stores.sql import SqlStore
 from .embedded_redis import with_embedded_redis
+
+if TYPE_CHECKING:
+    from ..workers.stores.sql import SqlStore
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -99,19 +100,20 @@ def deployment_params() -> list[click.Option]:
     ]
 
 
-def accept_deployment_options(group: click.Group) -> None:
-    """Let every subcommand of ``group`` take the deployment options too, so that
-    ``keylane status --data-dir D`` works as well as ``keylane --data-dir D status``."""
-    for command in _leaves(group):
-        command.params.extend(deployment_params())
+def accept_deployment_options(command: click.Command) -> None:
+    """Let every subcommand of ``command`` (or ``command`` itself, if it has none) take
+    the deployment options too, so that ``keylane status --data-dir D`` works as well as
+    ``keylane --data-dir D status``."""
+    for leaf in _leaves(command):
+        leaf.params.extend(deployment_params())
 
 
-def _leaves(group: click.Group) -> Iterator[click.Command]:
-    for command in group.commands.values():
-        if isinstance(command, click.Group):
-            yield from _leaves(command)
-        else:
-            yield command
+def _leaves(command: click.Command) -> Iterator[click.Command]:
+    if isinstance(command, click.Group):
+        for subcommand in command.commands.values():
+            yield from _leaves(subcommand)
+    else:
+        yield command
 
 
 def settings_of(ctx: click.Context) -> Settings:
@@ -136,6 +138,8 @@ def cli_store(settings: Settings) -> SqlStore:
     and ``keylane worker`` do): a command run from another folder would otherwise open a
     new, empty store there and answer "no such record". :class:`StoreMissing` says where
     it looked and how to point it at the deployment."""
+    from ..workers.stores import open_existing_store
+
     try:
         return open_existing_store(
             settings.store_dsn(), settings.store_timeout_ms, settings.sqlite_synchronous
@@ -177,6 +181,18 @@ def when(ts: float | None) -> str | None:
     if ts is None:
         return None
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def parse_age(text: str) -> float:
+    """``90s``, ``15m``, ``2h``, ``3d`` (or plain seconds) -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    try:
+        if text and text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise KeylaneError(f"not a duration: {text!r} (use e.g. 90s, 15m, 2h, 3d)") from None
 
 
 def age(ts: float, now: float) -> str:

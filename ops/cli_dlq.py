@@ -18,9 +18,8 @@ import click
 
 from ..routing.contract.errors import KeylaneError
 from ..routing.contract.sources import load_sources
-from ..workers.merges import MERGE_REVIEW
-from ..workers.store_rows import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter
-from .cli_common import age, cli_store, emit_json, operator, settings_of
+from ..workers.store_rows import DEAD_LETTER_STATUSES, MERGE_REVIEW, DeadLetter, DeadLetterFilter
+from .cli_common import age, cli_store, emit_json, operator, parse_age, settings_of
 from .dlq_show import show_json, show_text
 from .tables import render_table
 from .triage import (
@@ -29,7 +28,6 @@ from .triage import (
     field_diffs,
     kind_of,
     open_triage_broker,
-    parse_age,
     record_now,
     stats_summary,
 )

@@ -13,10 +13,7 @@ from .archive import Archive
 from .cli_common import cli_store, emit_json, settings_of, when, where_to_look
 from .lookup import find_events
 from .retention import PruneReport, run_prune
-from .tables import render_table
-
-#: How the store's tables are named where they are counted.
-LABELS = {"dead_letters": "dead_letters (closed)"}
+from .tables import LABELS, render_table, span
 
 
 @click.group()
@@ -130,14 +127,3 @@ def _print_report(report: PruneReport) -> None:
 def _retention(by_source: dict[str, int]) -> str:
     spans = [f"{s}={span(v)}" if s else span(v) for s, v in sorted(by_source.items())]
     return " ".join(spans) or "-"
-
-
-def span(seconds: float) -> str:
-    """A duration, briefly (``45s``, ``1.5m``, ``15m``, ``4h``, ``4d``)."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:.0f}{unit}"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"

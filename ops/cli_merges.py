@@ -8,9 +8,8 @@ from collections.abc import Callable
 import click
 
 from ..routing.contract.identities import IdentityRule
-from ..workers.merges import MERGE_REVIEW
 from ..workers.store import JournalStore
-from ..workers.store_rows import DeadLetterFilter
+from ..workers.store_rows import MERGE_REVIEW, DeadLetterFilter
 from .archive import Archive
 from .cli_common import cli_store, emit_json, operator, settings_of, when
 from .merge_review import MergeSides, keep_apart, merge_lines, open_review, parse_take, resolve

@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..workers.merges import MERGE_REVIEW
-from ..workers.store_rows import DeadLetter
+from ..workers.store_rows import MERGE_REVIEW, DeadLetter
 from .cli_common import when
 from .merge_review import MergeSides, merge_lines
 from .tables import render_table

@@ -72,9 +72,13 @@ def cli_reference(group: click.Group) -> str:
 
 
 def walk(group: click.Group, prefix: str) -> Iterator[tuple[str, click.Command]]:
-    """Every command under ``group``, with its full name, in the order of names."""
-    for name in sorted(group.commands):
-        command = group.commands[name]
+    """Every command under ``group``, with its full name, in the order of names (a lazy
+    subcommand imported here: its options are only known then)."""
+    ctx = click.Context(group)
+    for name in sorted(group.list_commands(ctx)):
+        command = group.get_command(ctx, name)
+        if command is None:
+            continue
         if isinstance(command, click.Group):
             yield from walk(command, f"{prefix} {name}")
         elif not command.hidden:

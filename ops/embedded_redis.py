@@ -17,8 +17,8 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
-import redis
 from pydantic import SecretStr
 
 from ..routing.contract.errors import ConfigError
@@ -45,10 +45,24 @@ def free_port() -> int:
 
 
 def _alive(url: str) -> bool:
+    """Whether the server at ``url`` answers ``PING``. Asked over a plain socket: the
+    server is keylane's own, on loopback and without a password, and every ``keylane``
+    command looks for it (:func:`with_embedded_redis`), also those that never use Redis
+    and need not import its client (``records get``)."""
+    parts = urlsplit(url)
+    address = (parts.hostname or "127.0.0.1", parts.port or 6379)
+    reply = b""
     try:
-        return bool(redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1).ping())
-    except redis.RedisError:
+        with socket.create_connection(address, timeout=1) as sock:
+            sock.sendall(b"PING\r\n")
+            while not reply.endswith(b"\r\n") and len(reply) < 256:
+                chunk = sock.recv(256)
+                if not chunk:
+                    break
+                reply += chunk
+    except OSError:
         return False
+    return reply == b"+PONG\r\n"
 
 
 def with_embedded_redis(settings: Settings) -> Settings:

@@ -26,9 +26,9 @@ from typing import Any, cast
 from ..routing.contract.errors import KeylaneError
 from ..routing.contract.identities import Side
 from ..routing.contract.message import build_event_message
-from ..workers.merges import MERGE_REVIEW, merge_event
+from ..workers.merges import merge_event
 from ..workers.store import DeadLetterStore, IdentityStore
-from ..workers.store_rows import DeadLetter
+from ..workers.store_rows import MERGE_REVIEW, DeadLetter
 from .tables import render_table
 from .triage import Handled, TriageBroker
 

@@ -28,18 +28,20 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..routing.contract.errors import BrokerUnavailable, ConfigError, StoreUnavailable
 from ..routing.contract.faults import Faults
 from ..routing.contract.settings import Settings
-from ..routing.contract.sources import Sources, load_sources
 from ..workers.faults import crash
 from ..workers.store import JournalStore, RetentionStore
 from ..workers.store_rows import ArchiveRow, PrunedTable, Removal, TableAge
 from ..workers.stores import open_existing_store, open_store
 from .archive import Archive, day_of, read_rows
 from .deployment_view import RetentionRecords
+
+if TYPE_CHECKING:
+    from ..routing.contract.sources import Sources
 
 log = logging.getLogger("keylane.retention")
 
@@ -155,6 +157,8 @@ def prune(
     docstring; ``journal`` says which sources it holds rows of: the same connection as
     ``store``); with ``dry_run``, only count it. Returns what was done, or why nothing
     was (another prune of this store is running)."""
+    from ..routing.contract.sources import load_sources  # the prune's; not `keylane status`'s
+
     now = time.time() if now is None else now
     report = PruneReport(started_at=time.time(), dry_run=dry_run)
     with store.maintenance_lock() as mine:

@@ -122,7 +122,7 @@ def collect_retention(settings: Settings) -> dict[str, Any]:
 def collect_merges(settings: Settings, counters: dict[str, int]) -> dict[str, Any]:
     """Merges applied, waiting for a person (open ``merge_review`` rows: None when the
     store does not answer), proposed for a pair kept apart, and events forwarded."""
-    from ..workers.merges import MERGE_REVIEW
+    from ..workers.store_rows import MERGE_REVIEW
     from ..workers.stores import open_existing_store
 
     pending: int | None = None

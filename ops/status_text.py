@@ -14,7 +14,7 @@ from typing import Any
 
 from ..routing.contract.destinations import CALL_OUTCOMES
 from ..routing.shards import shard_ranges
-from .tables import render_table
+from .tables import LABELS, render_table, span
 
 Report = dict[str, Any]
 Section = Callable[[Report], list[str]]
@@ -165,8 +165,6 @@ def store_lines(report: Report) -> list[str]:
     retention = report.get("retention")
     if not retention:
         return []
-    from .cli_journal import LABELS, span
-
     parts = []
     for table, t in retention["tables"].items():
         oldest = "" if t["oldest_age_s"] is None else f", oldest {span(round(t['oldest_age_s']))}"

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+#: How the store's tables are named where they are counted.
+LABELS = {"dead_letters": "dead_letters (closed)"}
+
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Columns padded to their widest cell; ``-`` for None."""
@@ -24,3 +27,14 @@ def _cell(value: object) -> str:
         return "-"
     text = str(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def span(seconds: float) -> str:
+    """A duration, briefly (``45s``, ``1.5m``, ``15m``, ``4h``, ``4d``)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:.0f}{unit}"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"

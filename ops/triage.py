@@ -269,18 +269,6 @@ def field_diffs(row: DeadLetter, fields_now: Mapping[str, Any]) -> list[FieldDif
     return diffs
 
 
-def parse_age(text: str) -> float:
-    """``90s``, ``15m``, ``2h``, ``3d`` (or plain seconds) -> seconds."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    text = text.strip().lower()
-    try:
-        if text and text[-1] in units:
-            return float(text[:-1]) * units[text[-1]]
-        return float(text)
-    except ValueError:
-        raise KeylaneError(f"not a duration: {text!r} (use e.g. 90s, 15m, 2h, 3d)") from None
-
-
 def stats_summary(rows: list[dict[str, Any]], now: float) -> dict[str, Any]:
     """``dlq stats``: counts by status, by reason and by source (open rows), and the age
     of the oldest open row."""

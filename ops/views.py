@@ -7,7 +7,6 @@ from __future__ import annotations
 from ..routing.contract.settings import Settings
 from .cli_common import cli_store
 from .deployment_view import DeploymentView
-from .rabbit_view import RabbitDeploymentView
 
 
 def open_view(settings: Settings) -> DeploymentView:
@@ -15,4 +14,6 @@ def open_view(settings: Settings) -> DeploymentView:
     view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)
     if not settings.broker_is_rabbitmq:
         return view
+    from .rabbit_view import RabbitDeploymentView  # kombu and py-amqp: RabbitMQ only
+
     return RabbitDeploymentView(settings, view, lambda: cli_store(settings))

@@ -33,9 +33,10 @@ REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {folder: f"keylane.{folder}" for folder in ("routing", "producers", "workers", "ops")}
 RANK = {"routing": 0, "contract": 1, "producers": 2, "workers": 2, "ops": 3, "public": 4}
 #: The only modules that import the Redis client, per side: the producers' gateway package
-#: (a module per concept), the lanes' Redis broker (redis.py and its parts), and in ops the deployment view and the
-#: embedded server's supervisor, which pings the server it runs (benchmarks drive Redis
-#: directly).
+#: (a module per concept), the lanes' Redis broker (redis.py and its parts), and in ops the
+#: deployment view (benchmarks drive Redis directly; the embedded server's supervisor pings
+#: the server it runs over a plain socket, so that a command that never uses Redis does not
+#: import it).
 REDIS_IMPORTERS = {
     "keylane.producers.gateway.outcome_feed",
     "keylane.producers.gateway.queue_reads",
@@ -46,7 +47,6 @@ REDIS_IMPORTERS = {
     "keylane.workers.brokers.redis_calls",
     "keylane.workers.brokers.redis_leases",
     "keylane.ops.deployment_view",
-    "keylane.ops.embedded_redis",
 }
 #: The only modules that open AMQP connections, one per side: the RabbitMQ lane broker's
 #: AMQP link (py-amqp through kombu) and the receiver's confirming publisher (aiormq). (Celery's own

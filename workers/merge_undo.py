@@ -37,10 +37,10 @@ from ..routing.contract.identities import (
 from .apply_rules import ApplyRules
 from .faults import before_write
 from .lane_store import LaneStore, event_write
-from .merges import MERGE_REVIEW, commit_attempt, merge_event, settle
+from .merges import commit_attempt, merge_event, settle
 from .results import ApplyResult
 from .store import DeadLetterStore, JournalStore
-from .store_rows import Fence, JournalEntry
+from .store_rows import MERGE_REVIEW, Fence, JournalEntry
 
 #: A field the record does not hold (``None`` is a value a field may hold).
 _ABSENT = object()

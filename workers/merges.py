@@ -54,14 +54,11 @@ from .lane_store import LaneStore, event_write
 from .merge_fields import differing, owner_sides, taken_fields
 from .results import ApplyResult
 from .store import DeadLetterStore, IdentityStore, JournalStore, RecordStore
-from .store_rows import DeadLetterDraft, EventWrite, Fence, Record
+from .store_rows import MERGE_REVIEW, DeadLetterDraft, EventWrite, Fence, Record
 
 #: The longest chain of tombstones followed to a live record (a chain is as long as the
 #: merges that happened one after another before its events were forwarded).
 MAX_HOPS = 64
-
-#: The review row reason of a merge whose records' fields differ.
-MERGE_REVIEW = "merge_review"
 
 
 def merge_event(

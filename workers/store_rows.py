@@ -20,6 +20,8 @@ JournalOutcome = Literal["applied", "dead_lettered", "refused"]
 ARCHIVED: Literal["archived"] = "archived"
 DeadLetterStatus = Literal["open", "retried", "discarded", "resolved"]
 DEAD_LETTER_STATUSES: tuple[str, ...] = get_args(DeadLetterStatus)
+#: The review row reason of a merge whose records' fields differ.
+MERGE_REVIEW = "merge_review"
 
 
 #: The tables whose old rows the prune archives (the lease log lives in Redis).
