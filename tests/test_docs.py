@@ -107,3 +107,41 @@ def test_the_changelog_tells_this_version_and_how_to_upgrade_to_it() -> None:
     # And the previous release it names is the one the upgrade test runs
     assert sections[1] == "0.1.0"
     assert "44bfee1" in changelog
+
+
+#: Where the code's own words live: every file in the tree a reader meets as text (help
+#: texts, docstrings, comments), the tests' included.
+CODE_GLOBS = ("**/*.py", "**/*.lua", "**/*.yml", "**/*.toml", "Dockerfile", "ops/dev")
+
+
+def _code_files() -> list[Path]:
+    skip = {".venv", ".git", "site", "node_modules", "build", "dist"}
+    return sorted(
+        path
+        for pattern in CODE_GLOBS
+        for path in REPO.glob(pattern)
+        if path.is_file() and not skip.intersection(path.relative_to(REPO).parts)
+    )
+
+
+def test_every_readme_section_the_code_names_is_in_readme() -> None:
+    # Given README's sections, and every section of README the code names in quotes (a help
+    # text, a docstring, a comment: a quote may run over a line break and its comment mark)
+    sections = {h.strip() for h in re.findall(r"^#+ (.+)$", page_text("README.md"), re.M)}
+    named: dict[str, list[str]] = {}
+    for path in _code_files():
+        text = re.sub(r"\s*\n\s*(?:#|--)?\s*", " ", path.read_text(errors="replace"))
+        for name in re.findall(r"README(?:'s)?,? \"([^\"]+)\"", text):
+            named.setdefault(name, []).append(str(path.relative_to(REPO)))
+    # Then README has each one (a section that moved to the site is named by its page)
+    assert {n: where for n, where in named.items() if n not in sections} == {}
+
+
+def test_every_docs_page_the_code_names_exists() -> None:
+    # Given every page of ops/docs the code names by its path, Then that page is there
+    named = {
+        (page, str(path.relative_to(REPO)))
+        for path in _code_files()
+        for page in re.findall(r"ops/docs/([\w-]+\.md)", path.read_text(errors="replace"))
+    }
+    assert {(page, where) for page, where in named if not (DOCS / page).exists()} == set()
