@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import time
 import uuid
 from importlib.metadata import version
 from pathlib import Path
@@ -18,6 +19,7 @@ from keylane.ops.outside_edit import edit_record
 from keylane.workers.store_rows import DeadLetterDraft
 from keylane.workers.stores import open_store
 from tests.support.readme import keylane_command
+from tests.support.services import free_port
 from tests.support.stack import REPO
 
 
@@ -211,3 +213,20 @@ def test_a_group_whose_listing_is_its_default_lists_when_called_alone(tmp_path: 
     assert _run("merges", cwd=tmp_path, env=env).stdout.split()[:3] == ["ID", "CREATED", "STATUS"]
     # And its --help still lists its commands
     assert "resolve" in _run("merges", "--help", cwd=tmp_path, env=env).stdout
+
+
+def test_up_check_wait_checks_again_until_its_time_is_up(tmp_path: Path) -> None:
+    # Given a folder where no keylane up runs (its ports free)
+    env = {**_bare_env(), "KEYLANE_PORT": str(free_port())}
+    # When `keylane up --check --wait 2s` runs there
+    started = time.monotonic()
+    waited = _run("up", "--check", "--wait", "2s", cwd=tmp_path, env=env)
+    # Then it checked until its time was up, and says what failed, exit code 1
+    assert time.monotonic() - started >= 2
+    assert waited.returncode == 1, waited.stdout + waited.stderr
+    assert "FAIL receiver" in waited.stdout
+    # And --wait without --check is refused, exit code 2, saying what it goes with
+    alone = _run("up", "--wait", "2s", cwd=tmp_path, env=env)
+    assert alone.returncode == 2
+    assert "--wait goes with --check" in alone.stderr
+    assert not (tmp_path / "keylane-data").exists()
