@@ -5,11 +5,9 @@ applied. Ctrl-C/SIGTERM stops every process it started."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import socket
@@ -28,7 +26,9 @@ from tests.support.readme import (
     keylane_command,
     page_block,
     page_block_containing,
+    pasted,
     readme_block,
+    shell_commands,
 )
 from tests.support.services import free_port
 from tests.support.stack import REPO, Stack, start_up, wait_until
@@ -165,38 +165,6 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _readme_commands(block: str) -> list[tuple[str, list[str]]]:
-    """README's shell block as a person types it: each command (a quoted argument may
-    span lines) with the ``# `` lines under it, which show what it prints."""
-    commands: list[tuple[str, list[str]]] = []
-    pending = ""
-    for line in block.splitlines():
-        if not pending and line.startswith("# "):
-            commands[-1][1].append(line[2:])
-            continue
-        pending = f"{pending}\n{line}" if pending else line
-        try:
-            shlex.split(pending, comments=True)
-        except ValueError:  # a quote still open: the command goes on
-            continue
-        commands.append((pending, []))
-        pending = ""
-    return commands
-
-
-def _in_group(pgid: int) -> list[int]:
-    """The live processes of process group ``pgid`` (a shell's, and what it left running)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone while read
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            pids.append(int(stat.parent.name))
-    return pids
-
-
 def _shown(commands: list[tuple[str, list[str]]], starting: str) -> list[str]:
     """What README shows under the command that starts with ``starting``."""
     return next(shown for command, shown in commands if command.startswith(starting))
@@ -212,7 +180,7 @@ def test_the_readme_try_it_runs_as_written(tmp_path: Path) -> None:
     # nothing waited for between its lines but what the block itself waits for
     block = readme_block("source .venv/bin/activate")
     assert block == page_block_containing("getting-started.md", "\nkeylane up &")
-    commands = _readme_commands(block)
+    commands = shell_commands(block)
     assert [c.split("#")[0].strip() for c, _ in commands[:3]] == [
         "source .venv/bin/activate",
         "keylane up &",
@@ -225,25 +193,9 @@ def test_the_readme_try_it_runs_as_written(tmp_path: Path) -> None:
         "KEYLANE_PORT": str(port),
         "KEYLANE_FLOWER_PORT": str(free_port()),
     }
-    pasted = block.replace("localhost:8000", f"localhost:{port}")
-    out, err = tmp_path / "stdout", tmp_path / "stderr"
-    # When the block is pasted (bash reads it line by line from its input, as a terminal
-    # gives it) and the shell ends; `keylane up &` goes on running in its process group
-    with out.open("wb") as stdout, err.open("wb") as stderr:
-        shell = subprocess.Popen(
-            ["bash"],
-            stdin=subprocess.PIPE,
-            stdout=stdout,
-            stderr=stderr,
-            cwd=REPO,
-            env=env,
-            start_new_session=True,
-        )
-        assert shell.stdin is not None
-        shell.stdin.write(pasted.encode())
-        shell.stdin.close()
-    try:
-        assert shell.wait(300) == 0, err.read_text()
+    # When the block is pasted and the shell ends (`keylane up &` goes on running)
+    pasted_block = block.replace("localhost:8000", f"localhost:{port}")
+    with pasted(pasted_block, REPO, env, tmp_path) as out:
         printed = out.read_text()
 
         def lines_after(marker: str) -> list[str]:
@@ -273,7 +225,7 @@ def test_the_readme_try_it_runs_as_written(tmp_path: Path) -> None:
         ], printed
         # And `records set` and `status` ran (status names the shards)
         assert "shards" in printed.lower(), printed
-        assert "already running" not in err.read_text()
+        assert "already running" not in (tmp_path / "stderr").read_text()
         activate = commands[0][0]
 
         def typed(command: str) -> subprocess.CompletedProcess[str]:
@@ -296,13 +248,6 @@ def test_the_readme_try_it_runs_as_written(tmp_path: Path) -> None:
         assert (replayed["status"], replayed["revision"]) == ("applied", 1), replayed
         assert replayed["event_id"] == answered["event_id"], replayed
         assert "revision 2" in typed(get_line).stdout
-    finally:
-        # (what `kill %1` does: SIGTERM to the stack the block started)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(shell.pid, signal.SIGTERM)
-        wait_until(
-            lambda: not _in_group(shell.pid), 90, "the stack to stop", on_timeout=err.read_text
-        )
 
 
 def test_up_refuses_several_workers_on_sqlite(tmp_path: Path) -> None:
