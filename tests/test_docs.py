@@ -11,11 +11,13 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
 from keylane.routing.contract.settings import Settings, env_var
-from tests.support.readme import DOCS, page_text
+from keylane.workers.store_rows import JournalOutcome
+from tests.support.readme import DOCS, page_section, page_text
 from tests.support.stack import REPO
 
 
@@ -145,3 +147,23 @@ def test_every_docs_page_the_code_names_exists() -> None:
         for page in re.findall(r"ops/docs/([\w-]+\.md)", path.read_text(errors="replace"))
     }
     assert {(page, where) for page, where in named if not (DOCS / page).exists()} == set()
+
+
+def test_every_outcome_is_in_concepts_and_refused_means_one_thing() -> None:
+    # Given the journal's outcomes as the store names them, and Concepts as built from it
+    outcomes = set(get_args(JournalOutcome))
+    concepts = page_text("concepts.md")
+    listed = page_section("concepts.md", "## The outcome")
+    glossary = page_section("concepts.md", "## Glossary")
+    # Then each outcome is in Concepts' list of outcomes, and "refused" in the glossary
+    for outcome in outcomes:
+        assert f"**{outcome.replace('_', '-')}**" in listed or f"**{outcome}**" in listed
+    assert "| **refused** |" in glossary
+    assert concepts.count("not_owned") >= 1
+    # And no page, nor README, calls a field its source does not own "refused": that is a
+    # `not_owned` dead letter, and "refused" is an outcome whose conditions did not hold
+    pages = [p.name for p in DOCS.glob("*.md")] + ["README.md"]
+    for page in pages:
+        for sentence in re.split(r"(?<=[.;:|])\s", page_text(page)):
+            if "refused" in sentence and ("not_owned" in sentence or "does not own" in sentence):
+                raise AssertionError(f"{page}: {sentence!r}")
