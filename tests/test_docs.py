@@ -5,6 +5,7 @@ a marker the hook cannot fill, or a setting the pages name that does not exist f
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import subprocess
@@ -167,3 +168,45 @@ def test_every_outcome_is_in_concepts_and_refused_means_one_thing() -> None:
         for sentence in re.split(r"(?<=[.;:|])\s", page_text(page)):
             if "refused" in sentence and ("not_owned" in sentence or "does not own" in sentence):
                 raise AssertionError(f"{page}: {sentence!r}")
+
+
+#: The characters of code a line holds at 1280 px between the navigation and the table of
+#: contents (Material's 12.1rem sidebars, code at 0.85em of its 0.8rem text, 20px a rem).
+CODE_CHARS_AT_1280_PX = 90
+
+
+def test_getting_started_shows_every_expected_output_whole_at_1280_px(site: Path) -> None:
+    # Given the languages whose code blocks extra.css wraps, and the built page
+    css = (DOCS / "extra.css").read_text()
+    wrapped = set(re.findall(r"\.language-(\w+)", css.split("pre-wrap")[0]))
+    assert {"sh", "console"} <= wrapped, wrapped
+    page = (site / "getting-started" / "index.html").read_text()
+    assert "extra.css" in page
+    # Then each block of Getting started either wraps, or has no line wider than the column
+    text = page_text("getting-started.md")
+    for chunk in text.split("```")[1::2]:
+        info, _, body = chunk.partition("\n")
+        if info.strip() in wrapped:
+            assert f'class="language-{info.strip()} highlight"' in page
+            continue
+        wide = [line for line in body.splitlines() if len(line) > CODE_CHARS_AT_1280_PX]
+        assert not wide, (info, wide)
+
+
+def test_the_start_page_lists_every_guide_and_has_readmes_guarantees(site: Path) -> None:
+    # Given the site's start page, as built
+    index = (site / "index.html").read_text()
+    # Then its guide list links every page of the navigation's Guides
+    nav = (REPO / "ops" / "mkdocs.yml").read_text().split("  - Guides:", 1)[1]
+    guides = re.findall(r"^      - .*?: ([\w-]+)\.md$", nav.split("\n  - ", 1)[0], re.M)
+    assert "identities" in guides
+    listed = page_section("index.md", "## Guides")
+    assert [g for g in guides if f"]({g}.md)" not in listed] == []
+    # And README's guarantees table is there, each promise of it, with working links
+    promises = re.findall(
+        r"^\| \*\*(.+?)\*\* \|", page_section("README.md", "## The guarantees"), re.M
+    )
+    assert len(promises) >= 10
+    for promise in promises:
+        assert html.escape(promise, quote=False) in index, promise
+    assert 'href="failure-model/"' in index
