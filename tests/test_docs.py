@@ -210,3 +210,22 @@ def test_the_start_page_lists_every_guide_and_has_readmes_guarantees(site: Path)
     for promise in promises:
         assert html.escape(promise, quote=False) in index, promise
     assert 'href="failure-model/"' in index
+
+
+#: How a lab notebook talks, not a manual: whose machine it was, what it was before.
+NOTEBOOK = (
+    "this project's",
+    "other engineers",
+    "was reworked",
+    "facts.md",
+    "(issue",
+)
+
+
+def test_the_pages_say_the_figures_the_machine_and_the_command_not_the_history() -> None:
+    # Given every page and README, Then none talks like a lab notebook
+    pages = [p.name for p in DOCS.glob("*.md")] + ["README.md"]
+    found = [
+        (page, phrase) for page in pages for phrase in NOTEBOOK if phrase in page_text(page).lower()
+    ]
+    assert found == []
