@@ -229,3 +229,25 @@ def test_the_pages_say_the_figures_the_machine_and_the_command_not_the_history()
         (page, phrase) for page in pages for phrase in NOTEBOOK if phrase in page_text(page).lower()
     ]
     assert found == []
+
+
+def test_readme_says_how_long_the_tests_take_and_how_to_run_the_fast_ones() -> None:
+    # Given README's words on the test suite
+    readme = page_text("README.md")
+    intro = readme.split("## ", 1)[0]
+    # Then it says how long the whole suite and its fast tier take, in minutes
+    assert re.search(r"`ops/dev test` .*?about \d+ minutes", intro, re.S), intro
+    assert re.search(r'`ops/dev test -m "not slow"`.*?about [\d.]+ minutes', intro, re.S), intro
+    # And the tier it names is one pytest selects: the slow marker is declared and used
+    markers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]
+    assert any(m.startswith("slow:") for m in markers["ini_options"]["markers"])
+    slow = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "slow", "-n", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    selected = re.search(r"(\d+)/(\d+) tests collected", slow.stdout)
+    assert selected is not None, slow.stdout[-2000:]
+    assert 0 < int(selected.group(1)) < int(selected.group(2)), selected.group(0)
