@@ -29,7 +29,8 @@ from .cli_lazy import LazyCommand, LazyGroup
 LAZY_COMMANDS = {
     "dlq": LazyCommand(
         "keylane.ops.cli_dlq:dlq",
-        "The dead-letter review queue: list, show, retry, discard, resolve, export, stats.",
+        "The dead-letter review queue: list, show, retry, discard, resolve, export, stats "
+        "(alone: the open rows, as ``dlq list``).",
     ),
     "journal": LazyCommand(
         "keylane.ops.cli_journal:journal",
@@ -38,7 +39,8 @@ LAZY_COMMANDS = {
     "merges": LazyCommand(
         "keylane.ops.cli_merges:merges",
         "Merges waiting for a person: list, show, resolve (a side per field), apart; undo a "
-        "merge applied; reconcile records that share a stable key.",
+        "merge applied; reconcile records that share a stable key (alone: the open reviews, "
+        "as ``merges list``).",
     ),
     "outcome": LazyCommand(
         "keylane.ops.cli_outcomes:outcome",
@@ -157,7 +159,6 @@ def up(ctx: click.Context, no_flower: bool, check: bool, wait_for: str | None) -
     """Run receiver, workers, a scheduler and Flower (and an embedded Redis if none is
     configured)."""
     from .observability import init_sentry
-    from .triage import parse_age
     from .up import Supervisor, UpOptions
 
     settings = settings_of(ctx)

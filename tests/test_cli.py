@@ -201,7 +201,7 @@ def test_a_group_whose_listing_is_its_default_lists_when_called_alone(tmp_path: 
     store.commit_dead_letter(draft, None)
     store.close()
     env = _bare_env()
-    for group in ("dlq", "merges"):
+    for group in ("dlq", "merges", "records"):
         # When the group is called alone, as README's `keylane merges` is
         alone = _run(group, cwd=tmp_path, env=env)
         # Then it lists, as its `list` does, instead of printing its usage (exit code 2)
