@@ -29,7 +29,8 @@ from .cli_lazy import LazyCommand, LazyGroup
 LAZY_COMMANDS = {
     "dlq": LazyCommand(
         "keylane.ops.cli_dlq:dlq",
-        "The dead-letter review queue: list, show, retry, discard, resolve, export, stats.",
+        "The dead-letter review queue: list, show, retry, discard, resolve, export, stats "
+        "(alone: the open rows, as ``dlq list``).",
     ),
     "journal": LazyCommand(
         "keylane.ops.cli_journal:journal",
@@ -38,7 +39,8 @@ LAZY_COMMANDS = {
     "merges": LazyCommand(
         "keylane.ops.cli_merges:merges",
         "Merges waiting for a person: list, show, resolve (a side per field), apart; undo a "
-        "merge applied; reconcile records that share a stable key.",
+        "merge applied; reconcile records that share a stable key (alone: the open reviews, "
+        "as ``merges list``).",
     ),
     "outcome": LazyCommand(
         "keylane.ops.cli_outcomes:outcome",
@@ -144,16 +146,27 @@ def main() -> None:
     help="Do not start anything: check the stack of this data directory and port, "
     "exit 0 if healthy, 1 if not.",
 )
+@click.option(
+    "--wait",
+    "wait_for",
+    metavar="DURATION",
+    help="With --check: check again until the stack answers or DURATION has passed "
+    "(60s, 2m), then exit as --check does: `keylane up & keylane up --check --wait 2m` "
+    "returns once the receiver takes deliveries.",
+)
 @click.pass_context
-def up(ctx: click.Context, no_flower: bool, check: bool) -> None:
+def up(ctx: click.Context, no_flower: bool, check: bool, wait_for: str | None) -> None:
     """Run receiver, workers, a scheduler and Flower (and an embedded Redis if none is
     configured)."""
     from .observability import init_sentry
     from .up import Supervisor, UpOptions
 
     settings = settings_of(ctx)
+    if wait_for is not None and not check:
+        raise click.UsageError("--wait goes with --check (keylane up --check --wait 2m)")
     if check:
-        _exit_with_checks(settings, f"http://{settings.host}:{settings.port}")
+        wait_s = parse_age(wait_for) if wait_for else 0.0
+        _exit_with_checks(settings, f"http://{settings.host}:{settings.port}", wait_s=wait_s)
     init_sentry(settings, "supervisor")
     code = Supervisor(settings, UpOptions(flower=not no_flower)).run()
     raise SystemExit(code)
@@ -295,11 +308,14 @@ def check_command(ctx: click.Context, receiver_url: str | None, max_age: str | N
 
 
 def _exit_with_checks(
-    settings: Settings, receiver_url: str | None, max_age_s: float | None = None
+    settings: Settings,
+    receiver_url: str | None,
+    max_age_s: float | None = None,
+    wait_s: float = 0.0,
 ) -> None:
-    from .health import run_checks
+    from .health import run_checks_until_healthy
 
-    results = run_checks(settings, receiver_url, max_age_s)
+    results = run_checks_until_healthy(settings, receiver_url, max_age_s, wait_s)
     for result in results:
         click.echo(f"{'ok  ' if result.ok else 'FAIL'} {result.name:<9} {result.detail}")
     raise SystemExit(0 if all(r.ok for r in results) else 1)

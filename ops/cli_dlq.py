@@ -103,9 +103,13 @@ def _filter(
     )
 
 
-@click.group()
-def dlq() -> None:
-    """The dead-letter review queue: list, show, retry, discard, resolve, export, stats."""
+@click.group(invoke_without_command=True)
+@click.pass_context
+def dlq(ctx: click.Context) -> None:
+    """The dead-letter review queue: list, show, retry, discard, resolve, export, stats
+    (alone: the open rows, as ``dlq list``)."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(dlq_list)
 
 
 @dlq.command("list")

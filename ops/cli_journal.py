@@ -74,8 +74,9 @@ def journal_find(
 @click.pass_context
 def journal_prune(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     """Archive and remove journal rows, closed dead letters and lease-log entries past
-    their retention (see README "Retention and the archive"). Safe to run at any time,
-    from anywhere: a second prune of the same store at once does nothing (exit code 3)."""
+    their retention (see the docs page "Retention and the archive", ops/docs/retention.md).
+    Safe to run at any time, from anywhere: a second prune of the same store at once does
+    nothing (exit code 3)."""
     settings = settings_of(ctx)
     try:
         report = run_prune(settings, dry_run=dry_run, progress=_progress, existing_store=True)

@@ -19,10 +19,14 @@ from .triage import Handled, open_triage_broker
 from .undo_merge import UndoReport, undo, wait_undone
 
 
-@click.group()
-def merges() -> None:
+@click.group(invoke_without_command=True)
+@click.pass_context
+def merges(ctx: click.Context) -> None:
     """Merges waiting for a person: list, show, resolve (a side per field), apart; undo a
-    merge applied; reconcile records that share a stable key."""
+    merge applied; reconcile records that share a stable key (alone: the open reviews, as
+    ``merges list``)."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(merges_list)
 
 
 @merges.command("list")

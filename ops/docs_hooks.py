@@ -8,6 +8,10 @@ A page asks for them with a marker line of its own:
     <!-- keylane:chart FILE COLUMN -->
                                 a bar chart of COLUMN in each table of FILE, a benchmark's
                                 output as it printed it (FILE relative to the docs folder)
+    <!-- keylane:readme "HEADING" -->
+                                README's section under ``## HEADING`` (its links to
+                                ``ops/docs/`` made the site's), so the site and README
+                                say it once
 
 So the reference cannot drift from the code, and a chart shows the figures the command
 printed. A marker that names no file or column fails the build.
@@ -52,7 +56,19 @@ def generated(kind: str, args: list[str], docs: Path) -> str:
         return settings_reference()
     if kind == "chart" and len(args) == 2:
         return bar_chart(read_tables((docs / args[0]).read_text()), args[1], args[0])
+    if kind == "readme" and len(args) == 1:
+        return readme_section((docs.parent.parent / "README.md").read_text(), args[0])
     raise ValueError(f"unknown docs marker: keylane:{kind} {args}")
+
+
+def readme_section(readme: str, heading: str) -> str:
+    """The body of README's ``## heading`` section, up to the next heading of its level,
+    with README's links into the docs folder as links between the site's pages."""
+    parts = re.split(rf"^## {re.escape(heading)}\n", readme, maxsplit=1, flags=re.M)
+    if len(parts) != 2:
+        raise ValueError(f"README has no section ## {heading}")
+    body = re.split(r"^## ", parts[1], maxsplit=1, flags=re.M)[0]
+    return re.sub(r"\]\(ops/docs/", "](", body).strip() + "\n"
 
 
 # -- the CLI ------------------------------------------------------------------------------

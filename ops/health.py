@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ..routing.contract.settings import Settings
 from .cli_common import cli_store
 from .deployment_view import DeploymentView
+from .embedded_redis import with_embedded_redis
 from .status import collect_status
 from .views import open_view
 
@@ -47,6 +48,24 @@ def run_checks(
         except Exception as exc:  # report, do not crash: the exit code is the answer
             results.append(Check(name, False, f"{type(exc).__name__}: {exc}"))
     return results
+
+
+def run_checks_until_healthy(
+    settings: Settings,
+    receiver_url: str | None = None,
+    max_age_s: float | None = None,
+    wait_s: float = 0.0,
+) -> list[Check]:
+    """:func:`run_checks` again, every half second, until every check passes or ``wait_s``
+    has passed (``keylane up --check --wait``: a stack just started answers in a few
+    seconds, more on a busy machine); the last verdicts."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        # The embedded Redis of a `keylane up` still starting is found when it answers.
+        results = run_checks(with_embedded_redis(settings), receiver_url, max_age_s)
+        if all(r.ok for r in results) or time.monotonic() >= deadline:
+            return results
+        time.sleep(0.5)
 
 
 def _redis(settings: Settings) -> Check:

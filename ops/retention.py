@@ -1,6 +1,7 @@
 """The prune: the store keeps what it needs and archives the rest.
 
-What leaves, and when (see README "Retention and the archive"):
+What leaves, and when (see the docs page "Retention and the archive",
+ops/docs/retention.md):
 
 * **journal rows**, once older than their source's journal retention (at least its
   dedupe retention plus ``KEYLANE_JOURNAL_MARGIN_S``); a dead-lettered event's row stays

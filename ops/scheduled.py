@@ -27,7 +27,8 @@ from .retention import run_prune
 
 def builtin_jobs(settings: Settings) -> list[JobSpec]:
     """keylane's own maintenance jobs (:func:`~keylane.routing.contract.schedules.builtin_job`):
-    the journal's prune every ``prune_every_s`` (README "Retention and the archive")."""
+    the journal's prune every ``prune_every_s`` (docs page "Retention and the archive",
+    ops/docs/retention.md)."""
     if not settings.prune_every_s:
         return []
     return [

@@ -115,7 +115,8 @@ def new_event(
 def accepted_answer(
     source: str, event_id: str, record_key: str, shard: int, queue: str, key_missing: bool
 ) -> bytes:
-    """The body of the 202 answer (README "The external contract")."""
+    """The body of the 202 answer (docs: Concepts, "Events and answers",
+    ops/docs/concepts.md)."""
     answer: dict[str, Any] = {
         "status": "accepted",
         "source": source,

@@ -315,7 +315,8 @@ class AmqpEventQueue:
         pauses between them, past its lease, publishes one event after another scheduler
         took the job over. Its id is ``job@tick/key``: if the tick is run again, the same
         id comes twice and the journal applies it once (whichever lands first); what the
-        ids do not cover is in README, "Scheduled runs and repairs on RabbitMQ"."""
+        ids do not cover is in the docs page "The RabbitMQ broker" (ops/docs/rabbitmq.md),
+        "Scheduled runs and repairs on RabbitMQ"."""
         with broker_errors():
             value = await self.redis.client.get(lease.key)
         return value is not None and reply_text(value) == lease.value

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+import time
 import uuid
 from importlib.metadata import version
 from pathlib import Path
@@ -14,8 +16,10 @@ import psycopg
 import pytest
 
 from keylane.ops.outside_edit import edit_record
+from keylane.workers.store_rows import DeadLetterDraft
 from keylane.workers.stores import open_store
 from tests.support.readme import keylane_command
+from tests.support.services import free_port
 from tests.support.stack import REPO
 
 
@@ -179,3 +183,50 @@ def test_records_get_exits_1_for_a_missing_record_with_json_or_without(tmp_path:
     missing = _run("records", "get", "contact:7", "--json", cwd=tmp_path, env=env)
     assert json.loads(missing.stdout)["exists"] is False
     assert "no such record" in _run("records", "get", "contact:7", cwd=tmp_path, env=env).stdout
+
+
+def _no_ages(table: str) -> str:
+    """A listing without its ages (``3s``): two runs a moment apart differ by those only."""
+    return re.sub(r"\b\d+[smhd]\b", "AGE", table)
+
+
+def test_a_group_whose_listing_is_its_default_lists_when_called_alone(tmp_path: Path) -> None:
+    # Given a store with one open dead letter
+    store = open_store(f"sqlite:///{tmp_path / 'keylane-data' / 'keylane.sqlite3'}")
+    store.migrate()
+    event = {"id": "evt_8", "record_key": "contact:42", "changes": {"visits": {"increment": 1}}}
+    draft = DeadLetterDraft(
+        "demo", "evt_8", "contact:42", 50, "type", event, {}, 1, 1, 1, "not a number"
+    )
+    store.commit_dead_letter(draft, None)
+    store.close()
+    env = _bare_env()
+    for group in ("dlq", "merges", "records"):
+        # When the group is called alone, as README's `keylane merges` is
+        alone = _run(group, cwd=tmp_path, env=env)
+        # Then it lists, as its `list` does, instead of printing its usage (exit code 2)
+        assert alone.returncode == 0, (group, alone.stdout, alone.stderr)
+        listed = _run(group, "list", cwd=tmp_path, env=env)
+        assert _no_ages(alone.stdout) == _no_ages(listed.stdout), (alone.stdout, listed.stdout)
+        assert "Usage:" not in alone.stdout + alone.stderr
+    assert "evt_8" in _run("dlq", cwd=tmp_path, env=env).stdout
+    assert _run("merges", cwd=tmp_path, env=env).stdout.split()[:3] == ["ID", "CREATED", "STATUS"]
+    # And its --help still lists its commands
+    assert "resolve" in _run("merges", "--help", cwd=tmp_path, env=env).stdout
+
+
+def test_up_check_wait_checks_again_until_its_time_is_up(tmp_path: Path) -> None:
+    # Given a folder where no keylane up runs (its ports free)
+    env = {**_bare_env(), "KEYLANE_PORT": str(free_port())}
+    # When `keylane up --check --wait 2s` runs there
+    started = time.monotonic()
+    waited = _run("up", "--check", "--wait", "2s", cwd=tmp_path, env=env)
+    # Then it checked until its time was up, and says what failed, exit code 1
+    assert time.monotonic() - started >= 2
+    assert waited.returncode == 1, waited.stdout + waited.stderr
+    assert "FAIL receiver" in waited.stdout
+    # And --wait without --check is refused, exit code 2, saying what it goes with
+    alone = _run("up", "--wait", "2s", cwd=tmp_path, env=env)
+    assert alone.returncode == 2
+    assert "--wait goes with --check" in alone.stderr
+    assert not (tmp_path / "keylane-data").exists()

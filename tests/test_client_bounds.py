@@ -85,11 +85,12 @@ def _refused(stack: Stack, reason: str) -> float:
 
 class Steady:
     """A sender posting a new event every 0.1 s on its own connections, while a test
-    misbehaves beside it: every answer it gets, and how long each took."""
+    misbehaves beside it: every answer it gets, how long each took and when it came
+    (``time.monotonic()``)."""
 
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
-        self.answers: list[tuple[int, float]] = []
+        self.answers: list[tuple[int, float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -109,7 +110,8 @@ class Steady:
                 started = time.monotonic()
                 body = event(f"steady-{n}", f"contact:steady-{n}", visits={"increment": 1})
                 answer = self.stack.post(body, client=client)
-                self.answers.append((answer.status_code, time.monotonic() - started))
+                answered = time.monotonic()
+                self.answers.append((answer.status_code, answered - started, answered))
 
 
 def test_a_client_dribbling_its_headers_is_cut_off_while_others_are_served(stack: Stack) -> None:
@@ -129,16 +131,19 @@ def test_a_client_dribbling_its_headers_is_cut_off_while_others_are_served(stack
             pass  # the server may already have closed it
         # Then it is answered 408 and its connection closed, within the bound and a sweep
         status, headers, body = _answer(slow)
+        cut_off = time.monotonic()
         assert status == 408, body
         assert headers["connection"] == "close"
         assert json.loads(body)["error"] == "header_timeout"
         assert _closed(slow)
         assert time.monotonic() - started < 2 + 5, "cut off well before its headers ended"
         assert sent < len(request)
-    # And the other sender was served all along, every delivery accepted, none slowed
+    # And the other sender was served all along, every delivery accepted, several of them
+    # while the slow client still held its connection (by what was served when, not by
+    # how fast: a busy machine slows every answer alike)
     assert len(steady.answers) >= 10
-    assert {status for status, _ in steady.answers} == {202}
-    assert max(took for _, took in steady.answers) < 2
+    assert {status for status, _, _ in steady.answers} == {202}
+    assert sum(started < at < cut_off for _, _, at in steady.answers) >= 2, steady.answers
     # And the refusal is counted on the operations listener
     assert _refused(stack, "header_timeout") == 1
 
@@ -223,7 +228,7 @@ def test_a_body_slower_than_the_body_timeout_is_answered_408_and_records_nothing
         assert json.loads(answer)["error"] == "body_timeout"
         assert headers["connection"] == "close"
         assert _closed(sock)
-    assert {status for status, _ in steady.answers} == {202}
+    assert {status for status, _, _ in steady.answers} == {202}
     # And nothing of it was recorded: the same event sent whole is accepted as new
     again = stack.post(json.loads(body))
     assert again.status_code == 202, again.text

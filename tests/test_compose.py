@@ -104,7 +104,7 @@ def test_keylane_services_share_one_image_and_configuration(compose: dict[str, A
 def test_redis_is_durable_and_checked(compose: dict[str, Any]) -> None:
     redis_service = _service(compose, "redis")
     command = " ".join(redis_service["command"])
-    # Then a 202 means the event is on disk (README, "Guarantees")
+    # Then a 202 means the event is on disk (README, "The guarantees")
     assert "--appendonly yes" in command
     assert "--appendfsync always" in command
     assert redis_service["image"].startswith("redis:7")

@@ -4,12 +4,15 @@ stock, invoice numbers. The outcomes are read back from the store's journal."""
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.support.page_scripts import book_50_slots_twice, outcomes_of, run_page_script
+from tests.support.readme import page_block_containing
 from tests.support.stack import Stack, wait_until
 
 pytestmark = pytest.mark.slow
@@ -30,6 +33,26 @@ def test_the_booking_form_books_each_slot_once_and_refuses_the_other_client(
     # Given a receiver and a worker
     _start(stack, workers=1)
     book_50_slots_twice(stack, tmp_path)
+    # And the page's `journal find` of slot 7's loser prints its refusal as shown (the
+    # loser of the race named in the command: the page's is bob, this run's may be ada)
+    block = page_block_containing(PAGE, "keylane journal find book-7-bob --json")
+    command, *shown = block.splitlines()
+    store = stack.open_store()
+    winner = store.read("slot:7").fields["owner"]
+    loser = "bob" if winner == "ada" else "ada"
+    args = shlex.split(command.replace("book-7-bob", f"book-7-{loser}"))
+    assert args[0] == "keylane"
+    found = stack.keylane(*args[1:])
+    assert found.returncode == 0, found.stdout + found.stderr
+    (entry,) = json.loads(found.stdout)
+    shown_text = " ".join(line.removeprefix("# ") for line in shown)
+    for key in ("where", "source", "outcome", "revision"):
+        assert f'"{key}": {json.dumps(entry[key])}' in shown_text, (key, entry)
+    assert entry["event_id"] == f"book-7-{loser}"
+    result = entry["result"]
+    assert (result["field"], result["seen"]) == ("owner", winner)
+    assert result["why"] == f"owner is present ('{winner}')"
+    assert '"why": "owner is present (\'ada\')"' in shown_text
 
 
 def test_the_last_item_is_sold_once_and_stock_never_goes_below_zero(

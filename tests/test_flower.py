@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.flower import AUTH, answers, tasks
+from tests.support.flower import AUTH, answers, tasks, worker_counts
 from tests.support.notion import HookServer
 from tests.support.services import free_port
 from tests.support.stack import Stack, event, wait_until
@@ -87,6 +87,19 @@ def test_flower_shows_events_in_flight_retrying_and_dead_lettered(
         assert "type" in failed["exception"], failed
         fine = next(r for r in rows.values() if "order:fine" in r["args"])
         assert fine["result"] == "'applied'", fine
+
+        # And the Workers page counts as the Flower page says: Failed is the dead letter,
+        # Succeeded the events decided otherwise, Processed every take of an event, so it
+        # is more than the two while the stuck order is taken again after each wait
+        def counted() -> bool:
+            counts = list(worker_counts(flower).values())
+            return len(counts) == 1 and counts[0][0] >= counts[0][1] + counts[0][2] + 2
+
+        wait_until(counted, 90, "a second take of the stuck order", lambda: worker_counts(flower))
+        ((processed, failed, succeeded),) = worker_counts(flower).values()
+        assert failed == 1
+        assert succeeded == 2  # ok-1 applied, d-1 applied; s-1 still waits
+        assert processed > failed + succeeded
         # And the task list shows the args column (record key, source, event id) right
         # after the task's name, so rows are told apart by record
         page = httpx.get(f"{flower}/tasks", auth=AUTH, timeout=10).text

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,8 +23,9 @@ from keylane.routing.contract.outcomes import (
     told_names,
 )
 from keylane.routing.contract.settings import FaultSpec
-from tests.support.readme import page_block
-from tests.support.stack import Stack, event, wait_until
+from tests.support.readme import page_block, page_block_containing, pasted
+from tests.support.services import free_port
+from tests.support.stack import REPO, Stack, event, wait_until
 from tests.support.waiting import restart_under_500_waiting
 
 TOKEN = "s3cret-outcomes-token"
@@ -184,3 +187,35 @@ def test_the_curl_example_of_the_outcomes_page_runs_as_written(stack: Stack) -> 
     assert "preference-applied: wait=10" in head.lower()
     told = json.loads(body)
     assert (told["status"], told["revision"], told["event_id"]) == ("applied", 1, "evt_wait_1")
+
+
+@pytest.mark.slow
+def test_the_token_step_of_the_outcomes_page_runs_after_the_wait_example(tmp_path: Path) -> None:
+    # Given a shell with keylane on PATH, in a folder of its own, no keylane configuration
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEYLANE_")}
+    env.update(
+        PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
+        PYTHONPATH=str(REPO),
+        KEYLANE_PORT=str(port),
+        KEYLANE_FLOWER_PORT=str(free_port()),
+        KEYLANE_OPS_PORT=str(free_port()),
+    )
+    # When a reader follows the page: the stack started as Getting started starts it, the
+    # waiting example, then the token step as written (which stops that stack first)
+    started = page_block_containing("getting-started.md", "\nkeylane up &")
+    start = [line for line in started.splitlines() if line.startswith("keylane up ")]
+    waiting = page_block("outcomes.md", "curl -s -i -X POST")
+    token_step = page_block("outcomes.md", "kill %1 && wait %1")
+    followed = "\n".join([*start, waiting, token_step]).replace(
+        "127.0.0.1:8000", f"127.0.0.1:{port}"
+    )
+    with pasted(followed, tmp_path, env, tmp_path) as out:
+        printed = out.read_text().splitlines()
+    # Then the outcome asked with the token is the one told before the restart, as shown
+    shown = token_step.splitlines()[-1].removeprefix("# ").removesuffix(",...}")
+    asked = printed[-1]
+    assert asked.startswith(shown), (asked, shown)
+    assert json.loads(asked)["status"] == "applied"
+    # And the second stack started: nothing refused as already running
+    assert "already running" not in (tmp_path / "stderr").read_text()

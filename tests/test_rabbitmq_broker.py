@@ -394,7 +394,8 @@ def test_two_of_three_nodes_killed_and_back_three_times_strand_no_accepted_event
     # Given a receiver, two workers and a steady stream of events. (Every connection a
     # kill breaks gives its prefetched deliveries back, and the broker counts each as a
     # delivery: six losses in a row would make events no lane ever tried poison at the
-    # default KEYLANE_MAX_DELIVERIES; README "Failure model on RabbitMQ", poison counting)
+    # default KEYLANE_MAX_DELIVERIES; poison counting: the docs page "The RabbitMQ
+    # broker", ops/docs/rabbitmq.md)
     stack: Stack = deploy(max_deliveries=50)
     stack.receiver()
     workers = [stack.worker(lanes=8), stack.worker(lanes=8)]

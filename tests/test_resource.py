@@ -208,7 +208,7 @@ def check_race(results: list[Result], fields: dict[str, Any], n: int) -> None:
     assert sorted(fields["tags"]) == sorted(f"c{t}" for t in range(n))
 
 
-def test_a_change_to_a_field_the_source_does_not_own_is_refused_before_any_call() -> None:
+def test_a_change_to_a_field_the_source_does_not_own_is_a_review_before_any_call() -> None:
     # Given a source that owns count, tags and status
     with EtagServer() as server:
         # When an event would change notes
@@ -221,6 +221,20 @@ def test_a_change_to_a_field_the_source_does_not_own_is_refused_before_any_call(
     assert isinstance(result, Review)
     assert result.reason == "not_owned"
     assert "notes" in result.error
+
+
+def test_a_write_the_resource_rejects_for_good_is_a_rejected_review_not_a_refusal() -> None:
+    # Given a CRM that answers 404 to a create at the URL the resource is given
+    with EtagServer() as server:
+        table = {"kind": "etag", "url": server.url + "/gone/{key}", "fields_at": "fields"}
+        with closing(open_resource(parse_resource("crm", table), {}, compare=OWNS)) as resource:
+            # When an event would create the record there
+            result = apply_versioned(resource, "contact:1", changes(count={"set": 1}), OWNS)
+    # Then it is up for review as `rejected`, as an HTTP forward's 4xx is ("refused" is
+    # an event's outcome when its conditions do not hold, and nothing else)
+    assert isinstance(result, Review)
+    assert result.reason == "rejected"
+    assert "404" in result.error
 
 
 def test_a_change_that_does_not_fit_the_record_is_up_for_review_with_both_bodies() -> None:

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,6 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-import keylane
 from keylane.producers.gateway import ReceiverGateway
 from keylane.producers.outcome_reads import OutcomeReads, source_tokens
 from keylane.producers.outcome_waits import OutcomeWaits
@@ -27,7 +27,6 @@ from keylane.routing.contract.settings import Settings
 from keylane.routing.contract.sources import parse_sources
 from tests.support.readme import page_block
 from tests.support.stack import Stack, event, settings_env, wait_until
-from tests.support.told_tasks import reserve_table
 
 GLOBAL_TOKEN = "global-outcomes-token"
 BOOKINGS_TOKEN = "bookings-own-token"
@@ -178,29 +177,36 @@ def test_a_python_sender_books_a_slot_and_is_told_and_a_retold_refusal_keeps_its
 
 @pytest.mark.slow
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
-def test_a_task_sent_with_wait_is_told_what_it_returned_or_why_it_refused(stack: Stack) -> None:
-    # Given a worker running the task
-    stack.worker(lanes=2, app="tests.support.told_tasks")
+def test_a_task_sent_with_wait_is_told_what_it_returned_or_why_it_refused(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Given the page's task module, myapp/tables.py as written, and a worker importing it
+    (tmp_path / "myapp").mkdir()
+    (tmp_path / "myapp" / "__init__.py").write_text("")
+    module = page_block("outcomes.md", "# myapp/tables.py")
+    (tmp_path / "myapp" / "tables.py").write_text(module)
+    stack.extra_env["PYTHONPATH"] = f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"
+    stack.worker(lanes=2, app="myapp.tables")
     stack.wait_all_owned()
-    keylane.configure(redis_url=stack.settings.redis_dsn(), namespace=stack.settings.namespace)
-    try:
-        # When callers send it events and wait
-        ok = reserve_table.send({"table": 4, "guests": 2}, event_id="r-1", wait=10)
-        big = reserve_table.send({"table": 5, "guests": 12}, event_id="r-2", wait=10)
-        # Then each is told: what the task returned, or its refusal with its reason
-        assert (ok.status, ok.result) == ("applied", {"returned": {"table": 4, "guests": 2}})
-        assert (big.status, big.reason) == ("refused", "too many guests")
-        # And keylane.change books through the same path
-        booked = keylane.change(
-            "demo",
-            "slot:9",
-            {"owner": {"set": "ada"}},
-            conditions={"owner": {"absent": True}},
-            wait=10,
-        )
-        assert (booked.status, booked.revision) == ("applied", 1)
-    finally:
-        keylane.configure()
+    # When the page's sender, send.py as written, runs from the folder that holds myapp/
+    script = page_block("outcomes.md", "# send.py")
+    (tmp_path / "send.py").write_text(script)
+    env = {**os.environ, **settings_env(stack.settings), **stack.extra_env}
+    run = subprocess.run(
+        [sys.executable, "send.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    # Then it prints what the page says each send is told: the booking applied, the task's
+    # return value, and the refusal with its reason
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = script.splitlines()
+    shown = [line.split("  # ", 1)[1] for line in lines if "print(" in line and "  # " in line]
+    assert len(shown) == 3
+    assert run.stdout.splitlines() == shown, (run.stdout, shown)
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@ import base64
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import socket
@@ -27,7 +26,9 @@ from tests.support.readme import (
     keylane_command,
     page_block,
     page_block_containing,
+    pasted,
     readme_block,
+    shell_commands,
 )
 from tests.support.services import free_port
 from tests.support.stack import REPO, Stack, start_up, wait_until
@@ -164,37 +165,27 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _readme_commands(block: str) -> list[tuple[str, list[str]]]:
-    """README's shell block as a person types it: each command (a quoted argument may
-    span lines) with the ``# `` lines under it, which show what it prints."""
-    commands: list[tuple[str, list[str]]] = []
-    pending = ""
-    for line in block.splitlines():
-        if not pending and line.startswith("# "):
-            commands[-1][1].append(line[2:])
-            continue
-        pending = f"{pending}\n{line}" if pending else line
-        try:
-            shlex.split(pending, comments=True)
-        except ValueError:  # a quote still open: the command goes on
-            continue
-        commands.append((pending, []))
-        pending = ""
-    return commands
+def _shown(commands: list[tuple[str, list[str]]], starting: str) -> list[str]:
+    """What README shows under the command that starts with ``starting``."""
+    return next(shown for command, shown in commands if command.startswith(starting))
 
 
 def test_the_readme_try_it_runs_as_written(tmp_path: Path) -> None:
     curl = shutil.which("curl")
     if curl is None:
         pytest.skip("curl is not installed")
-    # Given README's "Try it" lines (the same as on the getting-started page), typed one by
-    # one from the checkout in a shell where .venv is activated, on a machine with no
-    # keylane configuration (its data, receiver and Flower where this test says)
+    # Given README's "Try it" block (the same as on the getting-started page), pasted whole
+    # into a shell at the checkout (its first line activates .venv), on a machine with no
+    # keylane configuration (its data, receiver and Flower where this test says), and
+    # nothing waited for between its lines but what the block itself waits for
     block = readme_block("source .venv/bin/activate")
-    assert block == page_block_containing("getting-started.md", "\nkeylane up &\n")
-    activate, first, *rest = _readme_commands(block)
-    assert activate[0].split("#")[0].strip() == "source .venv/bin/activate"
-    assert first == ("keylane up &", [])
+    assert block == page_block_containing("getting-started.md", "\nkeylane up &")
+    commands = shell_commands(block)
+    assert [c.split("#")[0].strip() for c, _ in commands[:3]] == [
+        "source .venv/bin/activate",
+        "keylane up &",
+        "keylane up --check --wait 2m",
+    ]
     port = free_port()
     env = {
         **_clean_env(),
@@ -202,49 +193,61 @@ def test_the_readme_try_it_runs_as_written(tmp_path: Path) -> None:
         "KEYLANE_PORT": str(port),
         "KEYLANE_FLOWER_PORT": str(free_port()),
     }
+    # When the block is pasted and the shell ends (`keylane up &` goes on running)
+    pasted_block = block.replace("localhost:8000", f"localhost:{port}")
+    with pasted(pasted_block, REPO, env, tmp_path) as out:
+        printed = out.read_text()
 
-    def typed(command: str) -> subprocess.CompletedProcess[str]:
-        line = f"{activate[0]}\n{command.replace('localhost:8000', f'localhost:{port}')}"
-        return subprocess.run(
-            ["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
-        )
+        def lines_after(marker: str) -> list[str]:
+            return printed.split(marker, 1)[1].lstrip("\n").splitlines()
 
-    up_line = f"{activate[0]}\n{first[0].removesuffix('&')}"
-    up = start_up([], env, tmp_path / "up.log", shell_line=up_line)
-    try:
-        # When each line runs, once keylane up says it is up
-        curl_line, shown = rest[0]
-        answered = typed(curl_line)
-        # Then the curl prints the answer shown ...
-        assert json.loads(answered.stdout) == json.loads(shown[0]), answered.stdout
-        # ... `records get` the record as shown (once applied), `records set` a revision 2
-        get_line, record_shown = rest[1]
-        assert get_line == "keylane records get contact:42"
-        wait_until(lambda: "revision 1" in typed(get_line).stdout, 60, "the event to be applied")
-        printed = typed(get_line).stdout.splitlines()
-        assert [re.sub(r"updated .*", "", s) for s in printed] == [
+        # Then the check says the stack answers, as shown (its timings aside; `keylane up`
+        # in the background prints to the same terminal, around it)
+        check_shown = _shown(commands, "keylane up --check")
+        lines = printed.splitlines()
+        first = next(i for i, line in enumerate(lines) if line.startswith(("ok   ", "FAIL ")))
+        assert [re.sub(r"\(.*\)", "", s).replace(":8000", f":{port}") for s in check_shown] == [
+            re.sub(r"\(.*\)", "", s) for s in lines[first : first + len(check_shown)]
+        ], printed
+        # And the curl prints the outcome shown: applied, its revision and fields
+        answer_shown = _shown(commands, "curl ")[0]
+        curl_printed = next(line for line in printed.splitlines() if line.startswith("{"))
+        answered = json.loads(curl_printed)
+        shown_prefix = answer_shown.removesuffix(",...}")
+        assert curl_printed.startswith(shown_prefix), (curl_printed, answer_shown)
+        assert (answered["status"], answered["revision"]) == ("applied", 1), answered
+        # And `records get` prints the record as shown, at revision 1 (the line right after
+        # the curl's: it ran at once, and the event was there)
+        record_shown = _shown(commands, "keylane records get")
+        got = lines_after(curl_printed)[: len(record_shown)]
+        assert [re.sub(r"updated .*", "", s) for s in got] == [
             re.sub(r"updated .*", "", s) for s in record_shown
         ], printed
-        set_line, status_line = rest[2][0], rest[3][0]
-        assert typed(set_line).returncode == 0
-        assert "revision 2" in typed(get_line).stdout
+        # And `records set` and `status` ran (status names the shards)
+        assert "shards" in printed.lower(), printed
+        assert "already running" not in (tmp_path / "stderr").read_text()
+        activate = commands[0][0]
+
+        def typed(command: str) -> subprocess.CompletedProcess[str]:
+            line = f"{activate}\n{command.replace('localhost:8000', f'localhost:{port}')}"
+            return subprocess.run(
+                ["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+            )
+
+        get_line = "keylane records get contact:42"
         assert 'owner = "ada"' in typed(get_line).stdout
-        status = typed(status_line)
-        assert status.returncode == 0, status.stdout + status.stderr
-        assert "shards" in status.stdout.lower(), status.stdout
-        # And the same curl again is answered 200 with what became of the event (decided
-        # by now: applied at revision 1) and the replay header, and changes nothing
+        assert "revision 2" in typed(get_line).stdout
+        # When the same curl is sent again, Then it is answered 200 with what became of the
+        # event (applied at revision 1) and the replay header, and changes nothing
+        curl_line = next(c for c, _ in commands if c.startswith("curl "))
         again = typed(curl_line.replace("curl -s ", "curl -s -i ", 1))
         head, body = again.stdout.split("\n\n", 1)  # text mode reads \r\n as \n
         assert head.startswith("HTTP/1.1 200"), head
         assert "keylane-replayed: true" in head.lower(), head
-        first, replayed = json.loads(answered.stdout), json.loads(body)
+        replayed = json.loads(body)
         assert (replayed["status"], replayed["revision"]) == ("applied", 1), replayed
-        assert replayed["event_id"] == first["event_id"], replayed
+        assert replayed["event_id"] == answered["event_id"], replayed
         assert "revision 2" in typed(get_line).stdout
-    finally:
-        os.killpg(up.pid, signal.SIGTERM)
-        assert up.wait(90) == 0, (tmp_path / "up.log").read_text()
 
 
 def test_up_refuses_several_workers_on_sqlite(tmp_path: Path) -> None:

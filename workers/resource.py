@@ -44,7 +44,7 @@ from ..routing.contract.errors import (
     ChangeNotApplicable,
     FieldNotOwned,
     ResourceError,
-    ResourceRefused,
+    ResourceRejected,
     ResourceUnavailable,
     StoreUnavailable,
     WriteConflict,
@@ -76,7 +76,7 @@ class Snapshot:
 
 class VersionedResource(Protocol):
     """A place that holds records with versions. Implementations raise
-    :class:`WriteConflict`, :class:`WriteOutcomeUnknown`, :class:`ResourceRefused` and
+    :class:`WriteConflict`, :class:`WriteOutcomeUnknown`, :class:`ResourceRejected` and
     :class:`ResourceUnavailable`, and nothing else on purpose."""
 
     def read(self, key: str) -> Snapshot:
@@ -125,7 +125,7 @@ class Refused:
 class Review:
     """An event that did not apply, with what a person needs to decide on it."""
 
-    reason: str  # conflict | outcome_unknown | not_owned | type | refused
+    reason: str  # conflict | outcome_unknown | not_owned | type | rejected
     error: str
     attempted_change: dict[str, Any]
     version_read: Version | None
@@ -281,8 +281,8 @@ class _Apply:
         except WriteOutcomeUnknown:
             self.sent = read
             return None
-        except ResourceRefused as exc:
-            return self.review("refused", str(exc), read, attempt, self.found())
+        except ResourceRejected as exc:
+            return self.review("rejected", str(exc), read, attempt, self.found())
         except ResourceUnavailable:
             if self.sent is not None:  # retried later from scratch, the doubt would be lost
                 return self.unknown(self.sent, attempt, self.found())

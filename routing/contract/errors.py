@@ -15,7 +15,7 @@
     │   │   └── RecordMerged        the record is a tombstone naming its survivor
     │   └── AlreadyApplied
     ├── ResourceError               a record that lives elsewhere (keylane.workers.resource)
-    │   ├── WriteConflict, WriteOutcomeUnknown, ResourceRefused
+    │   ├── WriteConflict, WriteOutcomeUnknown, ResourceRejected
     │   └── ResourceUnavailable
     ├── HandlerError                a source's handler
     │   ├── HandlerTimeout
@@ -175,12 +175,18 @@ class WriteOutcomeUnknown(ResourceError):
     """The write was sent but its answer was lost: it may or may not have happened."""
 
 
-class ResourceRefused(ResourceError):
-    """The resource refused the request for good (a 4xx, a constraint): not retried."""
+class ResourceRejected(ResourceError):
+    """The resource rejected the request for good (a 4xx, a constraint): not retried; a
+    ``rejected`` dead letter, as an HTTP forward's 4xx is. ("Refused" is kept for an event
+    whose conditions did not hold.)"""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+#: The name this error had before 0.2.0 (code that raises or catches it keeps working).
+ResourceRefused = ResourceRejected
 
 
 class ResourceUnavailable(ResourceError, StoreUnavailable):

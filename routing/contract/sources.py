@@ -2,7 +2,7 @@
 
 With no sources file, one source exists: ``demo``, unsigned, taking keylane's own envelope
 and owning every field. A sources file (``KEYLANE_SOURCES_FILE``, TOML) replaces it; see
-README "Sources" for a complete example. Per source:
+the docs page "Sources and signatures" (ops/docs/sources.md) for a complete example. Per source:
 
 * ``verify``: the signature scheme and the environment variables holding its secrets;
 * ``format``: ``keylane`` (the envelope) or ``mapped`` (``record_key`` template plus a

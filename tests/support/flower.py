@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -36,3 +37,16 @@ def tasks(flower: str) -> dict[str, dict[str, Any]]:
     return {
         uuid: {**row, "args": row.get("args") or ""} for uuid, row in api(flower, "tasks").items()
     }
+
+
+def worker_counts(flower: str) -> dict[str, tuple[int, int, int]]:
+    """The Workers page's counts, by worker: (Processed, Failed, Succeeded), as the page
+    shows them (Flower counts its ``task-received``, ``task-failed`` and
+    ``task-succeeded`` events)."""
+    page = httpx.get(f"{flower}/workers", auth=AUTH, timeout=10).text
+    counts = {}
+    for name, cells in re.findall(r'<tr id="[^"]*">\s*<td>([^<]+)</td>(.*?)</tr>', page, re.S):
+        numbers = [int(n.replace(",", "")) for n in re.findall(r"<td>([\d,]+)</td>", cells)]
+        _active, processed, failed, succeeded = numbers[:4]
+        counts[name] = (processed, failed, succeeded)
+    return counts

@@ -3,7 +3,10 @@ written, read from the page itself; and the example CRM some of them talk to."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -114,3 +117,72 @@ def example_crm(line: str, log_path: Path) -> Iterator[str]:
     finally:
         os.killpg(crm.pid, signal.SIGTERM)
         crm.wait(30)
+
+
+def shell_commands(block: str) -> list[tuple[str, list[str]]]:
+    """A page's shell block as a person types it: each command (a quoted argument or a
+    here-document may span lines) with the ``# `` lines under it, which show what it
+    prints."""
+    commands: list[tuple[str, list[str]]] = []
+    pending = ""
+    for line in block.splitlines():
+        if not pending and line.startswith("# "):
+            commands[-1][1].append(line[2:])
+            continue
+        pending = f"{pending}\n{line}" if pending else line
+        heredoc = re.search(r"<<'?(\w+)'?", pending)
+        if heredoc and not pending.endswith(f"\n{heredoc.group(1)}"):
+            continue  # a here-document goes on to its end marker
+        try:
+            shlex.split(pending, comments=True)
+        except ValueError:  # a quote still open: the command goes on
+            continue
+        commands.append((pending, []))
+        pending = ""
+    return commands
+
+
+def processes_in_group(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (a shell's, and what it left running)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone while read
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+@contextmanager
+def pasted(block: str, cwd: Path, env: dict[str, str], logs: Path) -> Iterator[Path]:
+    """``block`` pasted whole into a shell (bash reads it line by line from its input, as
+    a terminal gives it) in ``cwd``; waits for the shell to end and gives the file its
+    output went to (its errors to ``logs/stderr``). What the block left running in the
+    background (``keylane up &``) is stopped on the way out as ``kill %1`` stops it:
+    SIGTERM, then every process of the shell's group gone."""
+    out, err = logs / "stdout", logs / "stderr"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        shell = subprocess.Popen(
+            ["bash"],
+            stdin=subprocess.PIPE,
+            stdout=stdout,
+            stderr=stderr,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+        assert shell.stdin is not None
+        shell.stdin.write(block.encode())
+        shell.stdin.close()
+    try:
+        assert shell.wait(300) == 0, out.read_text() + err.read_text()
+        yield out
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, signal.SIGTERM)
+        shell.wait(30)
+        wait_until(
+            lambda: not processes_in_group(shell.pid), 90, "the stack to stop", err.read_text
+        )

@@ -3,11 +3,11 @@
 Answers become the discipline's errors (:mod:`keylane.workers.resource`):
 
 * a read: 404 is an absent record; 429, a 5xx or no connection is
-  :class:`ResourceUnavailable`; any other 4xx is :class:`ResourceRefused`;
+  :class:`ResourceUnavailable`; any other 4xx is :class:`ResourceRejected`;
 * a write: 412 or 409 (and 404 for an update: the record went away) is
   :class:`WriteConflict`; 429 or a connection never made is :class:`ResourceUnavailable`
   (nothing was sent); a 5xx, a timeout or a reset after sending is
-  :class:`WriteOutcomeUnknown`; any other 4xx is :class:`ResourceRefused`.
+  :class:`WriteOutcomeUnknown`; any other 4xx is :class:`ResourceRejected`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from ...routing.contract.errors import (
-    ResourceRefused,
+    ResourceRejected,
     ResourceUnavailable,
     WriteConflict,
     WriteOutcomeUnknown,
@@ -58,7 +58,7 @@ class HttpRecords:
         try:
             return self.config.url_for(key)
         except ValueError as exc:
-            raise ResourceRefused(str(exc)) from None
+            raise ResourceRejected(str(exc)) from None
 
     def get(self, key: str) -> Answer | None:
         """The record's document, or None when it does not exist."""
@@ -71,7 +71,7 @@ class HttpRecords:
         if response.status_code == 429 or response.status_code >= 500:
             raise _unavailable("GET", key, response)
         if response.status_code >= 400:
-            raise ResourceRefused(_describe("GET", key, response), response.status_code)
+            raise ResourceRejected(_describe("GET", key, response), response.status_code)
         return _answer(response)
 
     def send(
@@ -94,7 +94,7 @@ class HttpRecords:
         if status >= 500:
             raise WriteOutcomeUnknown(_describe(method, key, response))
         if status >= 400:
-            raise ResourceRefused(_describe(method, key, response), status)
+            raise ResourceRejected(_describe(method, key, response), status)
         return _answer(response)
 
     def read(self, key: str, version_of: Callable[[Answer, dict[str, Any]], Version]) -> Snapshot:
@@ -114,7 +114,7 @@ class HttpRecords:
         if inner is None:
             return {}
         if not isinstance(inner, dict):
-            raise ResourceRefused(
+            raise ResourceRejected(
                 f"the fields at {self.config.fields_at or 'the top'} are no object"
             )
         return dict(inner)
