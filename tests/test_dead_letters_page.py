@@ -6,17 +6,21 @@ the page shows (ages and times aside)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.readme import page_block, page_block_containing, pasted, shell_commands
+from tests.support.readme import (
+    page_block,
+    page_block_containing,
+    pasted,
+    reader_env,
+    shell_commands,
+)
 from tests.support.services import free_port
-from tests.support.stack import REPO, wait_until
+from tests.support.stack import wait_until
 
 pytestmark = pytest.mark.slow
 PAGE = "dead-letters.md"
@@ -50,14 +54,7 @@ def test_the_dead_letters_page_runs_as_written(tmp_path: Path) -> None:
     # Given a shell with keylane on PATH (as `source .venv/bin/activate` gives it), in a
     # folder of its own with no keylane configuration, the receiver on a free port
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KEYLANE_")}
-    env.update(
-        PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
-        PYTHONPATH=str(REPO),
-        KEYLANE_PORT=str(port),
-        KEYLANE_FLOWER_PORT=str(free_port()),
-        KEYLANE_OPS_PORT=str(free_port()),
-    )
+    env = reader_env(port)
     setup = page_block(PAGE, "cat > dlq-sources.toml")
     commands = shell_commands(setup)
     curls = [(c, shown) for c, shown in commands if c.startswith("curl ")]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -23,9 +22,9 @@ from keylane.routing.contract.outcomes import (
     told_names,
 )
 from keylane.routing.contract.settings import FaultSpec
-from tests.support.readme import page_block, page_block_containing, pasted
+from tests.support.readme import page_block, page_block_containing, pasted, reader_env
 from tests.support.services import free_port
-from tests.support.stack import REPO, Stack, event, wait_until
+from tests.support.stack import Stack, event, wait_until
 from tests.support.waiting import restart_under_500_waiting
 
 TOKEN = "s3cret-outcomes-token"
@@ -193,14 +192,7 @@ def test_the_curl_example_of_the_outcomes_page_runs_as_written(stack: Stack) -> 
 def test_the_token_step_of_the_outcomes_page_runs_after_the_wait_example(tmp_path: Path) -> None:
     # Given a shell with keylane on PATH, in a folder of its own, no keylane configuration
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KEYLANE_")}
-    env.update(
-        PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
-        PYTHONPATH=str(REPO),
-        KEYLANE_PORT=str(port),
-        KEYLANE_FLOWER_PORT=str(free_port()),
-        KEYLANE_OPS_PORT=str(free_port()),
-    )
+    env = reader_env(port)
     # When a reader follows the page: the stack started as Getting started starts it, the
     # waiting example, then the token step as written (which stops that stack first)
     started = page_block_containing("getting-started.md", "\nkeylane up &")

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support.services import free_port
 from tests.support.stack import REPO, Stack, wait_until
 
 DOCS = REPO / "ops" / "docs"
@@ -79,6 +80,20 @@ def install_page_app(
     sources.write_text(page_block(page, sources_line))
     stack.settings = stack.settings.model_copy(update={"sources_file": sources, "app": module})
     stack.extra_env.update(PYTHONPATH=f"{tmp}:{REPO}", **env)
+
+
+def reader_env(port: int) -> dict[str, str]:
+    """A reader's shell: keylane on PATH (as `source .venv/bin/activate` gives it), no
+    keylane configuration but the receiver on ``port`` and free ports for the rest."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEYLANE_")}
+    env.update(
+        PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
+        PYTHONPATH=str(REPO),
+        KEYLANE_PORT=str(port),
+        KEYLANE_FLOWER_PORT=str(free_port()),
+        KEYLANE_OPS_PORT=str(free_port()),
+    )
+    return env
 
 
 def keylane_command() -> list[str]:
