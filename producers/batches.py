@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -35,7 +35,30 @@ from .intake import Ignored, Intake
 from .outcome_waits import Waiter
 
 if TYPE_CHECKING:
-    from .receiver import Receiver
+    from ..routing.contract.faults import Faults
+    from ..routing.contract.settings import Settings
+    from .accept import Acceptor
+    from .outcome_waits import OutcomeWaits
+    from .queue_watch import QueueWatch
+
+
+class BatchHost(Protocol):
+    """What a batched delivery's accept uses of the receiver it is part of (the
+    receiver's own answers, so that a batch is refused as a single event would be)."""
+
+    settings: Settings
+    acceptor: Acceptor
+    waits: OutcomeWaits
+    watch: QueueWatch
+    faults: Faults
+
+    def event_of(self, source: SourceConfig, intake: Intake) -> NewEvent: ...
+    def share_of(self, source: SourceConfig) -> int: ...
+    def shard_full(self, shard: int, depth: int) -> Answer: ...
+    def throttled(self, source: str, waiting: int) -> Answer: ...
+    def overloaded(self, waiting: int) -> Answer: ...
+    def broker_down(self, exc: BrokerUnavailable) -> Answer: ...
+
 
 _ENCODE = msgspec.json.Encoder().encode
 
@@ -43,7 +66,7 @@ _ENCODE = msgspec.json.Encoder().encode
 class BatchAccept:
     """Accepts the events of batched deliveries for a receiver."""
 
-    def __init__(self, receiver: Receiver) -> None:
+    def __init__(self, receiver: BatchHost) -> None:
         self.receiver = receiver
 
     async def accept(
