@@ -128,8 +128,11 @@ def test_an_invalid_body_is_kept_with_its_body_and_the_bound_holds(
         "the newest 3 kept",
         stack.logs,
     )
-    listed = _listed(stack, "--source", "loop")
+    listed = _listed(stack, "--source", "loop", "--since", "1h")
     assert [e["status_name"] for e in listed] == ["invalid"] * 3
+    table = stack.keylane("deliveries").stdout.splitlines()  # alone: the list
+    assert [line.split()[0] for line in table[1:]] == [e["id"] for e in listed]
+    assert table[1].split()[3:5] == ["400", "invalid"]
     kept = [_shown(stack, e["id"])["body"].encode() for e in listed]
     assert kept == bodies[:1:-1]
     raw = stack.keylane("deliveries", "show", listed[0]["id"], "--body")
