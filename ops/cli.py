@@ -27,6 +27,11 @@ from .cli_lazy import LazyCommand, LazyGroup
 #: The subcommands defined in modules of their own, imported when one is used: each
 #: with its short help for ``keylane --help`` (the first sentence of its own help).
 LAZY_COMMANDS = {
+    "deliveries": LazyCommand(
+        "keylane.ops.cli_deliveries:deliveries",
+        "Deliveries the receiver turned away: list, show (alone: the list, as ``deliveries "
+        "list``).",
+    ),
     "dlq": LazyCommand(
         "keylane.ops.cli_dlq:dlq",
         "The dead-letter review queue: list, show, retry, discard, resolve, export, stats "

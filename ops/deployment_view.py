@@ -254,6 +254,22 @@ class DeploymentView:
             for entry_id, fields in entries
         ]
 
+    def door_page(
+        self, source: str, before: str, oldest: str, count: int
+    ) -> list[tuple[str, dict[bytes, bytes]]]:
+        """Up to ``count`` refusals kept for ``source`` (``routing/contract/door.py``),
+        newest first, from ``before`` (an XREVRANGE bound: ``+``, or ``(<id>`` to leave it
+        out) down to ``oldest``."""
+        with broker_errors():
+            entries: Any = self.client.xrevrange(self.keys.door(source), before, oldest, count)
+        return [(reply_text(entry_id), fields) for entry_id, fields in entries]
+
+    def door_entry(self, source: str, entry_id: str) -> dict[bytes, bytes] | None:
+        """The refusal kept for ``source`` as ``entry_id``, or None (trimmed, or never)."""
+        with broker_errors():
+            entries: Any = self.client.xrange(self.keys.door(source), entry_id, entry_id)
+        return dict(entries[0][1]) if entries else None
+
     def close(self) -> None:
         """Release the connection pool."""
         self.client.close()

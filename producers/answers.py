@@ -48,7 +48,7 @@ class Answer:
     """An HTTP answer: status, body (JSON unless ``content_type`` says otherwise) and
     extra headers."""
 
-    __slots__ = ("body", "content_type", "headers", "status", "told")
+    __slots__ = ("body", "code", "content_type", "headers", "status", "told")
 
     def __init__(
         self,
@@ -63,6 +63,8 @@ class Answer:
         self.content_type = content_type
         #: Whether the body is a told outcome (``routing/contract/outcomes.py``).
         self.told = False
+        #: An error answer's code (``error_answer``), "" otherwise.
+        self.code = ""
 
     async def send(self, send: Send) -> None:
         """Send it on an ASGI channel."""
@@ -101,7 +103,9 @@ def text_answer(status: int, text: str, headers: list[tuple[bytes, bytes]] | Non
 def error_answer(status: int, code: str, detail: str, retry_after: int | None = None) -> Answer:
     """keylane's error body, with ``Retry-After`` when the sender should come back."""
     headers = [(b"retry-after", str(retry_after).encode())] if retry_after is not None else None
-    return json_answer(status, {"error": code, "detail": detail}, headers)
+    answer = json_answer(status, {"error": code, "detail": detail}, headers)
+    answer.code = code
+    return answer
 
 
 def ignored_answer(source: str, event_type: str, reason: str) -> Answer:

@@ -50,6 +50,7 @@ from .batches import BatchAccept
 from .body import Receive, discard_body, read_body
 from .broker import EventQueue
 from .delivery import check_public_url, query_params, read_verified, target_of
+from .door import Door, DoorCounts, Seen
 from .faults import crash
 from .gateway import EnqueueResult
 from .handshakes import Handshakes
@@ -88,6 +89,8 @@ class Receiver:
         self.watch = QueueWatch(queue.redis)
         self.metrics = ReceiverMetrics(self.watch, queue.redis)
         self.metrics.registry.register(WireVersionGauge(self.acceptor.wire))
+        self.door = Door(queue.redis.door, settings.door_keep)
+        self.metrics.registry.register(DoorCounts(self.door))
         self.faults = Faults(settings.faults, crash)
         self.verifiers = verifiers_of(sources, environ)
         self.handshakes = Handshakes(sources, self.verifiers, environ, queue.redis)
@@ -111,15 +114,33 @@ class Receiver:
         query: bytes = b"",
     ) -> Answer:
         """``POST /webhooks/{source}``: the answer to one delivery (``path`` and ``query``:
-        the request's, for senders that sign or carry them)."""
+        the request's, for senders that sign or carry them). Every refusal of a known
+        source passes here, and is kept once decided (:mod:`keylane.producers.door`)."""
         source = self.sources.get(name)
         if source is None:
             await discard_body(headers, receive)
             return self.refuse(404, "unknown_source", f"no source named {name!r}")
+        seen = Seen()
+        answer = await self._decide(source, headers, receive, path, query, seen)
+        if answer.status >= 400:
+            self.door.keep(source, headers, path, query, answer, seen)
+        return answer
+
+    async def _decide(
+        self,
+        source: SourceConfig,
+        headers: dict[str, str],
+        receive: Receive,
+        path: str,
+        query: bytes,
+        seen: Seen,
+    ) -> Answer:
+        name = source.name
         try:
             form, body = await read_body(
                 headers, receive, self.settings.max_body_bytes, source.body_format
             )
+            seen.body = body
             params = query_params(query)
             if source.handshake is not None:
                 early = await self.handshakes.before_verify(source, headers, params, body)
@@ -127,6 +148,8 @@ class Receiver:
                     return early
             target = target_of(source, self.settings, path, query, params)
             parts = Parts(body, headers, params, form)
+            # A verifier raises only SignatureError: past it, the delivery is verified.
+            seen.verified = True
             read = read_verified(
                 source,
                 self.verifiers[name],
@@ -150,6 +173,7 @@ class Receiver:
                 )
             event = self.event_of(source, intake)
         except SignatureError as exc:
+            seen.verified = False
             log.info("refused a delivery for %s: %s", source.name, exc)
             return self.refuse(401, "bad_signature", str(exc))
         except InvalidEvent as exc:

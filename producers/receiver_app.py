@@ -150,6 +150,7 @@ def create_receiver(
             receiver.watch.stop()
             await watcher
             await receiver.waits.close()
+            await receiver.door.close()
             await queue.close()
 
     async def webhook_elsewhere(request: Request) -> Response:

@@ -129,6 +129,11 @@ class RedisKeys:
         kept until an operator forgets it (``keylane sources forget-secret``)."""
         return f"{self.prefix}hook-secret:{source}"
 
+    def door(self, source: str) -> str:
+        """Stream of the deliveries the receiver turned away for ``source`` (a 4xx or 503),
+        bounded by ``KEYLANE_DOOR_KEEP`` (``routing/contract/door.py``)."""
+        return f"{self.prefix}door:{source}"
+
     @property
     def doorbell(self) -> str:
         """Pub/sub channel: a shard number is published when its queue gets a message."""

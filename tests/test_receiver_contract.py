@@ -32,6 +32,8 @@ def _snapshot(stack: Stack) -> dict[str, Any]:
         key = raw.decode()
         if any(part in key for part in ignored):
             continue  # heartbeats move by themselves
+        if key.startswith(stack.settings.keys.door("")):
+            continue  # a refusal kept at the door (ops/docs/deliveries.md): no mark, no event
         kind = client.type(raw).decode()
         size = {
             "list": client.llen,

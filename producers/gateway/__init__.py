@@ -3,6 +3,7 @@
 * :mod:`.receiver_gateway`: the receiver's accept script, the review message of a reused
   id, the dedupe marks of the RabbitMQ receiver, and the reads behind backpressure and
   ``/metrics``;
+* :mod:`.door_log`: the deliveries the receiver turned away, a bounded stream per source;
 * :mod:`.outcome_feed`: the told outcomes a receiver's waiting requests hear;
 * :mod:`.schedule_gateway`: the scheduler's steps, run leases and run log;
 * :mod:`.redis_calls`: how each of them runs a Lua script (``scripts/`` beside it) and
@@ -12,6 +13,7 @@ Only the modules of this package import the Redis client on the producer side
 (``tests/test_layers.py``).
 """
 
+from .door_log import DoorEntry, DoorLog
 from .outcome_feed import OutcomeFeed
 from .queue_reads import MetricSnapshot, QueueReads, QueueSnapshot
 from .receiver_gateway import (
@@ -31,6 +33,8 @@ __all__ = [
     "POOL_WAIT_S",
     "SCRIPTS",
     "BatchResult",
+    "DoorEntry",
+    "DoorLog",
     "Enqueue",
     "EnqueueResult",
     "LoadedScript",

@@ -31,6 +31,7 @@ from ...routing.contract.settings import Settings
 from ...routing.redis_keys import RedisKeys
 from ..mark_batches import Mark, MarkBatches
 from ..rounds import Rounds
+from .door_log import DoorLog
 from .outcome_feed import OutcomeFeed
 from .queue_reads import QueueReads
 from .redis_calls import LoadedScript, as_bytes, broker_errors, run_script, script_text
@@ -121,6 +122,8 @@ class ReceiverGateway:
         self.marks = MarkBatches(self.marks_round)
         #: The deployment's state as the queue watch, /metrics and the wire choice read it.
         self.reads = QueueReads(client, keys, shards)
+        #: The deliveries turned away, kept per source.
+        self.door = DoorLog(client, keys)
         self._mark_seen = LoadedScript(script_text("mark_seen"))
         self._accept = LoadedScript(script_text("accept"))
         #: The accepts of requests that arrive at once, in one script call.

@@ -1,0 +1,158 @@
+"""Keeping the deliveries the receiver turns away (ops/docs/deliveries.md).
+
+The receiver decides its answer first; :meth:`Door.keep` then only queues what it saw in
+memory and returns. One task per process writes what is queued to Redis, many refusals in
+one round trip (:class:`~keylane.producers.gateway.DoorLog`), so keeping costs the answer
+no Redis call and no connection of the accept path's pool. A failure to keep is logged
+and counted (``keylane_door_keep_failures_total``), never answered: the 4xx stays a 4xx.
+Past :data:`DOOR_QUEUE_MAX` refusals waiting to be written (Redis slow, a flood), more
+are dropped and counted. Nothing here marks an id seen or writes the journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import msgspec
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ..routing.contract.door import door_entry, is_kept, redact_headers, redact_query, scheme_reads
+from ..routing.contract.errors import BrokerUnavailable
+from ..routing.contract.sources import SourceConfig
+from .answers import Answer
+from .gateway import DoorEntry, DoorLog
+
+log = logging.getLogger("keylane.receiver")
+
+#: The most refusals waiting to be written; more are dropped (and counted).
+DOOR_QUEUE_MAX = 1000
+#: The least time between two log lines about refusals that could not be kept.
+LOG_EVERY_S = 60.0
+
+
+@dataclass
+class Seen:
+    """What the receiver saw of a delivery as it went: its body once read, and whether its
+    check was passed (a body is kept only then)."""
+
+    body: bytes | None = None
+    verified: bool = False
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    source: SourceConfig
+    headers: dict[str, str]
+    path: str
+    query: bytes
+    answer: Answer
+    seen: Seen
+
+
+class Door:
+    """One receiver process's keeper of refusals: :meth:`keep` queues, a task writes."""
+
+    def __init__(self, log_: DoorLog, keep_per_source: int) -> None:
+        self.log = log_
+        self.keep_per_source = keep_per_source
+        self.kept = 0
+        self.failed = 0
+        self.dropped = 0
+        self._queue: list[_Refusal] = []
+        self._writer: asyncio.Task[None] | None = None
+        self._logged_at = 0.0
+
+    def keep(
+        self,
+        source: SourceConfig,
+        headers: dict[str, str],
+        path: str,
+        query: bytes,
+        answer: Answer,
+        seen: Seen,
+    ) -> None:
+        """Queue the refusal ``answer`` of a delivery to ``source`` to be kept, if it is
+        one that is kept (``routing/contract/door.py``: :func:`is_kept`)."""
+        if self.keep_per_source == 0 or not is_kept(answer.status, answer.code):
+            return
+        if len(self._queue) >= DOOR_QUEUE_MAX:
+            self.dropped += 1
+            return
+        self._queue.append(_Refusal(source, headers, path, query, answer, seen))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write())
+
+    async def _write(self) -> None:
+        while self._queue:
+            taken, self._queue = self._queue, []
+            entries = [entry_of(r) for r in taken]
+            try:
+                failed = await self.log.keep(entries, self.keep_per_source)
+            except BrokerUnavailable as exc:
+                self._failed(len(entries), str(exc))
+                continue
+            self.kept += len(entries) - failed
+            if failed:
+                self._failed(failed, "Redis refused the XADD")
+
+    def _failed(self, count: int, why: str) -> None:
+        self.failed += count
+        now = time.monotonic()
+        if now - self._logged_at >= LOG_EVERY_S:
+            self._logged_at = now
+            log.warning(
+                "could not keep %d refused deliveries (%d so far): %s", count, self.failed, why
+            )
+
+    async def close(self) -> None:
+        """Write what is still queued (at shutdown)."""
+        if self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)
+
+
+def entry_of(refusal: _Refusal) -> DoorEntry:
+    """What is kept of ``refusal``: redacted, its body only when verified and not a 401."""
+    named_headers, named_params = scheme_reads(refusal.source.verify)
+    answer = refusal.answer
+    detail = ""
+    if answer.code:
+        detail = str(msgspec.json.decode(answer.body).get("detail", ""))
+    entry = door_entry(
+        source=refusal.source.name,
+        method="POST",
+        path=refusal.path,
+        query=redact_query(refusal.query, named_params),
+        headers=redact_headers(refusal.headers, named_headers),
+        status=answer.status,
+        code=answer.code,
+        detail=detail,
+        body=refusal.seen.body,
+        verified=refusal.seen.verified and answer.status != 401,
+    )
+    return refusal.source.name, entry
+
+
+class DoorCounts(Collector):
+    """The door's counters for ``/metrics``."""
+
+    def __init__(self, door: Door) -> None:
+        self.door = door
+
+    def collect(self) -> Iterable[Metric]:
+        for name, value, text in (
+            ("keylane_door_kept", self.door.kept, "Refused deliveries kept (door streams)."),
+            (
+                "keylane_door_keep_failures",
+                self.door.failed + self.door.dropped,
+                "Refused deliveries that could not be kept (Redis refused, or too many "
+                "waiting to be written).",
+            ),
+        ):
+            metric = CounterMetricFamily(name, text)
+            metric.add_metric([], value)
+            yield metric
