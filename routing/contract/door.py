@@ -25,7 +25,7 @@ from .presets import PRESETS
 from .signing import HmacConfig, PresetConfig, VerifyConfig
 
 #: The most of a refused body kept (its size and SHA-256 are of the whole body).
-DOOR_BODY_MAX_BYTES = 64 * 1024
+DOOR_BODY_MAX_BYTES = 16 * 1024
 #: The most headers kept of one delivery, and the most of each value.
 DOOR_MAX_HEADERS = 64
 DOOR_HEADER_MAX_CHARS = 1024
