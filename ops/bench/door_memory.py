@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from ...routing.contract.door import DOOR_BODY_MAX_BYTES, door_entry, redact_headers
+from ...routing.contract.replies import reply_int
 
 HEADERS = {
     "host": "hooks.example.com",
@@ -64,7 +65,7 @@ def measure(client: redis.Redis, count: int, size: int | None, status: int) -> t
         fields: dict[Any, Any] = dict(entry)
         pipe.xadd(key, fields, maxlen=count, approximate=False)
     pipe.execute()
-    used = int(client.memory_usage(key, samples=0) or 0)
+    used = reply_int(client.memory_usage(key, samples=0))
     client.delete(key)
     return len(body_of(0, size)), used
 
@@ -74,7 +75,8 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=1000)
     args = parser.parse_args()
     client = redis.Redis.from_url(os.environ.get("KEYLANE_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    print(f"redis {client.info('server')['redis_version']}, {args.entries} entries per stream")
+    server: Any = client.info("server")  # (typed as an Awaitable too before redis-py 8)
+    print(f"redis {server['redis_version']}, {args.entries} entries per stream")
     for name, size, status in (
         ("400, a small JSON body", None, 400),
         ("401, metadata only", None, 401),

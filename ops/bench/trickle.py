@@ -24,6 +24,7 @@ from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -85,7 +86,7 @@ class Meter:
 
     def sample(self) -> Sample:
         """The counters now."""
-        stats = self.client.info("commandstats")
+        stats: Any = self.client.info("commandstats")  # (an Awaitable too before redis-py 8)
         commands: Counter[str] = Counter()
         for name, values in stats.items():
             command = str(name).removeprefix("cmdstat_")
