@@ -1,12 +1,14 @@
 """Keeping the deliveries the receiver turns away (ops/docs/deliveries.md).
 
-The receiver decides its answer first; :meth:`Door.keep` then only queues what it saw in
-memory and returns. One task per process writes what is queued to Redis, many refusals in
-one round trip (:class:`~keylane.producers.gateway.DoorLog`), so keeping costs the answer
-no Redis call and no connection of the accept path's pool. A failure to keep is logged
-and counted (``keylane_door_keep_failures_total``), never answered: the 4xx stays a 4xx.
-Past :data:`DOOR_QUEUE_MAX` refusals waiting to be written (Redis slow, a flood), more
-are dropped and counted. Nothing here marks an id seen or writes the journal.
+The receiver decides its answer first; :meth:`Door.keep` then makes the entry that is
+kept (redacted, its body cut at the cap or left out: what waits in memory is never more
+than what Redis will hold) and queues it. One task per process writes what is queued to
+Redis, many refusals in one round trip (:class:`~keylane.producers.gateway.DoorLog`, on
+the receiver's Redis client: one connection at a time), so keeping costs the answer no
+Redis call. A failure to keep is logged and counted (``keylane_door_keep_failures_total``),
+never answered: the 4xx stays a 4xx. Past :data:`DOOR_QUEUE_MAX` refusals waiting to be
+written (Redis slow, a flood), more are dropped and counted. Nothing here marks an id seen
+or writes the journal.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class Door:
         self.kept = 0
         self.failed = 0
         self.dropped = 0
-        self._queue: list[_Refusal] = []
+        self._queue: list[DoorEntry] = []
         self._writer: asyncio.Task[None] | None = None
         self._logged_at = 0.0
 
@@ -83,18 +85,26 @@ class Door:
         if len(self._queue) >= DOOR_QUEUE_MAX:
             self.dropped += 1
             return
-        self._queue.append(_Refusal(source, headers, path, query, answer, seen))
+        try:
+            entry = entry_of(_Refusal(source, headers, path, query, answer, seen))
+        except Exception as exc:  # keeping never changes the answer
+            self._failed(1, f"could not make its entry: {exc!r}")
+            return
+        self._queue.append(entry)
         if self._writer is None or self._writer.done():
             self._writer = asyncio.get_running_loop().create_task(self._write())
 
     async def _write(self) -> None:
         while self._queue:
-            taken, self._queue = self._queue, []
-            entries = [entry_of(r) for r in taken]
+            entries, self._queue = self._queue, []
             try:
                 failed = await self.log.keep(entries, self.keep_per_source)
             except BrokerUnavailable as exc:
                 self._failed(len(entries), str(exc))
+                continue
+            except Exception as exc:  # the task goes on: a refusal is kept or counted
+                log.exception("keeping refused deliveries failed")
+                self._failed(len(entries), repr(exc))
                 continue
             self.kept += len(entries) - failed
             if failed:

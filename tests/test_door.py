@@ -4,6 +4,7 @@ without its body; keeping one marks nothing seen and never changes the answer.""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -13,7 +14,14 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import redis.asyncio as aioredis
 
+from keylane.producers.answers import error_answer
+from keylane.producers.door import Door, Seen
+from keylane.producers.gateway import DoorEntry, DoorLog
+from keylane.routing.contract.door import DOOR_BODY_MAX_BYTES
+from keylane.routing.contract.sources import parse_sources
+from keylane.routing.redis_keys import RedisKeys
 from tests.support.stack import Stack, event, wait_until
 
 SECRET = "forms-secret-123"
@@ -208,3 +216,35 @@ def test_a_redis_that_refuses_to_keep_does_not_change_the_answer(
     assert _post(stack, "loop", bad) == 400
     assert client.type(stack.settings.keys.door("loop")) == b"string"
     client.close()
+
+
+def test_a_refusal_waiting_to_be_written_holds_no_more_than_its_stream_will(
+    redis_url: str, namespace: str
+) -> None:
+    # Given a door whose writer cannot run yet (the loop is busy answering)
+    source = parse_sources(
+        '[sources.door]\nverify = { scheme = "hmac", secrets_env = ["DOOR_S"], header = "X-Sig" }\n'
+    ).get("door")
+    assert source is not None
+    big = b"x" * (1 << 20)
+
+    async def queued() -> list[DoorEntry]:
+        client = aioredis.Redis.from_url(redis_url)
+        door = Door(DoorLog(client, RedisKeys(namespace)), keep_per_source=10)
+        refused = error_answer(400, "malformed_json", "no")
+        unverified = error_answer(401, "bad_signature", "no")
+        # When a verified 1 MiB body and an unverified one are refused
+        door.keep(source, {"x-sig": "s"}, "/webhooks/door", b"", refused, Seen(big, True))
+        door.keep(source, {"x-sig": "s"}, "/webhooks/door", b"", unverified, Seen(big, False))
+        waiting = list(door._queue)
+        await door.close()
+        await client.aclose()
+        return waiting
+
+    waiting = asyncio.run(queued())
+    # Then what waits in memory is the entry as it will be kept: the body cut at the cap,
+    # the unverified one's left out, both with the whole body's size
+    (_, verified), (_, unverified) = waiting
+    assert len(verified["body"]) == DOOR_BODY_MAX_BYTES
+    assert "body" not in unverified
+    assert verified["size"] == unverified["size"] == 1 << 20
