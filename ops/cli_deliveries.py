@@ -5,6 +5,7 @@ unverified, throttled, overloaded), as it kept them in a bounded Redis stream pe
 from __future__ import annotations
 
 import base64
+import re
 import sys
 import time
 from typing import Any
@@ -60,7 +61,7 @@ def list_command(
     names = list(sources) or load_sources(settings).names()
     wanted = _statuses(statuses)
     oldest = "-" if since is None else str(int((time.time() - parse_age(since)) * 1000))
-    start = "+" if before is None else "(" + before.rpartition("/")[2]
+    start = "+" if before is None else "(" + _delivery_id(before)[1]
     view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)
     try:
         found = [e for name in names for e in _matching(view, name, start, oldest, wanted, limit)]
@@ -99,9 +100,7 @@ def show(ctx: click.Context, delivery_id: str, as_json: bool, with_body: bool) -
     """The delivery ID (``SOURCE/STREAM-ID``, as ``deliveries list`` names it): its
     request (headers redacted), the answer, the body's size and SHA-256; ``--body``: the
     body kept (none for an unverified one)."""
-    source, _, entry_id = delivery_id.rpartition("/")
-    if not source or not entry_id:
-        raise KeylaneError(f"not a delivery id: {delivery_id!r} (SOURCE/STREAM-ID)")
+    source, entry_id = _delivery_id(delivery_id)
     settings = settings_of(ctx)
     view = DeploymentView.from_url(settings.redis_dsn(), settings.keys, settings.shards)
     try:
@@ -181,3 +180,15 @@ def _kept(e: dict[str, Any]) -> str:
     if e["body_cut"]:
         return f"the first {e['body_kept']} bytes kept (--body)"
     return "kept whole (--body)" if e["size"] else "empty"
+
+
+STREAM_ID = re.compile(r"\d+(-\d+)?")
+
+
+def _delivery_id(text: str) -> tuple[str, str]:
+    """``SOURCE/STREAM-ID`` as its source and stream id; a clear error for anything else
+    (Redis would refuse it, and its refusal reads as Redis being down)."""
+    source, _, entry_id = text.rpartition("/")
+    if not source or not STREAM_ID.fullmatch(entry_id):
+        raise KeylaneError(f"not a delivery id: {text!r} (SOURCE/STREAM-ID, as listed)")
+    return source, entry_id

@@ -91,8 +91,9 @@ def send(
             request.url, content=request.body, headers=request.headers, timeout=timeout
         )
     except httpx.HTTPError as exc:
+        where = request.url.split("?", 1)[0]  # (a token may ride in the query)
         raise ConfigError(
-            f"could not send to {request.url}: {exc} (is the receiver running? keylane up)"
+            f"could not send to {where}: {type(exc).__name__} (is the receiver running? keylane up)"
         ) from None
     if request.event_id is not None:
         click.echo(f"event id {request.event_id}", err=True)

@@ -25,9 +25,15 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     if not sep or not field:
         raise KeylaneError(f"expected FIELD=VALUE, got {text!r}")
     try:
-        return field, json.loads(raw)
+        value = json.loads(raw, parse_constant=_not_json)
     except ValueError:
         return field, raw
+    return field, value
+
+
+def _not_json(name: str) -> Any:
+    """``NaN``, ``Infinity``: Python's json reads them, JSON has no such value."""
+    raise KeylaneError(f"{name} is not a JSON value (quote it for the text {name!r})")
 
 
 def edit_record(

@@ -16,10 +16,12 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from keylane.ops.cli_deliveries import _delivery_id
 from keylane.producers.answers import error_answer
 from keylane.producers.door import Door, Seen
 from keylane.producers.gateway import DoorEntry, DoorLog
 from keylane.routing.contract.door import DOOR_BODY_MAX_BYTES
+from keylane.routing.contract.errors import KeylaneError
 from keylane.routing.contract.sources import parse_sources
 from keylane.routing.redis_keys import RedisKeys
 from tests.support.stack import Stack, event, wait_until
@@ -248,3 +250,13 @@ def test_a_refusal_waiting_to_be_written_holds_no_more_than_its_stream_will(
     assert len(verified["body"]) == DOOR_BODY_MAX_BYTES
     assert "body" not in unverified
     assert verified["size"] == unverified["size"] == 1 << 20
+
+
+def test_a_delivery_id_that_is_not_one_is_said_so_before_redis_is_asked() -> None:
+    # Given ids as `deliveries list` prints them, and ones it never prints
+    assert _delivery_id("stripe/1733580000000-0") == ("stripe", "1733580000000-0")
+    assert _delivery_id("a/b/1733580000000") == ("a/b", "1733580000000")
+    # Then anything else is a clear error (Redis's refusal read as Redis being down)
+    for text in ("stripe/garbage", "1733580000000-0", "stripe/", "stripe/1-2-3"):
+        with pytest.raises(KeylaneError, match="not a delivery id"):
+            _delivery_id(text)

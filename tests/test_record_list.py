@@ -9,10 +9,12 @@ import shlex
 import subprocess
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from keylane.ops.outside_edit import edit_record
+from keylane.ops.outside_edit import edit_record, parse_assignment
+from keylane.routing.contract.errors import KeylaneError
 from keylane.workers.store_rows import RecordQuery
 from keylane.workers.stores import open_store
 from keylane.workers.stores.sql import SqlStore
@@ -203,3 +205,13 @@ def test_keylane_records_list_pages_with_the_command_it_prints(store_url: str) -
     assert _run(store_url, "records").stdout.splitlines()[1].startswith("crm:1 ")
     nothing = _run(store_url, "records", "list", "--prefix", "nope:")
     assert (nothing.returncode, nothing.stdout) == (0, "no records\n")
+
+
+def test_a_where_value_that_json_has_not_is_refused_not_a_traceback() -> None:
+    # Given values Python's json reads but JSON has not, and ones it has
+    # Then NaN and Infinity are refused with what to do, quoted text and numbers are read
+    for text in ("n=NaN", "n=Infinity", "n=-Infinity"):
+        with pytest.raises(KeylaneError, match="not a JSON value"):
+            parse_assignment(text)
+    assert parse_assignment('n="NaN"') == ("n", "NaN")
+    assert parse_assignment("n=1.5") == ("n", 1.5)

@@ -37,8 +37,9 @@ def list_records(d: Dialect, cur: Cursor, query: RecordQuery) -> RecordPage:
 
 
 def _read(d: Dialect, cur: Cursor, query: RecordQuery, after: str, limit: int) -> list[Record]:
-    conditions = ["key > ?", "substr(key, 1, ?) = ?"]
-    params: list[Any] = [after, len(query.prefix), query.prefix]
+    # (every key with the prefix sorts at or after it: the key index starts the scan there)
+    conditions = ["key > ?", "key >= ?", "substr(key, 1, ?) = ?"]
+    params: list[Any] = [after, query.prefix, len(query.prefix), query.prefix]
     if not query.merged:
         conditions.append("merged_into IS NULL")
     for name, value in query.where:
