@@ -65,6 +65,8 @@ class QueueWatch:
     #: Events waiting in all shard queues, as last seen (summed once per poll: every
     #: delivery reads it).
     total_depth: int = 0
+    #: The last full poll's depth less the backlog then (see :meth:`poll`).
+    _backlog_offset: int = 0
     #: Whether a delivery asked for the depths since the last poll (:meth:`asked`).
     wanted: bool = False
     _stopped: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
@@ -133,13 +135,17 @@ class QueueWatch:
             view.oldest_accepted_at = _accepted_at(snapshot.heads[shard])
         self._drained(snapshot.drained, now)
         self.total_depth = sum(snapshot.depths)
+        # What the backlog does not count of the depth (held records' events are counted
+        # there, in-flight ones not in the depth): the light polls keep this difference,
+        # so the global depth moves with the backlog between full polls, not jumps to it.
+        self._backlog_offset = self.total_depth - snapshot.waiting
         self.polled_at = now
 
     async def poll_drains(self) -> None:
         """Read the drain counts and the backlog (the depths stay as last polled)."""
         drained, waiting = await self.gateway.reads.drains()
         self._drained(drained, time.monotonic())
-        self.total_depth = waiting
+        self.total_depth = max(0, waiting + self._backlog_offset)
 
     def _drained(self, drained: dict[int, int], now: float) -> None:
         """Each shard's drain rate from its count, since the counts were last read."""

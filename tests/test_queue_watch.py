@@ -35,7 +35,7 @@ def test_between_full_polls_the_watch_reads_two_commands_and_follows_the_drains(
     sync.lpush(queue, b"m1", b"m2", b"m3")
     sync.hset(KEYS.backlog, mapping={"crm": 5, "forms": -1})
 
-    async def main() -> tuple[int, int, QueueWatch]:
+    async def main() -> tuple[int, int, QueueWatch, int]:
         client = aioredis.Redis.from_url(private_redis.url)
         gateway = ReceiverGateway(client, KEYS, SHARDS)
         try:
@@ -49,20 +49,26 @@ def test_between_full_polls_the_watch_reads_two_commands_and_follows_the_drains(
             before = commands(sync)
             await watch.poll_drains()
             light = commands(sync) - before
-            return full, light, watch
+            # And, after 4 more events of the source were accepted, reads them again
+            sync.hincrby(KEYS.backlog, "crm", 4)
+            unchanged = watch.total_depth
+            await watch.poll_drains()
+            return full, light, watch, unchanged
         finally:
             await gateway.close()
 
-    full, light, watch = asyncio.run(main())
+    full, light, watch, unchanged = asyncio.run(main())
     # Then the full poll read each shard (two commands a shard, besides the hashes) and
     # saw shard 2's depth
     assert full >= 2 * SHARDS.count
     assert watch.views[2].depth == 3
-    # And the drains cost two commands, kept the depths, and gave shard 2 a drain rate and
-    # the global depth the backlog counts (a negative count counting as none)
+    # And the drains cost two commands, kept the depths, and gave shard 2 a drain rate; the
+    # global depth is the full poll's while the backlog stays as it was, and moves with the
+    # backlog after (a negative count counting as none), not jumping between the two counts
     assert light == 2
     assert watch.views[2].depth == 3
     assert watch.views[2].rate_per_s > 0
     assert watch.views[2].drained_at is not None
     assert watch.views[1].rate_per_s == 0
-    assert watch.total_depth == 5
+    assert unchanged == 3
+    assert watch.total_depth == 3 + 4

@@ -30,6 +30,8 @@ class QueueSnapshot:
     depths: list[int]
     heads: list[bytes | None]
     drained: dict[int, int]
+    #: The events waiting as the sources' backlog counts them, at the same instant.
+    waiting: int = 0
 
 
 @dataclass(frozen=True)
@@ -67,14 +69,16 @@ class QueueReads:
             pipe.lindex(queue, -1)
         pipe.hgetall(self.keys.drained)
         pipe.hgetall(self.keys.depth)
+        pipe.hgetall(self.keys.backlog)
         with broker_errors():
             replies = await pipe.execute()
         n = self.shards.count
-        admitted = {int(k): int(v) for k, v in replies[-1].items()}
+        admitted = {int(k): int(v) for k, v in replies[-2].items()}
         return QueueSnapshot(
             depths=[int(replies[2 * s]) + admitted.get(s, 0) for s in range(n)],
             heads=[replies[2 * s + 1] for s in range(n)],
-            drained={int(k): int(v) for k, v in replies[-2].items()},
+            drained={int(k): int(v) for k, v in replies[-3].items()},
+            waiting=_waiting(replies[-1]),
         )
 
     async def drains(self) -> tuple[dict[int, int], int]:
@@ -86,8 +90,7 @@ class QueueReads:
         pipe.hgetall(self.keys.backlog)
         with broker_errors():
             drained, backlog = await pipe.execute()
-        waiting = sum(max(0, int(v)) for v in backlog.values())
-        return {int(k): int(v) for k, v in drained.items()}, waiting
+        return {int(k): int(v) for k, v in drained.items()}, _waiting(backlog)
 
     async def metrics(self) -> MetricSnapshot:
         """Counters, latency histogram, live workers, held keys, destinations, and the
@@ -146,3 +149,8 @@ def _info(raw: Any) -> dict[str, Any]:
     except ValueError:
         return {}
     return info if isinstance(info, dict) else {}
+
+
+def _waiting(backlog: dict[Any, Any]) -> int:
+    """The events waiting over all sources (a count below zero counts as none)."""
+    return sum(max(0, int(v)) for v in backlog.values())
