@@ -23,7 +23,14 @@ import msgspec
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..routing.contract.door import door_entry, is_kept, redact_headers, redact_query, scheme_reads
+from ..routing.contract.door import (
+    body_holds_secret,
+    door_entry,
+    is_kept,
+    redact_headers,
+    redact_query,
+    scheme_reads,
+)
 from ..routing.contract.errors import BrokerUnavailable
 from ..routing.contract.sources import SourceConfig
 from .answers import Answer
@@ -142,7 +149,9 @@ def entry_of(refusal: _Refusal) -> DoorEntry:
         code=answer.code,
         detail=detail,
         body=refusal.seen.body,
-        verified=refusal.seen.verified and answer.status != 401,
+        verified=refusal.seen.verified
+        and answer.status != 401
+        and not body_holds_secret(refusal.source.verify),
     )
     return refusal.source.name, entry
 

@@ -20,7 +20,7 @@ from keylane.ops.cli_deliveries import _delivery_id
 from keylane.producers.answers import error_answer
 from keylane.producers.door import Door, Seen
 from keylane.producers.gateway import DoorEntry, DoorLog
-from keylane.routing.contract.door import DOOR_BODY_MAX_BYTES
+from keylane.routing.contract.door import DOOR_BODY_MAX_BYTES, body_holds_secret
 from keylane.routing.contract.errors import KeylaneError
 from keylane.routing.contract.sources import parse_sources
 from keylane.routing.redis_keys import RedisKeys
@@ -260,3 +260,19 @@ def test_a_delivery_id_that_is_not_one_is_said_so_before_redis_is_asked() -> Non
     for text in ("stripe/garbage", "1733580000000-0", "stripe/", "stripe/1-2-3"):
         with pytest.raises(KeylaneError, match="not a delivery id"):
             _delivery_id(text)
+
+
+def test_a_source_whose_secret_is_in_the_body_keeps_no_body() -> None:
+    # Given Microsoft Graph (its clientState, a shared secret, is in each notification)
+    # and an HMAC source (its secret never travels)
+    graph = parse_sources(
+        '[sources.graph]\nverify = { scheme = "microsoft_graph", secrets_env = ["G"] }\n'
+    ).get("graph")
+    signed = parse_sources(
+        '[sources.forms]\nverify = { scheme = "hmac", secrets_env = ["F"], header = "X-Sig" }\n'
+    ).get("forms")
+    assert graph is not None
+    assert signed is not None
+    # Then only the HMAC source's refused bodies are kept
+    assert body_holds_secret(graph.verify)
+    assert not body_holds_secret(signed.verify)

@@ -69,6 +69,12 @@ def scheme_reads(verify: VerifyConfig) -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(headers), frozenset(params)
 
 
+def body_holds_secret(verify: VerifyConfig) -> bool:
+    """Whether the source's check reads its shared secret from the body itself
+    (Microsoft Graph's ``clientState``): such a body is never kept."""
+    return isinstance(verify, PresetConfig) and PRESETS[verify.scheme].check == "graph"
+
+
 def _secret(name: str, named: frozenset[str]) -> bool:
     lowered = name.lower()
     return lowered in named or any(word in lowered for word in SECRET_WORDS)
