@@ -12,7 +12,8 @@ from ..routing.contract.sources import load_sources
 from .archive import Archive
 from .cli_common import cli_store, emit_json, settings_of, when, where_to_look
 from .lookup import find_events
-from .retention import PruneReport, run_prune
+from .prune_report import PruneReport
+from .retention import run_prune
 from .tables import LABELS, render_table, span
 
 

@@ -27,9 +27,8 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..routing.contract.errors import BrokerUnavailable, ConfigError, StoreUnavailable
 from ..routing.contract.faults import Faults
@@ -40,6 +39,7 @@ from ..workers.store_rows import ArchiveRow, PrunedTable, Removal, TableAge
 from ..workers.stores import open_existing_store, open_store
 from .archive import Archive, day_of, read_rows
 from .deployment_view import RetentionRecords
+from .prune_report import PruneReport, report_figures
 
 if TYPE_CHECKING:
     from ..routing.contract.sources import Sources
@@ -53,58 +53,12 @@ BUSY_RETRIES = 20
 #: The prune's statement and lock timeout: it may wait (a first run counts a large backlog,
 #: and on SQLite it waits for the lanes to leave it the write lock); the lanes keep theirs.
 PRUNE_TIMEOUT_MS = 120_000
-TABLES = ("journal", "dead_letters", "lease_log")
 _PRUNED: dict[str, PrunedTable] = {"journal": "journal", "dead_letters": "dead_letters"}
 #: The time a row's archive folder (its day) is taken from.
 _TIME_FIELD = {"journal": "recorded_at", "dead_letters": "created_at", "lease_log": "written_at"}
 
 #: Called as the prune goes: (table, rows done, rows due).
 Progress = Callable[[str, int, int], None]
-
-
-@dataclass
-class TableReport:
-    """What the prune did to one table (a dry run: what it would do)."""
-
-    due: int = 0  # rows past their retention when the run looked
-    archived: int = 0  # rows now in the archive alone
-    kept: int = 0  # rows that changed while being archived: they stay in the table
-    files: int = 0
-    retention_s: dict[str, int] = field(default_factory=dict)  # by source, or "" for all
-
-
-@dataclass
-class PruneReport:
-    """One prune run."""
-
-    started_at: float
-    dry_run: bool
-    tables: dict[str, TableReport] = field(
-        default_factory=lambda: {t: TableReport() for t in TABLES}
-    )
-    finished_at: float = 0.0
-    recovered_files: int = 0  # pending files an interrupted run left, settled first
-    removed_temporaries: int = 0
-    forgotten_ids: int = 0
-    batches: int = 0  # delete transactions
-    longest_batch_s: float = 0.0  # the longest of them: the most a lane waited on it
-    busy_retries: int = 0  # batches tried again: the store stayed busy with the lanes
-    reclaimed: list[str] = field(default_factory=list)  # tables vacuumed (PostgreSQL)
-    reclaim_s: float = 0.0
-    skipped: str | None = None
-    warnings: list[str] = field(default_factory=list)
-    sizes: dict[str, TableAge] = field(default_factory=dict)
-    batch_s: list[float] = field(default_factory=list, repr=False)  # each one's hold
-
-    def as_json(self) -> dict[str, Any]:
-        """The report as JSON-ready data."""
-        out = asdict(self)
-        del out["batch_s"]
-        out["seconds"] = round(self.finished_at - self.started_at, 3)
-        held = sorted(self.batch_s)
-        out["batch_p50_s"] = held[len(held) // 2] if held else 0.0
-        out["batch_p99_s"] = held[int(len(held) * 0.99)] if held else 0.0
-        return out
 
 
 def run_prune(
@@ -183,7 +137,7 @@ def prune(
         with _without_redis(report, "status and metrics show the previous prune"):
             report.sizes["lease_log"] = TableAge(*records.lease_log_age())
             if not dry_run:
-                records.record(*_figures(report))
+                records.record(*report_figures(report))
     _log(report)
     return report
 
@@ -372,26 +326,6 @@ def _by_day(rows: Sequence[ArchiveRow], time_field: str) -> Iterator[tuple[str, 
     for row in rows:
         days.setdefault(day_of(float(row[time_field])), []).append(row)
     yield from sorted(days.items())
-
-
-def _figures(report: PruneReport) -> tuple[dict[str, float], dict[str, int], list[str]]:
-    """What the status and the metrics show: sizes and the last prune (and the fields of
-    tables now empty, which have no oldest row), and running totals."""
-    figures: dict[str, float] = {
-        "last_prune_at": report.finished_at,
-        "last_prune_seconds": report.finished_at - report.started_at,
-        "last_prune_longest_batch_seconds": report.longest_batch_s,
-    }
-    empty: list[str] = []
-    for table, age in report.sizes.items():
-        figures[f"{table}_rows"] = age.rows
-        if age.oldest is None:
-            empty.append(f"{table}_oldest")
-        else:
-            figures[f"{table}_oldest"] = age.oldest
-    totals = {f"archived_{t}": r.archived for t, r in report.tables.items()}
-    totals["forgotten_ids"] = report.forgotten_ids
-    return figures, totals, empty
 
 
 def _log(report: PruneReport) -> None:

@@ -47,7 +47,8 @@ from ...workers.stores import open_store
 from ...workers.stores import sql_journal as journal_sql
 from ...workers.stores.sql import SqlStore
 from ..archive import read_rows
-from ..retention import PruneReport, prune
+from ..prune_report import PruneReport
+from ..retention import prune
 from .procs import fresh_store_url, say
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
