@@ -56,9 +56,7 @@ def item(
 
 
 def start(stack: Stack, tmp_path: Path, worker: bool = True, **settings: Any) -> Stack:
-    path = tmp_path / "sources.toml"
-    path.write_text(SOURCES)
-    stack.settings = stack.settings.model_copy(update={"sources_file": path, **settings})
+    stack.use_sources(SOURCES, **settings)
     if worker:
         stack.worker(lanes=4)
     stack.receiver()
@@ -205,9 +203,7 @@ def test_on_rabbitmq_a_delivery_with_an_item_refused_is_a_503_and_its_retry_appl
     # shard (a) full: its broker refuses one more (a quorum queue's length is checked as
     # messages come, so the refusal may come a message late)
     stack: Stack = deploy(shard_count=2, shard_high_water=2)
-    path = stack.tmp / "sources.toml"
-    path.write_text(SOURCES)
-    stack.settings = stack.settings.model_copy(update={"sources_file": path})
+    stack.use_sources(SOURCES)
     stack.receiver()
     shards = stack.settings.shards
     on_a = [c for c in range(200, 400) if shards.shard_for_key(f"contact:{c}") == 0]

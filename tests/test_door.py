@@ -40,9 +40,7 @@ verify = { scheme = "none" }
 
 
 def _deploy(stack: Stack, tmp_path: Path, **settings: Any) -> None:
-    path = tmp_path / "sources.toml"
-    path.write_text(SOURCES)
-    stack.settings = stack.settings.model_copy(update={"sources_file": path, **settings})
+    stack.use_sources(SOURCES, **settings)
     stack.extra_env["FORMS_SECRET"] = SECRET
 
 

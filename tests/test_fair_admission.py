@@ -30,11 +30,7 @@ def test_a_flooding_source_is_slowed_while_another_sources_bookings_are_taken(
 ) -> None:
     # Given two sources, a global mark of 200 events (so each source's share is 100), and a
     # worker whose one lane spends 20 ms on each of the flood's events
-    path = tmp_path / "sources.toml"
-    path.write_text(SOURCES)
-    stack.settings = stack.settings.model_copy(
-        update={"sources_file": path, "global_high_water": 200}
-    )
+    stack.use_sources(SOURCES, global_high_water=200)
     flood_sleep = {"point": "worker.before_write", "action": "sleep", "match": "flood:"}
     stack.worker(lanes=1, faults=[{**flood_sleep, "sleep_ms": 20}])
     stack.receiver()

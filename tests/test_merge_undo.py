@@ -193,9 +193,7 @@ def test_an_automatic_merge_that_field_ownership_decided_gives_the_value_back_to
     stack: Stack, tmp_path: Path
 ) -> None:
     # Given a form (any field) and a CRM that owns company (among others) by name
-    sources = tmp_path / "sources.toml"
-    sources.write_text(OWNING_SOURCES)
-    stack.settings = stack.settings.model_copy(update={"sources_file": sources})
+    stack.use_sources(OWNING_SOURCES)
     stack.receiver()
     stack.worker(lanes=4)
     stack.wait_all_owned()

@@ -681,9 +681,7 @@ def test_the_source_that_owns_a_field_by_name_wins_a_merge_where_it_differs(
     stack: Stack, tmp_path: Any
 ) -> None:
     # Given a form that may write any field and a CRM that owns company by name
-    sources = tmp_path / "sources.toml"
-    sources.write_text(OWNING_SOURCES)
-    stack.settings = stack.settings.model_copy(update={"sources_file": sources})
+    stack.use_sources(OWNING_SOURCES)
     stack.receiver()
     stack.worker(lanes=4)
     stack.wait_all_owned()

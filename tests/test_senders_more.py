@@ -304,13 +304,11 @@ def test_notion_s_token_is_kept_shown_and_signs_its_deliveries(
     stack: Stack, tmp_path: Path
 ) -> None:
     # Given a Notion source with no secret of its own (Notion hands it over)
-    sources = tmp_path / "sources.toml"
-    sources.write_text(
+    stack.use_sources(
         '[sources.notion]\nverify = { scheme = "notion" }\nformat = "mapped"\n'
         'record_key = "page:{body:entity.id}"\n'
         '[sources.notion.on."page.content_updated"]\nedits = { increment = 1 }\n'
     )
-    stack.settings = stack.settings.model_copy(update={"sources_file": sources})
     stack.worker(lanes=2)
     stack.receiver()
     stack.wait_all_owned()

@@ -151,6 +151,14 @@ class Stack:
         takes one writer process (a second one refuses to start)."""
         return 1 if self.settings.store_is_sqlite else wanted
 
+    def use_sources(self, text: str, **settings: Any) -> Path:
+        """Write ``text`` as the deployment's sources file (in its own folder) and point
+        the settings at it, with any other ``settings``; processes started after use it."""
+        path = self.tmp / "sources.toml"
+        path.write_text(text)
+        self.settings = self.settings.model_copy(update={"sources_file": path, **settings})
+        return path
+
     def receiver(self, port: int | None = None, **env: Any) -> Proc:
         """Start a receiver and wait until it answers; sets :attr:`url`. Without ``port``
         it listens on one the system picks (read back from its log): no race for ports.
