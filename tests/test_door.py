@@ -16,7 +16,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from keylane.ops.cli_deliveries import _delivery_id
+from keylane.ops.deliveries import parse_delivery_id
 from keylane.producers.answers import error_answer
 from keylane.producers.door import Door, Seen
 from keylane.producers.gateway import DoorEntry, DoorLog
@@ -252,12 +252,12 @@ def test_a_refusal_waiting_to_be_written_holds_no_more_than_its_stream_will(
 
 def test_a_delivery_id_that_is_not_one_is_said_so_before_redis_is_asked() -> None:
     # Given ids as `deliveries list` prints them, and ones it never prints
-    assert _delivery_id("stripe/1733580000000-0") == ("stripe", "1733580000000-0")
-    assert _delivery_id("a/b/1733580000000") == ("a/b", "1733580000000")
+    assert parse_delivery_id("stripe/1733580000000-0") == ("stripe", "1733580000000-0")
+    assert parse_delivery_id("a/b/1733580000000") == ("a/b", "1733580000000")
     # Then anything else is a clear error (Redis's refusal read as Redis being down)
     for text in ("stripe/garbage", "1733580000000-0", "stripe/", "stripe/1-2-3"):
         with pytest.raises(KeylaneError, match="not a delivery id"):
-            _delivery_id(text)
+            parse_delivery_id(text)
 
 
 def test_a_source_whose_secret_is_in_the_body_keeps_no_body() -> None:
