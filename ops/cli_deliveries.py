@@ -4,21 +4,24 @@ unverified, throttled, overloaded), as it kept them in a bounded Redis stream pe
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
 import click
 
 from ..routing.contract.door import NAMES
-from .cli_common import emit_json, parse_age, settings_of, when
+from .cli_common import cli_store, emit_json, parse_age, settings_of, when
 from .deliveries import DeliveryQuery, body_kept, list_deliveries, public, show_delivery
+from .rerun import Rerun, check_choice, chosen, rerun
+from .rerun import public as public_rerun
 from .tables import render_table
 
 
 @click.group("deliveries", invoke_without_command=True)
 @click.pass_context
 def deliveries(ctx: click.Context) -> None:
-    """Deliveries the receiver turned away: list, show (alone: the list, as
+    """Deliveries the receiver turned away: list, show, rerun (alone: the list, as
     ``deliveries list``)."""
     if ctx.invoked_subcommand is None:
         ctx.invoke(list_command)
@@ -109,3 +112,103 @@ def _print(e: dict[str, Any]) -> None:
 def _kept(e: dict[str, Any]) -> str:
     said = body_kept(e)
     return f"{said} (--body)" if e["body_kept"] else said
+
+
+@deliveries.command("rerun")
+@click.argument("delivery_ids", metavar="[ID]...", nargs=-1)
+@click.option(
+    "--source", "sources", multiple=True, help="Every kept one of this source (repeatable)."
+)
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    help="Every kept one of this status: a name or an HTTP status (repeatable).",
+)
+@click.option("--since", default=None, help="Every kept one newer than this: 90s, 15m, 2h, 3d.")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 10_000),
+    default=100,
+    show_default=True,
+    help="The most deliveries a filter runs again.",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Map each one and say what would be queued; queue nothing."
+)
+@click.option(
+    "--new-ids",
+    is_flag=True,
+    help="Give each event a new id (<id>:rerun-<ms>), so that it is applied even when its "
+    "id was applied before.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def rerun_command(
+    ctx: click.Context,
+    delivery_ids: tuple[str, ...],
+    sources: tuple[str, ...],
+    statuses: tuple[str, ...],
+    since: str | None,
+    limit: int,
+    dry_run: bool,
+    new_ids: bool,
+    as_json: bool,
+) -> None:
+    """Run kept deliveries (each ID, or every one a filter matches, oldest first) again
+    through their source's current mapping: after a mapping is fixed. Each event is
+    deduped on its id as any delivery's is: one accepted before is a duplicate and is
+    not applied again unless --new-ids. Exit code 1 when any delivery was refused or
+    cannot be run again (its body was not kept whole)."""
+    check_choice(delivery_ids, bool(sources or statuses or since))
+    settings = settings_of(ctx)
+    query = None
+    if not delivery_ids:
+        query = DeliveryQuery(sources, statuses, None if since is None else parse_age(since))
+    entries = chosen(settings, delivery_ids, query, limit)
+    store = cli_store(settings) if dry_run else None
+    try:
+        done = rerun(settings, entries, dry_run, new_ids, store)
+    finally:
+        if store is not None:
+            store.close()
+    if as_json:
+        emit_json(
+            {"dry_run": dry_run, "new_ids": new_ids, "deliveries": [public_rerun(d) for d in done]}
+        )
+    else:
+        for one in done:
+            _print_rerun(one, dry_run)
+        if not done:
+            click.echo("no deliveries kept match")
+    raise SystemExit(1 if any(d.failed for d in done) else 0)
+
+
+RESULT_WORDS = {
+    "new": "new: queued, it will be applied",
+    "duplicate": "duplicate: accepted before, not applied again",
+    "reused": "its id came before with another body: recorded for review, not applied",
+    "ignored": "ignored: the mapping maps nothing for it",
+}
+DRY_WORDS = {
+    "new": "would be new: queued and applied",
+    "duplicate": "would be a duplicate: the journal has it, not applied again",
+    "ignored": "would be ignored: the mapping maps nothing for it",
+}
+
+
+def _print_rerun(one: Rerun, dry_run: bool) -> None:
+    status = f" {one.status}" if one.status is not None else ""
+    reason = f": {one.reason}" if one.reason else ""
+    count = f", {len(one.events)} event(s)" if one.events else ""
+    click.echo(f"{one.delivery}  {one.verdict}{status}{count}{reason}")
+    words = DRY_WORDS if dry_run else RESULT_WORDS
+    for event in one.events:
+        before = f" (the first was {event.before.replace('_', ' ')})" if event.before else ""
+        said = words.get(event.result, event.result)
+        if event.event_id is None:
+            click.echo(f"  {event.event_type}: {said} ({event.reason})")
+            continue
+        click.echo(f"  {event.event_id}  {event.record_key}  {said}{before}")
+        if dry_run and event.changes:
+            click.echo(f"    changes: {json.dumps(event.changes, sort_keys=True)}")

@@ -107,6 +107,8 @@ def body_kept(entry: dict[str, Any]) -> str:
         return "not read (refused before its body was)"
     if not entry["verified"]:
         return "not kept (unverified: metadata only)"
+    if entry["body"] is None and entry["size"]:
+        return "not kept (it carries its source's secret)"
     if entry["body_cut"]:
         return f"the first {entry['body_kept']} bytes kept"
     return "kept whole" if entry["size"] else "empty"

@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from ..producers.delivery import public_url
+from ..producers.rerun import id_header
 from ..producers.signatures.signer import Outgoing, sign
 from ..producers.signatures.standard_webhooks import ID_HEADER
 from ..routing.contract.errors import ConfigError
@@ -65,23 +66,6 @@ def local_url(settings: Settings, source: str) -> str:
     host = settings.host if settings.host not in ("", "0.0.0.0", "::") else "127.0.0.1"  # noqa: S104
     host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{settings.port}/webhooks/{source}"
-
-
-def id_header(source: SourceConfig) -> str | None:
-    """The header a source's event id is read from, when it is one: the scheme's
-    (``event_id = "signature"``: GitHub's ``X-GitHub-Delivery``, Standard Webhooks'
-    ``webhook-id``) or the one its ``event_id`` names (``header:<name>``)."""
-    rule = source.event_id_rule
-    if rule.startswith("header:"):
-        return rule.removeprefix("header:")
-    if rule != "signature":
-        return None
-    if isinstance(source.verify, HmacConfig):
-        return source.verify.event_id_header
-    preset = source.preset
-    if preset is not None and preset.layout is not None:
-        return preset.layout.event_id_header
-    return ID_HEADER
 
 
 def build_request(

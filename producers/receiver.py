@@ -49,7 +49,7 @@ from .answers import REPLAYED, Answer, error_answer, ignored_answer, told_answer
 from .batches import BatchAccept
 from .body import Receive, discard_body, read_body
 from .broker import EventQueue
-from .delivery import check_public_url, query_params, read_verified, target_of
+from .delivery import Taken, check_public_url, query_params, read_verified, target_of
 from .door import Door, DoorCounts, Seen
 from .faults import crash
 from .gateway import EnqueueResult
@@ -59,7 +59,7 @@ from .outcome_reads import OutcomeReads, source_tokens
 from .outcome_waits import OutcomeWaits
 from .queue_watch import QueueWatch
 from .receiver_metrics import ReceiverMetrics
-from .signatures import Target, verifiers_of
+from .signatures import Target, Verifier, verifiers_of
 from .wire_choice import WireVersionGauge
 
 log = logging.getLogger("keylane.receiver")
@@ -77,14 +77,18 @@ class Receiver:
         sources: Sources,
         queue: EventQueue,
         environ: Mapping[str, str] | None = None,
+        verifiers: Mapping[str, Verifier] | None = None,
     ) -> None:
+        """``verifiers``: each source's check, else each built with its secrets from
+        ``environ`` (a kept delivery run again passes the check it passed when it came,
+        and takes no outcome reads: :mod:`keylane.producers.rerun`)."""
         self.settings = settings
         self.sources = sources
         self.queue = queue
         self.acceptor = Acceptor(settings, queue)
         environ = os.environ if environ is None else environ
         self.waits = OutcomeWaits(queue.redis.outcome_feed)
-        tokens = source_tokens(sources, environ)
+        tokens = source_tokens(sources, environ) if verifiers is None else {}
         self.outcomes = OutcomeReads(settings, queue.redis, self.waits, tokens)
         self.watch = QueueWatch(queue.redis)
         self.metrics = ReceiverMetrics(self.watch, queue.redis)
@@ -92,7 +96,9 @@ class Receiver:
         self.door = Door(queue.redis.door, settings.door_keep)
         self.metrics.registry.register(DoorCounts(self.door))
         self.faults = Faults(settings.faults, crash)
-        self.verifiers = verifiers_of(sources, environ)
+        self.verifiers = (
+            dict(verifiers) if verifiers is not None else verifiers_of(sources, environ)
+        )
         self.handshakes = Handshakes(sources, self.verifiers, environ, queue.redis)
         self.hooks = {s.name: load_hook(s) for s in sources.all()}
         self.batches = BatchAccept(self)
@@ -135,6 +141,23 @@ class Receiver:
         query: bytes,
         seen: Seen,
     ) -> Answer:
+        read = await self.read(source, headers, receive, path, query, seen)
+        if isinstance(read, Answer):
+            return read
+        answer = await self.admit(source, read.events, headers)
+        return answer.as_reply(source.reply)
+
+    async def read(
+        self,
+        source: SourceConfig,
+        headers: dict[str, str],
+        receive: Receive,
+        path: str,
+        query: bytes,
+        seen: Seen,
+    ) -> Answer | Taken:
+        """The delivery read, checked and mapped (:class:`Taken`), or the answer it gets
+        without being accepted: a handshake's, or a refusal."""
         name = source.name
         try:
             form, body = await read_body(
@@ -150,7 +173,7 @@ class Receiver:
             parts = Parts(body, headers, params, form)
             # A verifier raises only SignatureError: past it, the delivery is verified.
             seen.verified = True
-            read = read_verified(
+            return read_verified(
                 source,
                 self.verifiers[name],
                 self.handshakes,
@@ -160,22 +183,25 @@ class Receiver:
                 self.hooks[name],
                 self.settings.max_batch_items,
             )
-            if isinstance(read, Answer):
-                return read
-            taken = read.events
-            if source.items_rule is not None:
-                answer = await self.batches.accept(source, taken, headers)
-                return answer.as_reply(source.reply)
-            (intake,) = taken
-            if isinstance(intake, Ignored):
-                return ignored_answer(source.name, intake.event_type, intake.reason).as_reply(
-                    source.reply
-                )
-            event = self.event_of(source, intake)
         except SignatureError as exc:
             seen.verified = False
             log.info("refused a delivery for %s: %s", source.name, exc)
             return self.refuse(401, "bad_signature", str(exc))
+        except InvalidEvent as exc:
+            return self.refuse(exc.status, exc.code, str(exc))
+
+    async def admit(
+        self, source: SourceConfig, taken: list[Intake | Ignored], headers: dict[str, str]
+    ) -> Answer:
+        """The answer to a delivery read as ``taken``: its events accepted (or not), in
+        keylane's own answer form."""
+        try:
+            if source.items_rule is not None:
+                return await self.batches.accept(source, taken, headers)
+            (intake,) = taken
+            if isinstance(intake, Ignored):
+                return ignored_answer(source.name, intake.event_type, intake.reason)
+            event = self.event_of(source, intake)
         except InvalidEvent as exc:
             return self.refuse(exc.status, exc.code, str(exc))
         with event_context(
@@ -187,13 +213,11 @@ class Receiver:
             try:
                 wait_s = preferred_wait_s(headers.get("prefer"))
                 if wait_s is None:
-                    answer = await self._accept(source, event)
-                else:
-                    answer = await self._accept_waiting(source, event, wait_s)
+                    return await self._accept(source, event)
+                return await self._accept_waiting(source, event, wait_s)
             except Exception as exc:
                 sentry_sdk.capture_exception(exc)  # here, with the event's tags
                 raise
-        return answer.as_reply(source.reply)
 
     async def handshake_get(
         self, name: str, headers: dict[str, str], query: bytes

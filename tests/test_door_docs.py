@@ -15,7 +15,7 @@ from tests.support.senders import sender_deployment
 from tests.support.stack import Stack, settings_env
 
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
-DELIVERY_ID = re.compile(r"forms/\d+-\d+")
+DELIVERY_ID = re.compile(r"(?:forms|crm)/\d+-\d+")
 SHARD = re.compile(r'"shard":\d+,"queue":"keylane\.shard\.\d+"')
 
 
@@ -65,8 +65,9 @@ def _same(shown: list[str], got: list[str]) -> None:
 
 def test_the_deliveries_page_example_runs_as_written(redis_url: str, tmp_path: Path) -> None:
     # Given the page's sources file, its two bodies and its commands
-    # (to the page's end; page_section would take a "# " line of output for a heading)
-    blocks = _blocks(page_text("deliveries.md").split("\n## An example\n", 1)[1])
+    # (to the next section; page_section would take a "# " line of output for a heading)
+    example = page_text("deliveries.md").split("\n## An example\n", 1)[1]
+    blocks = _blocks(example.split("\n## Run again\n", 1)[0])
     (toml, sources), (_, contact), (_, no_key), (_, session) = blocks
     assert toml == "toml"
     (tmp_path / "contact.json").write_text(contact)
@@ -88,3 +89,33 @@ def test_the_deliveries_page_example_runs_as_written(redis_url: str, tmp_path: P
                 continue
             # Then it prints what the page shows
             _same([x.removeprefix("# ") for x in lines[n + 1 : end]], got.splitlines())
+
+
+def test_the_run_again_example_runs_as_written(redis_url: str, tmp_path: Path) -> None:
+    # Given the section's sources file, its body, and its two sessions of commands
+    section = page_text("deliveries.md").split("\n## Run again\n", 1)[1]
+    (toml, sources), (_, visit), (_, refused), (_, rerun) = _blocks(section)
+    assert toml == "toml"
+    (tmp_path / "visit.json").write_text(visit)
+    secrets = {"CRM_SECRET": "s3cret"}
+    (tmp_path / "run").mkdir()
+    with sender_deployment(redis_url, tmp_path / "run", sources, secrets) as stack:
+        # When the first is run with the wrong mapping, then the file is fixed as the page
+        # says, and the second is run (each rerun after the one before it was applied)
+        for session in (refused, rerun):
+            lines = session.splitlines()
+            commands = [n for n, line in enumerate(lines) if not line.startswith("#")]
+            for n, end in zip(commands, [*commands[1:], len(lines)], strict=True):
+                got = _run(stack, tmp_path, lines[n], secrets)
+                if os.environ.get("KEYLANE_SHOW_DOCS"):
+                    print(f"$ {lines[n]}\n{got}")
+                else:  # Then each prints what the page shows
+                    _same([x.removeprefix("# ") for x in lines[n + 1 : end]], got.splitlines())
+                if lines[n].endswith("rerun --source crm"):
+                    stack.wait_journal(1)
+            if session is refused:
+                fixed = stack.settings.sources_file
+                assert fixed is not None
+                fixed.write_text(fixed.read_text().replace("contact.idx", "contact.id"))
+        # And the record has the one visit
+        assert stack.open_store().read("contact:7").fields == {"visits": 1}
