@@ -24,12 +24,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..producers.answers import REPLAYED, Answer
 from ..producers.broker import open_event_queue
-from ..producers.delivery import Taken
 from ..producers.door import Seen
 from ..producers.intake import Ignored, Intake
 from ..producers.receiver import Receiver
@@ -42,6 +42,9 @@ from ..workers.store import JournalStore
 from .archive import Archive
 from .deliveries import DeliveryQuery, body_kept, list_deliveries, show_delivery
 from .lookup import find_events
+
+#: How a rerun makes each event's id new (``--new-ids``).
+Rename = Callable[[str], str]
 
 #: Headers of a kept request that a rerun does not send on: a rerun never waits for
 #: its events' outcomes (``Prefer``), and its body's length is its own.
@@ -129,7 +132,7 @@ async def _rerun_all(
     settings: Settings,
     entries: list[dict[str, Any]],
     dry_run: bool,
-    rename: Any,
+    rename: Rename | None,
     store: JournalStore | None,
 ) -> list[Rerun]:
     configured = load_sources(settings)
@@ -153,7 +156,7 @@ async def _rerun_one(
     receiver: Receiver,
     entry: dict[str, Any],
     dry_run: bool,
-    rename: Any,
+    rename: Rename | None,
     store: JournalStore | None,
     archive: Archive,
 ) -> Rerun:
@@ -208,7 +211,7 @@ def _reads_redacted(taken: list[Intake | Ignored]) -> str | None:
     return None
 
 
-def _renamed(item: Intake | Ignored, rename: Any) -> Intake | Ignored:
+def _renamed(item: Intake | Ignored, rename: Rename) -> Intake | Ignored:
     if isinstance(item, Ignored):
         return item
     return replace(item, event_id=rename(item.event_id))
@@ -247,7 +250,7 @@ def _results(answer: Answer, taken: list[Intake | Ignored]) -> list[RerunEvent]:
     """Each event's result, read from the answer (keylane's own: one body, or one per
     item of a batched delivery, in the order the items came)."""
     body = json.loads(answer.body)
-    items = body["items"] if "items" in body else [body]
+    items = body.get("items", [body])
     replayed = (REPLAYED in answer.headers) and "items" not in body
     events = []
     for item, said in zip(taken, items, strict=True):
@@ -283,7 +286,8 @@ def _told(delivery: str, source: str, answer: Answer) -> Rerun:
         said = {}
     if 200 <= answer.status < 300:  # a handshake's answer: nothing to run
         return Rerun(delivery, source, "cannot", answer.status, "a handshake: nothing to run again")
-    reason = f"{said.get('error', 'refused')}: {said.get('detail', answer.body.decode('utf-8', 'replace'))}"
+    detail = said.get("detail", answer.body.decode("utf-8", "replace"))
+    reason = f"{said.get('error', 'refused')}: {detail}"
     return Rerun(delivery, source, "refused", answer.status, reason)
 
 

@@ -17,10 +17,9 @@ from urllib.parse import urlsplit, urlunsplit
 from ..producers.delivery import public_url
 from ..producers.rerun import id_header
 from ..producers.signatures.signer import Outgoing, sign
-from ..producers.signatures.standard_webhooks import ID_HEADER
 from ..routing.contract.errors import ConfigError
 from ..routing.contract.settings import Settings
-from ..routing.contract.signing import HmacConfig, NoneConfig, load_secrets
+from ..routing.contract.signing import NoneConfig, load_secrets
 from ..routing.contract.sources import SourceConfig, load_sources
 from .cli_sources import kept_secret
 
