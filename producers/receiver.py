@@ -127,25 +127,14 @@ class Receiver:
             await discard_body(headers, receive)
             return self.refuse(404, "unknown_source", f"no source named {name!r}")
         seen = Seen()
-        answer = await self._decide(source, headers, receive, path, query, seen)
+        read = await self.read(source, headers, receive, path, query, seen)
+        if isinstance(read, Answer):
+            answer = read
+        else:
+            answer = (await self.admit(source, read.events, headers)).as_reply(source.reply)
         if answer.status >= 400:
             self.door.keep(source, headers, path, query, answer, seen)
         return answer
-
-    async def _decide(
-        self,
-        source: SourceConfig,
-        headers: dict[str, str],
-        receive: Receive,
-        path: str,
-        query: bytes,
-        seen: Seen,
-    ) -> Answer:
-        read = await self.read(source, headers, receive, path, query, seen)
-        if isinstance(read, Answer):
-            return read
-        answer = await self.admit(source, read.events, headers)
-        return answer.as_reply(source.reply)
 
     async def read(
         self,
