@@ -6,6 +6,7 @@ does, only for the view's own pages."""
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
 from html import unescape
 from urllib.parse import unquote
@@ -227,3 +228,47 @@ def test_the_setting_turns_the_view_off(stack: Stack) -> None:
     # Then there are none, and /metrics is served as before
     assert [a.status_code for a in answers] == [404, 404]
     assert httpx.get(f"{stack.ops_url}/metrics", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+def test_a_page_waiting_on_the_store_does_not_hold_up_the_listener(stack: Stack) -> None:
+    import psycopg
+
+    # Given a receiver whose store reads may wait long (PostgreSQL: a lock is waited for)
+    stack.receiver(store_timeout_ms=30_000, inflight_deadline_ms=600_000)
+    stack.open_store().migrate()
+    with psycopg.connect(stack.settings.store_dsn()) as holder:
+        # and the dead letters' table locked by another transaction
+        holder.execute("LOCK TABLE dead_letters IN ACCESS EXCLUSIVE MODE")
+        # When the dead letters page is asked for (its read waits on the lock)
+        answers: list[httpx.Response] = []
+        waiting = threading.Thread(
+            target=lambda: answers.append(httpx.get(f"{stack.ops_url}/dead-letters", timeout=90))
+        )
+        waiting.start()
+        try:
+            wait_until(lambda: _lock_waiters(stack) > 0, 30, "the page's read to wait")
+            # Then the listener still answers at once, its page read still waiting
+            metrics = httpx.get(f"{stack.ops_url}/metrics", timeout=10)
+            home = httpx.get(f"{stack.ops_url}/web.css", timeout=10)
+            assert (metrics.status_code, home.status_code) == (200, 200)
+            assert waiting.is_alive()
+            assert _lock_waiters(stack) > 0
+        finally:
+            holder.rollback()  # the lock let go
+            waiting.join(90)
+    # And once the lock is let go the page is served
+    assert [a.status_code for a in answers] == [200]
+
+
+def _lock_waiters(stack: Stack) -> int:
+    import psycopg
+
+    with psycopg.connect(stack.settings.store_dsn()) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON l.relation = c.oid "
+            "WHERE c.relname = 'dead_letters' AND c.relnamespace = current_schema()::regnamespace "
+            "AND NOT l.granted"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
