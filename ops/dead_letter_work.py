@@ -5,8 +5,8 @@ the callers' (``ops/cli_dlq.py``, ``ops/web/``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 

@@ -31,8 +31,8 @@ from ..producers.receiver_app import create_receiver
 from ..routing.contract.settings import Settings
 from .observability import init_sentry
 from .operations import operations_app
-from .web import web_routes
 from .up_checks import listening_socket
+from .web import web_routes
 
 log = logging.getLogger("keylane.receiver")
 

@@ -19,7 +19,7 @@ from ..dead_letter_work import (
 )
 from ..merge_review import MergeSides, merge_lines
 from ..triage import NOT_RETRYABLE, Handled, kind_of
-from .html import Child, Html, as_json, facts, link, tag, table, url, utc
+from .html import Child, Html, as_json, facts, link, table, tag, url, utc
 from .reading import Params, Shown, filter_form, select, text_input
 
 #: Rows a page unless ``limit`` says otherwise.

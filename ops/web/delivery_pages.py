@@ -11,7 +11,7 @@ from ...routing.contract.settings import Settings
 from ...routing.contract.sources import load_sources
 from ..cli_common import parse_age
 from ..deliveries import DeliveryQuery, body_kept, list_deliveries, show_delivery
-from .html import Child, Html, facts, link, tag, table, url, utc
+from .html import Child, Html, facts, link, table, tag, url, utc
 from .reading import Params, Shown, filter_form, select, text_input
 
 #: Rows a page unless ``limit`` says otherwise.

@@ -9,7 +9,7 @@ from ...workers.store_rows import RecordQuery
 from ..outside_edit import parse_assignment
 from ..records_read import get_record, list_records
 from .dead_letter_pages import record_link
-from .html import Child, as_json, facts, link, tag, table, url, utc
+from .html import Child, as_json, facts, link, table, tag, url, utc
 from .reading import Params, Shown, filter_form, text_input
 
 #: Rows a page unless ``limit`` says otherwise.
