@@ -16,21 +16,22 @@ from typing import Any, TypeVar
 
 import click
 
-from ..routing.contract.errors import KeylaneError
-from ..routing.contract.sources import load_sources
-from ..workers.store_rows import DEAD_LETTER_STATUSES, MERGE_REVIEW, DeadLetter, DeadLetterFilter
+from ..workers.store_rows import DEAD_LETTER_STATUSES, DeadLetter, DeadLetterFilter
 from .cli_common import age, cli_store, emit_json, operator, parse_age, settings_of
+from .dead_letter_work import (
+    Act,
+    act_on,
+    dead_letter_stats,
+    discard,
+    list_dead_letters,
+    resolve,
+    retry,
+    rows_to_act_on,
+    show_dead_letter,
+)
 from .dlq_show import show_json, show_text
 from .tables import render_table
-from .triage import (
-    Handled,
-    Triage,
-    field_diffs,
-    kind_of,
-    open_triage_broker,
-    record_now,
-    stats_summary,
-)
+from .triage import Handled
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -121,11 +122,7 @@ def dlq_list(ctx: click.Context, /, all_statuses: bool, as_json: bool, **selecti
     """List review rows, oldest first (open ones unless --status or --all)."""
     if not selection["statuses"] and not all_statuses:
         selection["statuses"] = ("open",)
-    store = cli_store(settings_of(ctx))
-    try:
-        rows = store.dead_letters(_filter((), **selection))
-    finally:
-        store.close()
+    rows = list_dead_letters(settings_of(ctx), _filter((), **selection))
     if as_json:
         emit_json([dead_letter_json(r) for r in rows])
         return
@@ -173,21 +170,8 @@ def dlq_show(ctx: click.Context, /, row_id: int, as_json: bool) -> None:
     change beside the record as it is now, where it lives (``*`` marks the fields where
     applying the change now would change the record); for a task or a forward, the
     payload and the answer that came back."""
-    settings = settings_of(ctx)
-    store = cli_store(settings)
-    try:
-        row = store.dead_letter(row_id)
-        if row is None:
-            raise KeylaneError(f"no dead letter with id {row_id}")
-        sources_file = None if settings.sources_file is None else str(settings.sources_file)
-        record = (
-            None
-            if kind_of(row) == "delivery"
-            else record_now(row, store, load_sources(settings), sources_file)
-        )
-    finally:
-        store.close()
-    diffs = [] if record is None or row.reason == MERGE_REVIEW else field_diffs(row, record.fields)
+    shown = show_dead_letter(settings_of(ctx), row_id)
+    row, record, diffs = shown.row, shown.record, shown.diffs
     if as_json:
         emit_json(show_json(dead_letter_json(row), row, record, diffs))
         return
@@ -201,7 +185,7 @@ def _bulk(
     yes: bool,
     as_json: bool,
     selection: dict[str, Any],
-    act: Callable[[Triage, DeadLetter], Handled],
+    act: Act,
 ) -> None:
     explicit = bool(ids)
     chosen = any(
@@ -219,10 +203,7 @@ def _bulk(
     settings = settings_of(ctx)
     store = cli_store(settings)
     try:
-        rows = store.dead_letters(_filter(ids, **selection))
-        missing = sorted(set(ids) - {r.id for r in rows})
-        if missing:
-            raise KeylaneError(f"no dead letter with id {', '.join(map(str, missing))}")
+        rows = rows_to_act_on(store, _filter(ids, **selection))
         if not rows:
             click.echo(f"nothing to {verb}: no row matches", err=True)
             return
@@ -232,23 +213,15 @@ def _bulk(
             click.confirm(
                 f"{verb.capitalize()} {len(rows)} dead letter(s) ({summary})?", abort=True, err=True
             )
-        broker = open_triage_broker(settings, store)
-        try:
-            done = _run(Triage(store, broker), rows, act, verb)
-        finally:
-            broker.close()
+        if len(rows) == 1:
+            done = act_on(settings, store, rows, act)
+        else:
+            label = f"{verb}ing"
+            with click.progressbar(rows, label=label, file=sys.stderr, show_pos=True) as progress:
+                done = act_on(settings, store, rows, act, lambda _: progress)
     finally:
         store.close()
     _report(verb, done, as_json)
-
-
-def _run(
-    triage: Triage, rows: list[DeadLetter], act: Callable[[Triage, DeadLetter], Handled], verb: str
-) -> list[Handled]:
-    if len(rows) == 1:
-        return [act(triage, rows[0])]
-    with click.progressbar(rows, label=f"{verb}ing", file=sys.stderr, show_pos=True) as progress:
-        return [act(triage, row) for row in progress]
 
 
 def _report(verb: str, done: list[Handled], as_json: bool) -> None:
@@ -290,7 +263,7 @@ def dlq_retry(
     once. A row that holds its key (policy hold) runs first, then its parked events.
     """
     by = operator()
-    _bulk(ctx, "retry", ids, yes, as_json, selection, lambda t, row: t.retry(row, by, note))
+    _bulk(ctx, "retry", ids, yes, as_json, selection, retry(by, note))
 
 
 @dlq.command("discard")
@@ -315,7 +288,7 @@ def dlq_discard(
         yes,
         as_json,
         selection,
-        lambda t, row: t.close(row, "discarded", by, note),
+        discard(by, note),
     )
 
 
@@ -341,7 +314,7 @@ def dlq_resolve(
         yes,
         as_json,
         selection,
-        lambda t, row: t.close(row, "resolved", by, note),
+        resolve(by, note),
     )
 
 
@@ -381,11 +354,7 @@ def dlq_export(ctx: click.Context, /, all_statuses: bool, output: Any, **selecti
 @click.pass_context
 def dlq_stats(ctx: click.Context, /, as_json: bool) -> None:
     """Counts by status, open rows by reason and source, and the oldest open row's age."""
-    store = cli_store(settings_of(ctx))
-    try:
-        summary = stats_summary(store.dead_letter_stats(), time.time())
-    finally:
-        store.close()
+    summary = dead_letter_stats(settings_of(ctx))
     if as_json:
         emit_json(summary)
         return

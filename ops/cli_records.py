@@ -10,6 +10,7 @@ import click
 from ..workers.store_rows import RecordPage, RecordQuery
 from .cli_common import cli_store, emit_json, settings_of, when
 from .outside_edit import edit_record, parse_assignment, record_json
+from .records_read import get_record, list_records
 from .tables import render_table
 
 MAX_LIST_LIMIT = 1000
@@ -66,11 +67,7 @@ def records_list(
         limit=limit,
         merged=merged,
     )
-    store = cli_store(settings_of(ctx))
-    try:
-        page = store.list_records(query)
-    finally:
-        store.close()
+    page = list_records(settings_of(ctx), query)
     if as_json:
         emit_json(
             {"records": [record_json(r) for r in page.records], "next_after": page.next_after}
@@ -115,12 +112,8 @@ def records_get(ctx: click.Context, key: str, as_json: bool) -> None:
     """Print the record KEY with its revision and identities (exit code 1 if there is
     none, with --json too: it prints the record as absent, ``"exists": false``). A record
     merged into another says which, and since when."""
-    store = cli_store(settings_of(ctx))
-    try:
-        record = store.read(key)
-        identities = store.identities_of(key)
-    finally:
-        store.close()
+    shown = get_record(settings_of(ctx), key)
+    record, identities = shown.record, shown.identities
     if as_json:
         emit_json(record_json(record, identities))
         if not record.exists:

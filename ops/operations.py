@@ -2,9 +2,9 @@
 on an address and port of its own (``KEYLANE_OPS_HOST``, loopback by default, and
 ``KEYLANE_OPS_PORT``), never on the webhook port that faces the internet.
 
-Today it serves ``GET /metrics`` (Prometheus text). It is a Starlette app built from a
-list of routes, so that what else operators look at (a web view of deliveries, dead
-letters and records) is mounted here as more routes (``extra``), under the same address,
+It serves ``GET /metrics`` (Prometheus text). It is a Starlette app built from a list of
+routes, so that what else operators look at (the web view of deliveries, dead letters and
+records, ``ops/web/``) is mounted here as more routes (``extra``), under the same address,
 bounds and lifespan as the metrics, without a word of it on the webhook port.
 """
 

@@ -4,8 +4,9 @@
   the receiver's app (:func:`keylane.producers.receiver_app.create_receiver`), under the
   bounds on its clients (:mod:`keylane.producers.client_bounds`);
 * the **operations listener** (``KEYLANE_OPS_HOST``/``KEYLANE_OPS_PORT``, loopback by
-  default): :func:`keylane.ops.operations.operations_app` over the same receiver, under
-  the same bounds, counted apart (a flood of senders never takes its connections).
+  default): :func:`keylane.ops.operations.operations_app` over the same receiver, with
+  the web view (:func:`keylane.ops.web.web_routes`, unless ``KEYLANE_WEB_VIEW`` is off),
+  under the same bounds, counted apart (a flood of senders never takes its connections).
 
 Both sockets are bound before anything starts, so a taken port ends the command at once
 (exit 2, one line). The webhook server owns the signals and the lifespan: on SIGTERM it
@@ -31,6 +32,7 @@ from ..routing.contract.settings import Settings
 from .observability import init_sentry
 from .operations import operations_app
 from .up_checks import listening_socket
+from .web import web_routes
 
 log = logging.getLogger("keylane.receiver")
 
@@ -66,14 +68,19 @@ def serve_receiver(settings: Settings) -> None:
     app = create_receiver(settings)
     refused = app.receiver.metrics.refused
     webhooks = _config(app, settings, ClientBounds.of(settings, lambda r: refused.labels(r).inc()))
-    operations = _config(operations_app(app.receiver), settings, ClientBounds.of(settings, _none))
+    operations = _config(
+        operations_app(app.receiver, extra=web_routes(settings)),
+        settings,
+        ClientBounds.of(settings, _none),
+    )
     operations.lifespan = "off"  # the receiver's lifespan (the webhook server's) is the one
     # uvicorn drains on SIGTERM/SIGINT, then raises the signal again for the previous
     # handler: a handler of ours turns that graceful stop into exit code 0.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: None)
     log.info("receiver listening on %s", _where(public))
-    log.info("operations listening on %s (/metrics)", _where(ops))
+    shown = "/metrics and the web view, /" if settings.web_view else "/metrics"
+    log.info("operations listening on %s (%s)", _where(ops), shown)
     with asyncio.Runner(loop_factory=webhooks.get_loop_factory()) as runner:
         runner.run(_serve(uvicorn.Server(webhooks), _Follower(operations), public, ops))
 

@@ -212,6 +212,8 @@ class Supervisor:
         names = ", ".join(load_sources(s).names())
         print(f"keylane is up: POST {base}/webhooks/<source> (sources: {names})", flush=True)
         print(f"Metrics: http://{s.ops_host}:{s.ops_port}/metrics", flush=True)
+        if s.web_view:
+            print(f"Web view: http://{s.ops_host}:{s.ops_port}/", flush=True)
         if self.options.flower:
             print(f"Flower: http://{s.flower_address}:{s.flower_port}", flush=True)
         return True

@@ -139,6 +139,12 @@ def test_up_runs_the_stack_on_an_embedded_redis(tmp_path: Path, redis_from: str)
         assert metrics_url is not None, log_path.read_text()
         assert "keylane_accepted_total 1.0" in httpx.get(metrics_url.group(1), timeout=10).text
         assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 404
+        # And the web view is there too, at the URL its start-up output names
+        view_url = re.search(r"Web view: (http://127\.0\.0\.1:\d+/)\n", log_path.read_text())
+        assert view_url is not None, log_path.read_text()
+        assert metrics_url.group(1).startswith(view_url.group(1))
+        assert "Dead letters" in httpx.get(f"{view_url.group(1)}dead-letters", timeout=10).text
+        assert httpx.get(f"http://127.0.0.1:{port}/dead-letters", timeout=10).status_code == 404
     finally:
         # When it is told to stop (what Ctrl-C does)
         up.send_signal(signal.SIGTERM)

@@ -204,6 +204,7 @@ class DeadLetterFilter:
     newer_than_s: float | None = None
     ids: tuple[int, ...] = ()
     limit: int | None = None
+    after_id: int | None = None  # only rows with a higher id: the next page
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,8 @@ class Settings(BaseSettings):
     # look at), never on the webhook port; loopback unless set
     ops_host: str = "127.0.0.1"
     ops_port: int = Field(8100, ge=0, le=65535)  # 0: a port the system picks
+    # The web view of deliveries, dead letters and records on it (docs: web-view.md)
+    web_view: bool = True
     sentry_dsn: SecretStr | None = Field(
         None, validation_alias=AliasChoices("KEYLANE_SENTRY_DSN", "SENTRY_DSN")
     )

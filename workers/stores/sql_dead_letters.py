@@ -142,6 +142,9 @@ def _where(flt: DeadLetterFilter, now: float) -> tuple[str, list[Any]]:
     any_of("reason", flt.reasons)
     any_of("source", flt.sources)
     any_of("id", flt.ids)
+    if flt.after_id is not None:
+        clauses.append("id > ?")
+        params.append(flt.after_id)
     if flt.record_key is not None:
         clauses.append("record_key = ?")
         params.append(flt.record_key)
