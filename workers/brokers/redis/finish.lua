@@ -21,7 +21,7 @@ local latency = KEYS[#SHARD_KEYS + 1]
 local shard, lease, key, hold = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local then_take, admit_max = ARGV[5] == '1', tonumber(ARGV[6])
 if redis.call('GET', K.lease) ~= lease then return 0 end
-local now = now_ms()
+local now = nil  -- read only where needed (now_ms): an ack that hands nothing out reads no clock
 local rec = K.rec_prefix .. key
 local was_held = is_held(K, key)
 local channel = ARGV[7]
@@ -59,7 +59,7 @@ elseif left > 0 and not was_held then
     local got = hand_out(K, key, now)
     if got then return got end
   end
-  redis.call('ZADD', K.ready, 'NX', now, key)
+  redis.call('ZADD', K.ready, 'NX', now_ms(), key)
 end
 if then_take then
   admit(K, shard, now, admit_max)
