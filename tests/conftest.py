@@ -159,6 +159,7 @@ def fast_settings(redis_url: str, namespace: str, store_url: str, data_dir: Path
         lease_ttl_ms=3000,
         heartbeat_ms=500,
         idle_poll_ms=50,
+        counts_flush_ms=100,
     )
 
 

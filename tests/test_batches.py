@@ -172,14 +172,14 @@ def test_a_delivery_with_one_bad_item_is_a_4xx_naming_it_and_records_nothing(
     stack: Stack, tmp_path: Path, body: Any, status: int, code: str
 ) -> None:
     start(stack, tmp_path, worker=False, max_batch_items=3)
-    before = stack.view().counters()
+    before = stack.settled_counters()
     answer = post(stack, body, source="strict")
     assert answer.status_code == status, answer.text
     assert answer.json()["error"] == code
     if status == 400:
         assert answer.json()["detail"].startswith("item 1: ")
     assert queued(stack) == 0
-    assert stack.view().counters() == before
+    assert stack.settled_counters() == before
 
 
 @SQLITE

@@ -295,6 +295,10 @@ def test_the_webhook_port_serves_no_metrics_the_operations_listener_does(stack: 
     metrics = httpx.get(f"{stack.ops_url}/metrics", timeout=10)
     assert metrics.status_code == 200
     assert metrics.headers["content-type"].startswith("text/plain")
-    assert "keylane_accepted_total 1.0" in metrics.text
+    wait_until(  # the receiver writes its counts within counts_flush_ms
+        lambda: "keylane_accepted_total 1.0" in httpx.get(f"{stack.ops_url}/metrics").text,
+        30,
+        "the accept counted",
+    )
     posted = httpx.post(f"{stack.ops_url}/webhooks/demo", json={}, timeout=10)
     assert posted.status_code == 404

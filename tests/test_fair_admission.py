@@ -88,6 +88,6 @@ def test_a_flooding_source_is_slowed_while_another_sources_bookings_are_taken(
     assert total == len(accepted)
     assert all(store.read(f"slot:{n}").fields == {"taken": True} for n in range(20))
     # And the refusals were counted, and the backlog is empty once all is applied
-    counters = stack.view().counters()
+    counters = stack.settled_counters()
     assert counters.get("throttled", 0) + counters.get("overloaded", 0) == len(refusals)
     wait_until(lambda: stack.view().backlog() == {}, 30, "the backlog to empty")

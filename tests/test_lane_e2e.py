@@ -110,7 +110,7 @@ def test_concurrent_increments_with_outside_edits_stay_exact(stack: Stack) -> No
             if edit_key == key:
                 assert fields[name] == value
     assert len(edits) > 50
-    conflicts = stack.view().counters().get("conflicts", 0)
+    conflicts = stack.settled_counters().get("conflicts", 0)
     assert conflicts > 0, "the outside writer should have forced some conflicts"
     # and most conflicts were resolved by a retry: each review row took every attempt
     assert conflicts > stack.settings.max_attempts * len(reviewed)

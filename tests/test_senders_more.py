@@ -262,7 +262,7 @@ def test_each_sender_applied_retried_and_forged(stack: Stack, tmp_path: Path) ->
         retry = send(stack, case.sender, case.body, signed(case, SECRETS[case.sender], now + 1))
         assert retry.status_code == 200, (case.sender, retry.text)
         # When a delivery is forged: signed with another secret, or its body changed
-        before = (stack.open_store().journal_size(), stack.view().counters())
+        before = (stack.open_store().journal_size(), stack.settled_counters())
         wrong = FORGED.get(case.sender, "not-the-" + SECRETS[case.sender])
         forged = send(stack, case.sender, case.body, signed(case, wrong, now))
         tampered_body = case.body.replace(b"1", b"2", 1)
@@ -271,7 +271,7 @@ def test_each_sender_applied_retried_and_forged(stack: Stack, tmp_path: Path) ->
         for answer in (forged, tampered):
             assert answer.status_code == 401, (case.sender, answer.text)
             assert answer.json()["error"] == "bad_signature"
-        assert (stack.open_store().journal_size(), stack.view().counters()) == before
+        assert (stack.open_store().journal_size(), stack.settled_counters()) == before
     # And every record holds what its deliveries said, once
     assert stack.open_store().journal_size() == journal
 
@@ -336,7 +336,7 @@ def test_notion_s_token_is_kept_shown_and_signs_its_deliveries(
     assert retry.status_code == 200, retry.text
     assert stack.open_store().read("page:pg-1").fields == {"edits": 1}
     # When a delivery is signed with another token, or another verification comes
-    before = (stack.open_store().journal_size(), stack.view().counters())
+    before = (stack.open_store().journal_size(), stack.settled_counters())
     forged_body = notion_event("ev-2", "pg-1", 1)
     forged = send(stack, "notion", forged_body, notion_signed("secret_other", forged_body))
     other = send(
@@ -345,7 +345,7 @@ def test_notion_s_token_is_kept_shown_and_signs_its_deliveries(
     # Then the first is a 401, the second a 409 (the kept token stays), nothing recorded
     assert forged.status_code == 401, forged.text
     assert other.status_code == 409, other.text
-    assert (stack.open_store().journal_size(), stack.view().counters()) == before
+    assert (stack.open_store().journal_size(), stack.settled_counters()) == before
     # And once the operator forgets it, a new subscription's token is kept
     assert stack.keylane("sources", "forget-secret", "notion").returncode == 0
     assert (

@@ -137,7 +137,11 @@ def test_up_runs_the_stack_on_an_embedded_redis(tmp_path: Path, redis_from: str)
         # And /metrics is served on the operations listener it names, not on the webhook port
         metrics_url = re.search(r"Metrics: (http://127\.0\.0\.1:\d+/metrics)", log_path.read_text())
         assert metrics_url is not None, log_path.read_text()
-        assert "keylane_accepted_total 1.0" in httpx.get(metrics_url.group(1), timeout=10).text
+        wait_until(  # the receiver writes its counts within counts_flush_ms
+            lambda: "keylane_accepted_total 1.0" in httpx.get(metrics_url.group(1)).text,
+            30,
+            "the accept counted",
+        )
         assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 404
         # And the web view is there too, at the URL its start-up output names
         view_url = re.search(r"Web view: (http://127\.0\.0\.1:\d+/)\n", log_path.read_text())

@@ -205,6 +205,12 @@ class RecordQueue(ABC):
         """A subscription to the shards that just got a message: ``get_message(timeout)``
         gives dicts whose ``data`` is a shard number; the caller closes it."""
 
+    def flush_counts(self) -> None:  # noqa: B027 (a broker that counts in its ack keeps none)
+        """Add the counts this process kept since the last flush (outcomes, latency,
+        drain counts) to the deployment's counters; the lanes call it every
+        ``counts_flush_ms`` and when they stop. A broker that counts in its
+        acknowledgement step keeps none and has nothing to add."""
+
     @abstractmethod
     def close(self) -> None:
         """Release connections."""

@@ -127,10 +127,26 @@ class Lanes:
         lanes = [asyncio.create_task(self._lane(n), name=f"lane-{n}") for n in range(count)]
         poker = asyncio.create_task(self._poke())
         reclaimer = asyncio.create_task(self._reclaim())
+        counter = asyncio.create_task(self._flush_counts())
         await asyncio.gather(*lanes, return_exceptions=True)
         poker.cancel()
         reclaimer.cancel()
+        counter.cancel()
         await self.dispatcher.aclose()
+        await self._flush_counts_once()  # the lanes are done: what they counted last
+
+    async def _flush_counts(self) -> None:
+        """Every ``counts_flush_ms``, the counts the lanes' acknowledgements kept go to
+        the deployment's counters in one pipeline (:mod:`keylane.routing.contract.tallies`)."""
+        while True:
+            await asyncio.sleep(self.settings.counts_flush_ms / 1000)
+            await self._flush_counts_once()
+
+    async def _flush_counts_once(self) -> None:
+        try:
+            await self.io.call(self.queue.flush_counts)
+        except Exception as exc:  # Redis away: kept for the next flush
+            log.debug("counts not flushed: %s", exc)
 
     async def _poke(self) -> None:
         """Every ``idle_poll_ms``, one idle lane looks at every shard (see the doorbell)."""

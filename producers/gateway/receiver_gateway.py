@@ -16,6 +16,8 @@ so a 202 is sent only for an event that survives a Redis crash.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,7 +29,8 @@ from redis.exceptions import NoScriptError, RedisError
 from ...routing import ShardMap
 from ...routing.contract.replies import reply_text
 from ...routing.contract.schedules import RunLease
-from ...routing.contract.settings import Settings
+from ...routing.contract.settings import DEFAULT_COUNTS_FLUSH_MS, Settings
+from ...routing.contract.tallies import Tally, queue_increments
 from ...routing.redis_keys import RedisKeys
 from ..mark_batches import Mark, MarkBatches
 from ..rounds import Rounds
@@ -40,6 +43,17 @@ from .redis_calls import LoadedScript, as_bytes, broker_errors, run_script, scri
 #: one when they are all busy (see :meth:`ReceiverGateway.from_url`).
 POOL_CONNECTIONS = 100
 POOL_WAIT_S = 5
+#: Seconds a count waits at most before it is written (the default of ``counts_flush_ms``).
+COUNTS_FLUSH_S = DEFAULT_COUNTS_FLUSH_MS / 1000
+
+log = logging.getLogger("keylane.receiver")
+
+#: The counter each verdict of the accept script is counted in.
+_COUNTED_AS = {
+    "accepted": "accepted",
+    "duplicate": "duplicate_deliveries",
+    "reused": "reused_ids",
+}
 
 Verdict = Literal["accepted", "duplicate", "reused", "full", "fenced", "throttled", "overloaded"]
 
@@ -113,7 +127,13 @@ _Delivery = tuple[tuple[Enqueue, ...], RunLease | None, int]
 class ReceiverGateway:
     """Typed access to Redis for the receiver (asyncio)."""
 
-    def __init__(self, client: aioredis.Redis, keys: RedisKeys, shards: ShardMap) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        keys: RedisKeys,
+        shards: ShardMap,
+        counts_flush_s: float = COUNTS_FLUSH_S,
+    ) -> None:
         self.client = client
         self.keys = keys
         self.shards = shards
@@ -129,9 +149,17 @@ class ReceiverGateway:
         #: The accepts of requests that arrive at once, in one script call.
         self._accepts: Rounds[_Delivery, BatchResult] = Rounds(self._accept_round)
         self._record_id_reuse = LoadedScript(script_text("record_id_reuse"))
+        #: The accepts' counts (accepted, duplicates, refusals), written by
+        #: :meth:`flush_counts` ``counts_flush_s`` after the first that is not written
+        #: yet (and when the gateway closes), not by each accept.
+        self.tally = Tally()
+        self.counts_flush_s = counts_flush_s
+        self._flusher: asyncio.Task[None] | None = None
 
     @classmethod
-    def from_url(cls, url: str, keys: RedisKeys, shards: ShardMap) -> ReceiverGateway:
+    def from_url(
+        cls, url: str, keys: RedisKeys, shards: ShardMap, counts_flush_s: float = COUNTS_FLUSH_S
+    ) -> ReceiverGateway:
         """Connect to Redis at ``url``, with timeouts so a dead server is an error.
 
         The pool holds at most :data:`POOL_CONNECTIONS`, and a request that finds them all
@@ -147,12 +175,13 @@ class ReceiverGateway:
             socket_connect_timeout=5,
             health_check_interval=15,
         )
-        return cls(aioredis.Redis.from_pool(pool), keys, shards)
+        return cls(aioredis.Redis.from_pool(pool), keys, shards, counts_flush_s)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ReceiverGateway:
         """The gateway to ``settings``' Redis."""
-        return cls.from_url(settings.redis_dsn(), settings.keys, settings.shards)
+        flush_s = settings.counts_flush_ms / 1000
+        return cls.from_url(settings.redis_dsn(), settings.keys, settings.shards, flush_s)
 
     @property
     def redis(self) -> ReceiverGateway:
@@ -203,10 +232,54 @@ class ReceiverGateway:
                     item.answer,
                     item.retention_ms,
                     item.shard,
-                    "1" if item.key_missing else "0",
                 ]
         replies = await self._run(self._accept, keys, args)
-        return [_batch_result(reply) for reply in replies]
+        results = [_batch_result(reply) for reply in replies]
+        for (items, _, _), result in zip(deliveries, results, strict=True):
+            self._count(items, result)
+        self._flush_later()
+        return [*results]
+
+    def _count(self, items: Sequence[Enqueue], result: BatchResult) -> None:
+        """Count a delivery's verdicts (or its refusal) into :attr:`tally`."""
+        counters = self.keys.counters
+        if result.refused is not None:
+            if result.refused != "fenced":
+                name = "refused_full" if result.refused == "full" else result.refused
+                self.tally.add(counters, name)
+            return
+        for item, got in zip(items, result.results, strict=True):
+            self.tally.add(counters, _COUNTED_AS[got.verdict])
+            if got.verdict == "accepted" and item.key_missing:
+                self.tally.add(counters, "keyless")
+
+    async def flush_counts(self) -> None:
+        """Add the counts kept in :attr:`tally` to the deployment's counters in one
+        pipeline; on a Redis error they are kept for the next flush."""
+        increments = self.tally.take()
+        if not increments:
+            return
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            queue_increments(pipe, increments)
+            with broker_errors():
+                await pipe.execute()
+        except BaseException:
+            self.tally.add_all(increments)
+            raise
+
+    def _flush_later(self) -> None:
+        """Flush the tally ``counts_flush_s`` from now unless a flush is coming already."""
+        if self.tally and (self._flusher is None or self._flusher.done()):
+            self._flusher = asyncio.create_task(self._flush_after_wait())
+
+    async def _flush_after_wait(self) -> None:
+        while self.tally:  # a failed flush kept its counts: again after another wait
+            await asyncio.sleep(self.counts_flush_s)
+            try:
+                await self.flush_counts()
+            except Exception as exc:
+                log.debug("counts not flushed: %s", exc)
 
     async def record_reuse(self, item: Enqueue) -> bool:
         """Queue ``message`` (the event, marked for review only) once per distinct body
@@ -246,12 +319,9 @@ class ReceiverGateway:
             found.append(
                 EnqueueResult(verdict, answer, as_bytes(told) if verdict == "duplicate" else None)
             )
-        if counts:
-            pipe = self.client.pipeline(transaction=False)  # typed alike on every redis-py
-            for counter, amount in counts.items():
-                pipe.hincrby(self.keys.counters, counter, amount)
-            with broker_errors():
-                await pipe.execute()
+        for counter, amount in counts.items():
+            self.tally.add(self.keys.counters, counter, amount)
+        self._flush_later()
         return found
 
     async def mark_seen(
@@ -344,9 +414,16 @@ class ReceiverGateway:
             return False
 
     async def close(self) -> None:
-        """Release the connection pool."""
+        """Write the counts not written yet, and release the connection pool."""
         await self._accepts.close()
         await self.marks.close()
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        try:
+            await self.flush_counts()
+        except Exception as exc:  # Redis away: these counts are lost (not an event)
+            log.warning("counts not written at close: %s", exc)
         await self.client.aclose()
 
     async def _run(self, script: LoadedScript, keys: list[str], args: list[Any]) -> Any:

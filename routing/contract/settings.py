@@ -34,6 +34,8 @@ MAX_BATCH = 256
 #: waiting for a slow destination costs no thread; 256 keep an async task of 200 ms at
 #: about 1,000 events/s per process before CPU is the limit.
 DEFAULT_LANES = 256
+#: How often a process's kept counts are written to the deployment's counters (ms).
+DEFAULT_COUNTS_FLUSH_MS = 1_000
 
 DAY_S = 24 * 3600
 THREE_DAYS_S = 3 * DAY_S
@@ -88,6 +90,11 @@ class Settings(BaseSettings):
     # How often an idle lane looks at every shard for what nothing rang for (a task sent
     # with Celery's own send_task; rings are not missed otherwise: docs, failure-model.md)
     idle_poll_ms: int = Field(2_000, ge=1)
+    # How often a receiver and a worker add the counts they kept in the process (accepted,
+    # outcomes, latency, drain counts) to the deployment's counters: status and /metrics
+    # see them this late, and a process killed with -9 loses at most this long's counts
+    # (never an event: keylane.routing.contract.tallies).
+    counts_flush_ms: int = Field(DEFAULT_COUNTS_FLUSH_MS, ge=10, le=60_000)
     # RabbitMQ only: deliveries of one shard a worker holds at once (its records in
     # flight and waiting behind them), the AMQP heartbeat (a paused worker loses its
     # shards after about two missed ones), how long a publish waits for its confirm, and

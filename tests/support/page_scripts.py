@@ -59,4 +59,4 @@ def book_50_slots_twice(stack: Stack, tmp_path: Path) -> None:
         assert loser.result["revision"] == 1
     # And refusals are no dead letters, and are counted
     assert store.dead_letters(DeadLetterFilter()) == []
-    assert stack.view().counters().get("refused") == 50
+    assert stack.settled_counters().get("refused") == 50

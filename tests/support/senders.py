@@ -78,7 +78,7 @@ def settled(stack: Stack) -> tuple[int, dict[str, int]]:
         return all(shard["depth"] == 0 for shard in view.shard_states())
 
     wait_until(drained, 60, "every shard drained", on_timeout=stack.logs)
-    return stack.open_store().journal_size(), view.counters()
+    return stack.open_store().journal_size(), stack.settled_counters()
 
 
 def refused_changes_nothing(

@@ -190,6 +190,23 @@ class Stack:
         s = self.settings
         return DeploymentView.from_url(s.redis_dsn(), s.keys, s.shards)
 
+    def settled_counters(self, timeout_s: float = 30.0) -> dict[str, int]:
+        """The deployment's counters once what its receivers and workers counted is
+        written: each writes its counts every ``counts_flush_ms``
+        (:mod:`keylane.routing.contract.tallies`), so two reads that far apart and more
+        agree once nothing is left to write."""
+        view = self.view()
+        gap_s = 3 * self.settings.counts_flush_ms / 1000
+        deadline = time.monotonic() + timeout_s
+        last = view.counters()
+        while True:
+            time.sleep(gap_s)
+            now = view.counters()
+            if now == last:
+                return now
+            assert time.monotonic() < deadline, f"the counters still move: {last} -> {now}"
+            last = now
+
     def keylane(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run a ``keylane`` command against this deployment."""
         return subprocess.run(

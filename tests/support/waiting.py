@@ -64,6 +64,6 @@ def restart_under_500_waiting(stack: Stack) -> None:
 
 
 def accepted_count(stack: Stack) -> int:
-    """The deployment's ``accepted`` counter."""
+    """The deployment's ``accepted`` counter (as its receivers last wrote it)."""
     counters = stack.view().client.hgetall(stack.settings.keys.counters)
     return int(counters.get(b"accepted", 0))

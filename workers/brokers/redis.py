@@ -39,6 +39,7 @@ from ...routing.contract.message import build_unhold_message
 from ...routing.contract.redis_scripts import COMMON_KEYS, SHARD_KEYS
 from ...routing.contract.replies import reply_text
 from ...routing.contract.settings import Settings
+from ...routing.contract.tallies import Increment, Tally, queue_increments
 from ...routing.redis_keys import (
     ONCE_MARKER_TTL_MS,
     SEND_MARKER_TTL_MS,
@@ -67,6 +68,9 @@ class RedisLaneBroker(RedisShardLeases, RedisMessageNotes, RecordQueue):
         self._shard_keys_of: dict[int, list[str]] = {}
         #: Destinations' flow control, shared by every worker (its own module).
         self.flow = DestinationFlow(keys, self._run)
+        #: The acknowledged messages' counts (outcomes, the latency histogram, each
+        #: shard's drain count), written by :meth:`flush_counts`, not by each finish.
+        self.tally = Tally()
 
     @classmethod
     def from_url(cls, url: str, keys: RedisKeys, shards: ShardMap) -> RedisLaneBroker:
@@ -132,7 +136,7 @@ class RedisLaneBroker(RedisShardLeases, RedisMessageNotes, RecordQueue):
         then_take: bool = False,
     ) -> Taken | Idle | bool:
         k = self.keys
-        keys = [*self._shard_keys(lease.shard), k.latency, k.drained, *self._common_keys()]
+        keys = [*self._shard_keys(lease.shard), k.latency, *self._common_keys()]
         args: list[Any] = [
             lease.shard,
             lease.value,
@@ -142,7 +146,9 @@ class RedisLaneBroker(RedisShardLeases, RedisMessageNotes, RecordQueue):
             ADMIT_MAX,
             k.outcomes,
         ]
-        reply = self._run("finish", keys, args + self._ack_args(acks))
+        reply = self._run("finish", keys, args + self._ack_args(acks, counted=False))
+        if reply != 0:  # the lease was ours: the messages were acknowledged
+            self.tally.add_all(self._counts(lease.shard, acks))
         if isinstance(reply, list) and len(reply) == 1:  # then_take: nothing due
             due_ms = int(reply[0])
             return Idle({lease.shard: due_ms / 1000} if due_ms >= 0 else {})
@@ -150,23 +156,59 @@ class RedisLaneBroker(RedisShardLeases, RedisMessageNotes, RecordQueue):
             return _taken(lease.shard, reply)
         return bool(reply)
 
-    def _ack_args(self, acks: Sequence[Ack]) -> list[Any]:
+    def _ack_args(self, acks: Sequence[Ack], counted: bool = True) -> list[Any]:
         """The values ``ACK`` names for each acknowledged message, in order (what
-        ``finish.lua`` and ``after_ack.lua`` count and tell)."""
+        ``finish.lua`` and ``after_ack.lua`` count and tell); without ``counted`` no
+        outcome or latency for the script to count (the tally counts them)."""
         args: list[Any] = []
         for ack in acks:
             latency_s, tell = ack.latency_s, ack.tell
             args += [
                 ack.raw,
-                ack.outcome,
+                ack.outcome if counted else "",
                 ack.conflicts,
                 ack.attempts,
-                "" if latency_s is None else latency_bucket(latency_s),
+                "" if latency_s is None or not counted else latency_bucket(latency_s),
                 f"{latency_s or 0.0:.6f}",
                 *(("", "", 0, "0") if tell is None else self._told(tell)),
                 ack.backlog_source,
             ]
         return args
+
+    def _counts(self, shard: int, acks: Sequence[Ack]) -> list[Increment]:
+        """What acknowledging ``acks`` adds to the counters: each message drained from
+        ``shard``, its outcome, conflicts and attempts, and its latency in the histogram."""
+        k = self.keys
+        counts = [Increment(k.drained, str(shard), len(acks))]
+        for ack in acks:
+            if not ack.outcome:
+                continue
+            counts.append(Increment(k.counters, ack.outcome, 1))
+            if ack.conflicts > 0:
+                counts.append(Increment(k.counters, "conflicts", ack.conflicts))
+            if ack.attempts > 0:
+                counts.append(Increment(k.counters, "attempts", ack.attempts))
+            if ack.latency_s is not None:
+                counts += [
+                    Increment(k.latency, latency_bucket(ack.latency_s), 1),
+                    Increment(k.latency, "count", 1),
+                    Increment(k.latency, "sum", float(ack.latency_s)),
+                ]
+        return counts
+
+    def flush_counts(self) -> None:
+        """Add the counts the finishes kept in :attr:`tally` to the deployment's hashes,
+        in one pipeline; on a Redis error they are kept for the next flush."""
+        increments = self.tally.take()
+        if not increments:
+            return
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            queue_increments(pipe, increments)
+            call(pipe.execute)
+        except BaseException:
+            self.tally.add_all(increments)
+            raise
 
     def _told(self, tell: Tell) -> tuple[str, bytes, int, str]:
         key = self.keys.outcome(tell.source, tell.event_id)

@@ -6,7 +6,7 @@
 -- counters again, then per event: dedupe mark, queue, told outcome); ARGV = (doorbell
 -- channel, shard high-water mark, deliveries, global high-water mark, then per delivery:
 -- the run's lease value or '', its number of events, its source, its share of the backlog
--- (0: none), then per event: body hash, message, answer, retention ms, shard, keyless).
+-- (0: none), then per event: body hash, message, answer, retention ms, shard).
 -- Returns one reply per delivery: {'fenced'} when its scheduled run no longer holds its
 -- lease, {'full', event index, depth} when a shard is at its high-water mark (its queue,
 -- what its owner admitted into records' lists, held records apart, and what this call
@@ -19,23 +19,20 @@
 -- 'accepted', 'duplicate' (the same id and body seen before, or earlier in this call) or
 -- 'reused' (another body). A refused delivery leaves nothing behind; the others of the
 -- call are not affected by it. Each accepted event joins its source's backlog (the hash
--- source -> events accepted and not finished, finish.lua takes them off).
-local high_water, counts, shards, replies = tonumber(ARGV[2]), {}, {}, {}
+-- source -> events accepted and not finished, finish.lua takes them off). The verdicts
+-- are counted by the caller from these replies (keylane.routing.contract.tallies), not here.
+local high_water, shards, replies = tonumber(ARGV[2]), {}, {}
 local found = {}  -- mark key -> the value a dedupe mark holds, for events of this call
 local adding = {}  -- queue key -> events this call pushes to it
 local backlog = nil  -- source -> events waiting (read once, when a share is asked about)
 local global_high_water = tonumber(ARGV[4])
 local k, a = 4, 5  -- where the next delivery starts in KEYS and in ARGV
 
-local function count(counter, amount)
-  counts[counter] = (counts[counter] or 0) + amount
-end
-
 -- The verdicts of one delivery's n events (KEYS from kk, ARGV from aa), or its refusal.
 local function decide(kk, aa, n)
   local verdicts, pending, mine = {}, {}, {}
   for i = 1, n do
-    local ki, ai = kk + 3 * (i - 1), aa + 6 * (i - 1)
+    local ki, ai = kk + 3 * (i - 1), aa + 5 * (i - 1)
     local here = mine[KEYS[ki]] or found[KEYS[ki]]
     local seen = here or redis.call('GET', KEYS[ki])
     if seen then
@@ -100,19 +97,16 @@ for _ = 1, tonumber(ARGV[3]) do
   local lease_key, lease_value, n = KEYS[k], ARGV[a], tonumber(ARGV[a + 1])
   local source, limit = ARGV[a + 2], tonumber(ARGV[a + 3])
   local kk, aa = k + 1, a + 4
-  k, a = kk + 3 * n, aa + 6 * n
+  k, a = kk + 3 * n, aa + 5 * n
   local verdicts, refused = nil, nil
   if lease_value ~= '' and redis.call('GET', lease_key) ~= lease_value then
     refused = {'fenced'}
   else
     verdicts, refused = decide(kk, aa, n)
-    if refused then
-      count('refused_full', 1)
-    else
+    if not refused then
       local n_new = 0
       for i = 1, n do if verdicts[i][1] == 'accepted' then n_new = n_new + 1 end end
       refused = count_in(source, limit, n_new)
-      if refused then count(refused[1], 1) end
     end
   end
   if refused then
@@ -120,7 +114,7 @@ for _ = 1, tonumber(ARGV[3]) do
   else
     local reply = {'ok'}
     for i = 1, n do
-      local ki, ai = kk + 3 * (i - 1), aa + 6 * (i - 1)
+      local ki, ai = kk + 3 * (i - 1), aa + 5 * (i - 1)
       local verdict = verdicts[i][1]
       if verdict == 'accepted' then
         local mark = ARGV[ai] .. '\n' .. ARGV[ai + 2]
@@ -129,10 +123,6 @@ for _ = 1, tonumber(ARGV[3]) do
         found[KEYS[ki]] = mark
         adding[KEYS[ki + 1]] = (adding[KEYS[ki + 1]] or 0) + 1
         shards[ARGV[ai + 4]] = true
-        if ARGV[ai + 5] == '1' then count('keyless', 1) end
-        count('accepted', 1)
-      else
-        count(verdict == 'duplicate' and 'duplicate_deliveries' or 'reused_ids', 1)
       end
       reply[#reply + 1] = verdict
       reply[#reply + 1] = verdicts[i][2]
@@ -141,6 +131,5 @@ for _ = 1, tonumber(ARGV[3]) do
     replies[#replies + 1] = reply
   end
 end
-for counter, amount in pairs(counts) do redis.call('HINCRBY', KEYS[1], counter, amount) end
 for shard in pairs(shards) do redis.call('PUBLISH', ARGV[1], shard) end
 return replies

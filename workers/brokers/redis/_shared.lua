@@ -22,9 +22,16 @@
 -- that names them (keylane.routing.contract.redis_scripts): never spelled here.
 
 
+-- The Redis clock in ms: one TIME per script call, and only once asked (a finish that
+-- hands nothing out and admits nothing never reads it). A function that is given nil for
+-- its now reads it where it needs it.
+local NOW_MS = nil
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not NOW_MS then
+    local t = redis.call('TIME')
+    NOW_MS = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return NOW_MS
 end
 
 -- Forget a message's delivery count and notes (it is done, or parked for good).
@@ -132,6 +139,7 @@ local function admit(K, shard, now, n)
   if n < 1 or memo(K).queue_left == false then return end
   local popped = redis.call('RPOP', K.queue, n) or {}
   memo(K).queue_left = #popped == n
+  if #popped > 0 then now = now or now_ms() end
   for _, m in ipairs(popped) do
     local h, key, kw = describe(m)
     local rec = K.rec_prefix .. key
@@ -200,6 +208,7 @@ local function hand_out(K, key, now, after)
     redis.call('HDEL', K.busy, key)
     return nil
   end
+  now = now or now_ms()
   redis.call('ZREM', K.ready, key)
   redis.call('HSET', K.busy, key, now)
   if not memo(K).fresh[key] then redis.call('HDEL', K.waits, key) end
@@ -234,6 +243,7 @@ end
 local function take_due(K, now)
   while true do
     local first = redis.call('ZRANGE', K.ready, 0, 1, 'WITHSCORES')
+    if #first > 0 then now = now or now_ms() end
     if #first == 0 or tonumber(first[2]) > now then
       if memo(K).queue_left ~= false and redis.call('LLEN', K.queue) > 0 then return nil, 0 end
       if #first == 0 then return nil, -1 end

@@ -1,9 +1,11 @@
 -- include: _shared.lua
 -- A lane is done with a record's messages: acknowledge them, count their outcomes, hold
 -- the record behind a dead letter if asked, and (then_take) hand the lane the shard's next
--- due record: the same record's next message first.
--- KEYS: SHARD_KEYS of the shard (see _shared.lua), then latency, drained, and the
--- COMMON_KEYS (depth, held, counters, backlog).
+-- due record: the same record's next message first. The lanes' Redis broker passes no
+-- outcome or latency (it counts them, and the shard's drain count, in its process: see
+-- keylane.routing.contract.tallies); what is passed is counted.
+-- KEYS: SHARD_KEYS of the shard (see _shared.lua), then latency, and the COMMON_KEYS
+-- (depth, held, counters, backlog).
 -- ARGV: shard, lease value, record key, hold (dead letter id, '' for none), then_take
 -- ('1'/'0'), admit, the outcomes channel, then per acknowledged message the values ACK
 -- names (generated): message, outcome counter ('' counts nothing), conflicts, attempts,
@@ -15,11 +17,11 @@
 -- record handed out (see take.lua), or {wait}: nothing is due, wait = ms until the
 -- shard's first waiting record is due (-1: none waits).
 local K = shard_keys(0)
-local latency, drained = KEYS[#SHARD_KEYS + 1], KEYS[#SHARD_KEYS + 2]
+local latency = KEYS[#SHARD_KEYS + 1]
 local shard, lease, key, hold = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local then_take, admit_max = ARGV[5] == '1', tonumber(ARGV[6])
 if redis.call('GET', K.lease) ~= lease then return 0 end
-local now = now_ms()
+local now = nil  -- read only where needed (now_ms): an ack that hands nothing out reads no clock
 local rec = K.rec_prefix .. key
 local was_held = is_held(K, key)
 local channel = ARGV[7]
@@ -29,7 +31,6 @@ for i = 8, #ARGV, ack_width() do
     redis.call('HINCRBY', K.depth, shard, -1)
   end
   forget(K.deliveries, redis.sha1hex(m))
-  redis.call('HINCRBY', drained, shard, 1)
   count_and_tell(K.counters, latency, channel, i, K.backlog)
 end
 redis.call('HDEL', K.busy, key)
@@ -58,7 +59,7 @@ elseif left > 0 and not was_held then
     local got = hand_out(K, key, now)
     if got then return got end
   end
-  redis.call('ZADD', K.ready, 'NX', now, key)
+  redis.call('ZADD', K.ready, 'NX', now_ms(), key)
 end
 if then_take then
   admit(K, shard, now, admit_max)
