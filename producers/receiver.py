@@ -44,13 +44,13 @@ from ..routing.contract.logcontext import event_context
 from ..routing.contract.outcomes import http_status_of, preferred_wait_s
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import SourceConfig, Sources
-from .accept import Acceptor, NewEvent, new_event
+from .accept import Acceptor, KeptDelivery, NewEvent, new_event
 from .answers import REPLAYED, Answer, error_answer, ignored_answer, told_answer
 from .batches import BatchAccept
 from .body import Receive, discard_body, read_body
 from .broker import EventQueue
 from .delivery import check_public_url, query_params, read_verified, target_of
-from .door import Door, DoorCounts, Seen
+from .door import Door, DoorCounts, Seen, ignored_reason, kept_of
 from .faults import crash
 from .gateway import EnqueueResult
 from .handshakes import Handshakes
@@ -89,7 +89,7 @@ class Receiver:
         self.watch = QueueWatch(queue.redis)
         self.metrics = ReceiverMetrics(self.watch, queue.redis)
         self.metrics.registry.register(WireVersionGauge(self.acceptor.wire))
-        self.door = Door(queue.redis.door, settings.door_keep)
+        self.door = Door(queue.redis.door, settings.door_keep, settings.keep_deliveries)
         self.metrics.registry.register(DoorCounts(self.door))
         self.faults = Faults(settings.faults, crash)
         self.verifiers = verifiers_of(sources, environ)
@@ -122,7 +122,7 @@ class Receiver:
             return self.refuse(404, "unknown_source", f"no source named {name!r}")
         seen = Seen()
         answer = await self._decide(source, headers, receive, path, query, seen)
-        if answer.status >= 400:
+        if answer.status >= 400 or seen.ignored is not None:
             self.door.keep(source, headers, path, query, answer, seen)
         return answer
 
@@ -163,15 +163,18 @@ class Receiver:
             if isinstance(read, Answer):
                 return read
             taken = read.events
+            if not any(isinstance(item, Intake) for item in taken):
+                seen.ignored = ignored_reason(taken)
+            kept = kept_of(source, self.settings, headers, path, query, body)
             if source.items_rule is not None:
-                answer = await self.batches.accept(source, taken, headers)
+                answer = await self.batches.accept(source, taken, headers, kept)
                 return answer.as_reply(source.reply)
             (intake,) = taken
             if isinstance(intake, Ignored):
                 return ignored_answer(source.name, intake.event_type, intake.reason).as_reply(
                     source.reply
                 )
-            event = self.event_of(source, intake)
+            event = self.event_of(source, intake, kept)
         except SignatureError as exc:
             seen.verified = False
             log.info("refused a delivery for %s: %s", source.name, exc)
@@ -243,8 +246,11 @@ class Receiver:
             source.event_id_rule,
         )
 
-    def event_of(self, source: SourceConfig, intake: Intake) -> NewEvent:
-        """The event to accept for ``intake`` (a task or destination gets its ``text``)."""
+    def event_of(
+        self, source: SourceConfig, intake: Intake, kept: KeptDelivery | None = None
+    ) -> NewEvent:
+        """The event to accept for ``intake`` (a task or destination gets its ``text``),
+        linked to the delivery ``kept`` it came from."""
         if intake.key_missing:
             self.warn_keyless(source)
         return new_event(
@@ -261,6 +267,8 @@ class Receiver:
             conditions=intake.conditions,
             if_revision=intake.if_revision,
             identities=intake.identities,
+            delivery=kept.delivery_id if kept is not None else None,
+            request=kept.request if kept is not None else None,
         )
 
     def overloaded(self, waiting: int) -> Answer:

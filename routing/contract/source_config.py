@@ -59,6 +59,9 @@ class SourceConfig(BaseModel):
     destination: str | None = None
     records_in: str | None = None
     owns: tuple[str, ...] = ("*",)
+    #: Which of its deliveries are kept (None: ``KEYLANE_KEEP_DELIVERIES``): ``off``,
+    #: ``errors`` (refused at the door, or an event refused or dead-lettered), ``all``.
+    keep_deliveries: Literal["off", "errors", "all"] | None = None
     retention_s: int | None = Field(None, ge=1)
     journal_retention_s: int | None = Field(None, ge=1)
     on_dead_letter: Literal["continue", "hold"] = "continue"
@@ -347,6 +350,10 @@ class SourceConfig(BaseModel):
         if self.forwards or self.records_in is not None:
             return 1
         return self.batch if self.batch is not None else settings.batch_max
+
+    def delivery_window(self, settings: Settings) -> str:
+        """Which of its deliveries are kept: its ``keep_deliveries``, else the settings'."""
+        return self.keep_deliveries or settings.keep_deliveries
 
     def retention(self, settings: Settings) -> int:
         """Seconds a delivered event id is remembered in Redis: ``retention_s``, else its
