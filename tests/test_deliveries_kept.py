@@ -18,8 +18,11 @@ import httpx
 import pytest
 
 from keylane.ops.deliveries import DeliveryQuery, parse_delivery_id
-from keylane.routing.contract.errors import KeylaneError
+from keylane.routing.contract.errors import ConfigError, KeylaneError
 from keylane.routing.contract.kept_deliveries import MINTED_SEQ_MIN, new_delivery_id
+from keylane.routing.contract.settings import Settings
+from keylane.routing.contract.sources import parse_sources
+from tests.support.readme import page_text
 from tests.support.stack import Stack, event, wait_until
 
 SOURCES = """
@@ -294,3 +297,19 @@ def test_a_delivery_id_is_one_format_checked_before_anything_is_asked() -> None:
             DeliveryQuery(before=text)
     with pytest.raises(KeylaneError, match="--outcome"):
         DeliveryQuery(outcomes=("lost",))
+
+
+def test_a_source_s_window_is_its_own_else_the_settings_and_the_page_s_table_loads() -> None:
+    # Given the Deliveries page's sources table, and a source that names no window
+    blocks = page_text("deliveries.md").split("```toml\n")[1].split("```")[0]
+    sources = parse_sources(blocks + '\n[sources.plain]\nverify = { scheme = "none" }\n')
+    crm, plain = sources.get("crm"), sources.get("plain")
+    assert crm is not None
+    assert plain is not None
+    # Then the page's source keeps all; the other keeps what the settings say
+    assert crm.delivery_window(Settings()) == "all"
+    assert plain.delivery_window(Settings()) == "errors"
+    assert plain.delivery_window(Settings(keep_deliveries="off")) == "off"
+    # And a window that is none of the three is refused when the file is read
+    with pytest.raises(ConfigError, match="keep_deliveries"):
+        parse_sources('[sources.x]\nverify = { scheme = "none" }\nkeep_deliveries = "some"\n')
