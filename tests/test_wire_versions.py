@@ -82,18 +82,18 @@ def test_an_event_is_written_for_an_older_version_without_the_fields_it_lacks(
 
 
 def test_an_event_goes_to_an_older_worker_without_its_delivery_rather_than_wait() -> None:
-    # Given an event that names its delivery and carries its request (wire version 3)
+    # Given an event that names its delivery and carries its request (wire version 2)
     kept = {**_wire_event(), "delivery": "crm/1-1099511627776", "request": {"method": "POST"}}
-    # Then for a worker reading version 2 it is written without them (kept only, they
+    # Then for a worker of 0.1.0 (version 1) it is written without them (kept only, they
     # change no outcome), never refused with a 503
-    older = wire.for_version(kept, 2, WIRE_DEFAULTS)
+    older = wire.for_version(kept, 1, WIRE_DEFAULTS)
     assert "delivery" not in older
     assert "request" not in older
-    assert wire.for_version(kept, 3, WIRE_DEFAULTS) is kept
+    assert wire.for_version(kept, 2, WIRE_DEFAULTS) is kept
 
 
 def test_a_message_names_its_version_from_2_on() -> None:
-    for version in (1, 2, 3, 4):
+    for version in (1, 2, 3):
         message = parse_message(event_message(_wire_event(), "q", wire=version))
         assert ("keylane_wire" in message.headers) == (version > 1)
         assert wire.version_of(message.headers) == version
@@ -160,13 +160,13 @@ def test_a_message_of_a_newer_version_is_parked_whole_holds_its_record_and_is_ne
     stack.wait_all_owned()
     assert stack.post(event("a-1", "contact:1", seq={"append": 1})).status_code == 202
     stack.wait_journal(1)
-    # When a message of wire version 4 (a newer keylane's) for contact:1 arrives, then
+    # When a message of wire version 3 (a newer keylane's) for contact:1 arrives, then
     # another event for it, and events for another record
     s = stack.settings
     shard = s.shards.shard_for_key("contact:1")
     newer = {**_wire_event("contact:1", "n-2"), "shard": shard}
     newer["changes"] = {"seq": {"append": 2}}
-    raw = event_message(newer, s.shards.queue_name(shard), wire=4)
+    raw = event_message(newer, s.shards.queue_name(shard), wire=3)
     client = redis.Redis.from_url(s.redis_dsn())
     try:
         client.lpush(s.keys.queue(s.shards.queue_name(shard)), raw)
@@ -184,12 +184,12 @@ def test_a_message_of_a_newer_version_is_parked_whole_holds_its_record_and_is_ne
     row = rows[0]
     assert row.record_key == "contact:1"
     assert row.event["raw"].encode() == raw
-    assert row.event["wire"] == 4
-    assert "wire version 4" in row.error
+    assert row.event["wire"] == 3
+    assert "wire version 3" in row.error
     # And its record is held behind it: the later event waits, in order
     time.sleep(2)
     assert store.read("contact:1").fields["seq"] == [1]
-    # When an operator retries it with no worker that reads version 4
+    # When an operator retries it with no worker that reads version 3
     done = stack.keylane("dlq", "retry", str(row.id), "--yes")
     assert done.returncode == 0, done.stdout + done.stderr
 

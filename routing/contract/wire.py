@@ -6,10 +6,10 @@ a message without it is version 1, what keylane 0.1.0 wrote. Each version is the
 before it plus the event fields :data:`FIELDS_SINCE` names:
 
 * 1 (0.1.0): the fields of :data:`V1_FIELDS`, no version header;
-* 2 (0.2.0): the same fields, and the version header;
-* 3: ``delivery`` (the id of the delivery an event came from) and ``request`` (what is
-  kept of it, :mod:`.kept_deliveries`). Both are only kept, never applied: an event for
-  a worker that reads version 2 goes without them (:data:`KEPT_ONLY`) rather than wait.
+* 2 (0.2.0): the same fields, the version header, and ``delivery`` (the id of the
+  delivery an event came from) and ``request`` (what is kept of it,
+  :mod:`.kept_deliveries`). Those two are only kept, never applied: an event for a worker
+  that reads version 1 goes without them (:data:`KEPT_ONLY`) rather than wait.
 
 A worker reads every version in :data:`READS`; a message of another version is parked
 for review (a ``wire_version`` dead letter that holds its record, the message kept whole
@@ -38,8 +38,8 @@ from typing import Any
 from .errors import BrokerUnavailable
 
 #: The wire version this release writes, and the ones its workers read.
-WIRE_VERSION = 3
-READS = (1, 2, 3)
+WIRE_VERSION = 2
+READS = (1, 2)
 #: The message header that names a message's wire version (absent: 1).
 WIRE_HEADER = "keylane_wire"
 
@@ -68,7 +68,7 @@ V1_FIELDS = frozenset(
     }
 )
 #: Event fields added since version 1: field -> the first wire version that has it.
-FIELDS_SINCE: Mapping[str, int] = {"delivery": 3, "request": 3}
+FIELDS_SINCE: Mapping[str, int] = {"delivery": 2, "request": 2}
 #: Fields an older worker's event goes without, even when set: what they carry is kept
 #: for people to look at, and changes no outcome.
 KEPT_ONLY = frozenset({"delivery", "request"})
