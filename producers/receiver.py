@@ -163,9 +163,11 @@ class Receiver:
             if isinstance(read, Answer):
                 return read
             taken = read.events
+            kept = None
             if not any(isinstance(item, Intake) for item in taken):
-                seen.ignored = ignored_reason(taken)
-            kept = kept_of(source, self.settings, headers, path, query, body)
+                seen.ignored = ignored_reason(taken)  # kept at the door: it has no lane
+            else:
+                kept = kept_of(source, self.settings, headers, path, query, body)
             if source.items_rule is not None:
                 answer = await self.batches.accept(source, taken, headers, kept)
                 return answer.as_reply(source.reply)
