@@ -2,6 +2,7 @@
 lines, one folder per table and UTC day::
 
     <archive dir>/journal/2026-12-02/103000-3f2a9c1b.jsonl.gz
+    <archive dir>/deliveries/2026-12-02/...   (accepted deliveries kept, by source)
     <archive dir>/dead_letters/2026-11-02/...
     <archive dir>/lease_log/2026-11-25/...
 
@@ -38,7 +39,7 @@ from ..workers.stores.dialect import dump_json
 
 SETTLED = ".jsonl.gz"
 PENDING = ".jsonl.gz.pending"
-TABLES = ("journal", "dead_letters", "lease_log")
+TABLES = ("journal", "deliveries", "dead_letters", "lease_log")
 
 
 def day_of(ts: float) -> str:

@@ -1,6 +1,8 @@
-"""``keylane deliveries``: the deliveries the receiver turned away at the door (invalid,
-unverified, throttled, overloaded), as it kept them in a bounded Redis stream per source
-(``ops/docs/deliveries.md``). What is read: ``ops/deliveries.py``; printed: here."""
+"""``keylane deliveries``: the deliveries kept (``ops/docs/deliveries.md``): those the
+receiver turned away at the door (invalid, unverified, throttled, overloaded) or found no
+mapping for (ignored), in a bounded Redis stream per source, and the accepted ones a
+source's window keeps, in the store with the events they became. What is read:
+``ops/deliveries.py``; printed: here."""
 
 from __future__ import annotations
 
@@ -10,9 +12,16 @@ from typing import Any
 
 import click
 
-from ..routing.contract.door import NAMES
 from .cli_common import cli_store, emit_json, parse_age, settings_of, when
-from .deliveries import DeliveryQuery, body_kept, list_deliveries, public, show_delivery
+from .deliveries import (
+    OUTCOMES,
+    STATUSES,
+    DeliveryQuery,
+    body_kept,
+    list_deliveries,
+    public,
+    show_delivery,
+)
 from .rerun import Rerun, check_choice, chosen, rerun
 from .rerun import public as public_rerun
 from .tables import render_table
@@ -21,8 +30,8 @@ from .tables import render_table
 @click.group("deliveries", invoke_without_command=True)
 @click.pass_context
 def deliveries(ctx: click.Context) -> None:
-    """Deliveries the receiver turned away: list, show, rerun (alone: the list, as
-    ``deliveries list``)."""
+    """Deliveries kept (turned away, ignored, accepted): list, show, rerun (alone: the
+    list, as ``deliveries list``)."""
     if ctx.invoked_subcommand is None:
         ctx.invoke(list_command)
 
@@ -33,7 +42,14 @@ def deliveries(ctx: click.Context) -> None:
     "--status",
     "statuses",
     multiple=True,
-    help=f"Only this status: a name ({', '.join(NAMES)}) or an HTTP status (repeatable).",
+    help=f"Only this status: a name ({', '.join(STATUSES)}) or an HTTP status (repeatable).",
+)
+@click.option(
+    "--outcome",
+    "outcomes",
+    multiple=True,
+    type=click.Choice(OUTCOMES),
+    help="Only deliveries one of whose events had this outcome (repeatable).",
 )
 @click.option("--since", default=None, help="Only the newer than this: 90s, 15m, 2h, 3d.")
 @click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
@@ -48,20 +64,22 @@ def list_command(
     limit: int = 20,
     before: str | None = None,
     as_json: bool = False,
+    outcomes: tuple[str, ...] = (),
 ) -> None:
-    """The deliveries turned away, newest first: when, the source, the status answered
-    (``400 invalid``, ``401 unverified``, ``429 throttled``, ``503 overloaded``...), its
-    code and detail. ``--before ID`` shows the page after the one that ended at ID."""
-    query = DeliveryQuery(
-        sources, statuses, None if since is None else parse_age(since), limit, before
-    )
+    """The deliveries kept, newest first: when, the source, the status (``202 accepted``,
+    ``200 ignored``, ``400 invalid``, ``401 unverified``, ``429 throttled``, ``503
+    overloaded``...), its code, and the detail (an accepted one's: its events'
+    outcomes). ``--before ID`` shows the page after the one that ended at ID."""
+    age = None if since is None else parse_age(since)
+    query = DeliveryQuery(sources, statuses, age, limit, before, outcomes)
     found = list_deliveries(settings_of(ctx), query)
     page, more = found.entries, found.next_before
     if as_json:
         emit_json({"deliveries": [public(e) for e in page], "next_before": more})
         return
     if not page:
-        click.echo("no deliveries turned away" + (" (of these)" if statuses or since else ""))
+        filtered = statuses or since or outcomes or sources
+        click.echo("no deliveries kept" + (" (of these)" if filtered else ""))
         return
     rows = [
         (
@@ -84,9 +102,10 @@ def list_command(
 @click.option("--body", "with_body", is_flag=True, help="Print the body kept.")
 @click.pass_context
 def show(ctx: click.Context, delivery_id: str, as_json: bool, with_body: bool) -> None:
-    """The delivery ID (``SOURCE/STREAM-ID``, as ``deliveries list`` names it): its
-    request (headers redacted), the answer, the body's size and SHA-256; ``--body``: the
-    body kept (none for an unverified one)."""
+    """The delivery ID (``SOURCE/MS-SEQ``, as ``deliveries list`` names it): its request
+    (headers redacted), how it was verified, the answer (turned away) or the events it
+    became and each one's outcome (accepted), the body's size and SHA-256; ``--body``:
+    the body kept (none for an unverified one)."""
     entry = show_delivery(settings_of(ctx), delivery_id)
     if as_json:
         emit_json(public(entry, with_body))
@@ -100,13 +119,38 @@ def show(ctx: click.Context, delivery_id: str, as_json: bool, with_body: bool) -
 def _print(e: dict[str, Any]) -> None:
     query = f"?{e['query']}" if e["query"] else ""
     click.echo(f"{e['id']}  {when(e['at_ms'] / 1000)} UTC")
-    click.echo(f"  answered: {e['status']} {e['status_name']} ({e['code']}): {e['detail']}")
+    if e["kind"] == "accepted":
+        click.echo(f"  answered: 202 accepted: {len(e['events'])} event(s), {e['detail']}")
+    else:
+        click.echo(f"  answered: {e['status']} {e['status_name']} ({e['code']}): {e['detail']}")
     click.echo(f"  request:  {e['method']} {e['path']}{query}")
-    click.echo(f"  verified: {'yes' if e['verified'] else 'no'}")
+    verified_by = f" ({e['verified_by']})" if e.get("verified_by") else ""
+    click.echo(f"  verified: {'yes' if e['verified'] else 'no'}{verified_by}")
     click.echo(f"  body:     {e['size']} bytes, sha256 {e['sha256'] or '-'}, {_kept(e)}")
     click.echo("  headers:")
     for name, value in e["headers"].items():
         click.echo(f"    {name}: {value}")
+    if e["kind"] == "accepted":
+        _print_events(e["events"])
+
+
+def _print_events(events: list[dict[str, Any]]) -> None:
+    click.echo("  events:")
+    if not events:
+        click.echo("    (none in the journal's table: archived)")
+    rows = [
+        (
+            ev["event_id"],
+            ev["record_key"],
+            ev["outcome"],
+            "" if ev["revision"] is None else ev["revision"],
+            ", ".join(f"#{d['id']} {d['reason']} ({d['status']})" for d in ev["dead_letters"]),
+        )
+        for ev in events
+    ]
+    if rows:
+        table = render_table(["event_id", "record_key", "outcome", "revision", "dead letter"], rows)
+        click.echo("\n".join("    " + line for line in table.splitlines()))
 
 
 def _kept(e: dict[str, Any]) -> str:

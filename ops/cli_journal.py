@@ -43,8 +43,9 @@ def journal_find(
     as_json: bool,
 ) -> None:
     """What happened to EVENT_ID (or to the events of --key, with those forwarded from it
-    to the record it was merged into: VIA names the key they were sent to): the journal's
-    table first, then the archive. Exit code 1 when nothing is found."""
+    to the record it was merged into: VIA names the key they were sent to), each with the
+    delivery it came from (``keylane deliveries show``): the journal's table first, then
+    the archive. Exit code 1 when nothing is found."""
     if event_id is None and record_key is None:
         raise click.UsageError("give an EVENT_ID, or --key KEY")
     settings = settings_of(ctx)
@@ -59,7 +60,10 @@ def journal_find(
     if as_json:
         emit_json(rows)
     else:
-        columns = ["where", "source", "event_id", "record_key", "via", "outcome", "revision"]
+        columns = [
+            *("where", "source", "event_id", "record_key", "via", "outcome", "revision"),
+            "delivery",
+        ]
         cells = [
             [r.get(c) for c in columns] + [when(r.get("recorded_at")), _result(r.get("result"))]
             for r in rows

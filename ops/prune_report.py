@@ -9,7 +9,7 @@ from typing import Any
 from ..workers.store_rows import TableAge
 
 #: The tables the prune archives from.
-TABLES = ("journal", "dead_letters", "lease_log")
+TABLES = ("journal", "deliveries", "dead_letters", "lease_log")
 
 
 @dataclass

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..producers.answers import REPLAYED, Answer
 from ..producers.broker import open_event_queue
-from ..producers.door import Seen
+from ..producers.door import Seen, kept_for
 from ..producers.intake import Ignored, Intake
 from ..producers.receiver import Receiver
 from ..producers.rerun import KeptCheck, body_of
@@ -173,7 +173,8 @@ async def _rerun_one(
     body: bytes = entry["body"] or b""
     headers["content-length"] = str(len(body))
     query = entry["query"].encode()
-    read = await receiver.read(source, headers, body_of(body), entry["path"], query, Seen())
+    seen = Seen()
+    read = await receiver.read(source, headers, body_of(body), entry["path"], query, seen)
     if isinstance(read, Answer):
         return _told(delivery, name, read)
     taken = read.events
@@ -187,7 +188,10 @@ async def _rerun_one(
         return Rerun(
             delivery, name, "mapped", events=_mapped(receiver, source, taken, store, archive)
         )
-    answer = await receiver.admit(source, taken, headers)
+    # A delivery of its own, made from the kept one: its events carry a new delivery id
+    # (and its request, as its source's window says), as a delivery's do.
+    kept = kept_for(source, receiver.settings, taken, headers, entry["path"], query, seen)
+    answer = await receiver.admit(source, taken, headers, kept)
     if answer.status >= 300:
         return _told(delivery, name, answer)
     return Rerun(delivery, name, "ran", answer.status, events=_results(answer, taken))

@@ -53,9 +53,18 @@ BUSY_RETRIES = 20
 #: The prune's statement and lock timeout: it may wait (a first run counts a large backlog,
 #: and on SQLite it waits for the lanes to leave it the write lock); the lanes keep theirs.
 PRUNE_TIMEOUT_MS = 120_000
-_PRUNED: dict[str, PrunedTable] = {"journal": "journal", "dead_letters": "dead_letters"}
+_PRUNED: dict[str, PrunedTable] = {
+    "journal": "journal",
+    "dead_letters": "dead_letters",
+    "deliveries": "deliveries",
+}
 #: The time a row's archive folder (its day) is taken from.
-_TIME_FIELD = {"journal": "recorded_at", "dead_letters": "created_at", "lease_log": "written_at"}
+_TIME_FIELD = {
+    "journal": "recorded_at",
+    "dead_letters": "created_at",
+    "lease_log": "written_at",
+    "deliveries": "received_at",
+}
 
 #: Called as the prune goes: (table, rows done, rows due).
 Progress = Callable[[str, int, int], None]
@@ -203,6 +212,9 @@ class _Run:
             retention = journal_retention_s(self.settings, sources, source)
             self.report.tables["journal"].retention_s[source] = retention
             self.table("journal", now - retention, source)
+            # Its kept deliveries go with its journal rows, after the same window.
+            self.report.tables["deliveries"].retention_s[source] = retention
+            self.table("deliveries", now - retention, source)
 
     def table(self, table: PrunedTable, before: float, source: str = "") -> None:
         """Archive ``table``'s rows due before ``before``, one file at a time."""
@@ -215,9 +227,7 @@ class _Run:
             return
         done = 0
         while rows := self.store.old_rows(table, before, FILE_ROWS, source):
-            moved = self._archive(
-                table, rows, "recorded_at" if table == "journal" else "created_at"
-            )
+            moved = self._archive(table, rows, _TIME_FIELD[table])
             done += len(rows)
             self.progress(f"{table} {source}".strip(), done, max(due, done))
             if not moved:

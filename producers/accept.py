@@ -45,6 +45,16 @@ _ENCODE = msgspec.json.Encoder().encode
 
 
 @dataclass(frozen=True)
+class KeptDelivery:
+    """The delivery an event came from: its id, and its request when its source keeps
+    deliveries (:mod:`keylane.routing.contract.kept_deliveries`). A batched delivery's
+    events share one."""
+
+    delivery_id: str
+    request: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class NewEvent:
     """An event ready for the accept script."""
 
@@ -76,6 +86,8 @@ def new_event(
     conditions: dict[str, dict[str, Any]] | None = None,
     if_revision: int | None = None,
     identities: tuple[str, ...] = (),
+    delivery: str | None = None,
+    request: dict[str, Any] | None = None,
 ) -> NewEvent:
     """The event to accept; :class:`InvalidEvent` if an id, key or type cannot be
     stored. ``changes`` and ``conditions`` come checked (``wire_changes``,
@@ -105,6 +117,8 @@ def new_event(
         "conditions": conditions,
         "if_revision": if_revision,
         "identities": list(identities),
+        "delivery": delivery,
+        "request": request,
     }
     answer = accepted_answer(source, event_id, record_key, shard, queue, key_missing)
     return NewEvent(

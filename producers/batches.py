@@ -28,7 +28,7 @@ from ..routing.contract.errors import BrokerUnavailable
 from ..routing.contract.logcontext import event_context
 from ..routing.contract.outcomes import outcome_path, preferred_wait_s
 from ..routing.contract.sources import SourceConfig
-from .accept import NewEvent
+from .accept import KeptDelivery, NewEvent
 from .answers import Answer, batch_answer, waited_batch_answer
 from .gateway import BatchResult, EnqueueResult
 from .intake import Ignored, Intake
@@ -52,7 +52,9 @@ class BatchHost(Protocol):
     watch: QueueWatch
     faults: Faults
 
-    def event_of(self, source: SourceConfig, intake: Intake) -> NewEvent: ...
+    def event_of(
+        self, source: SourceConfig, intake: Intake, kept: KeptDelivery | None = None
+    ) -> NewEvent: ...
     def share_of(self, source: SourceConfig) -> int: ...
     def shard_full(self, shard: int, depth: int) -> Answer: ...
     def throttled(self, source: str, waiting: int) -> Answer: ...
@@ -70,11 +72,16 @@ class BatchAccept:
         self.receiver = receiver
 
     async def accept(
-        self, source: SourceConfig, taken: Sequence[Intake | Ignored], headers: Mapping[str, str]
+        self,
+        source: SourceConfig,
+        taken: Sequence[Intake | Ignored],
+        headers: Mapping[str, str],
+        kept: KeptDelivery | None = None,
     ) -> Answer:
-        """The answer to a batched delivery whose items were read as ``taken``."""
+        """The answer to a batched delivery whose items were read as ``taken``, each
+        event linked to the delivery ``kept``."""
         receiver = self.receiver
-        events = [receiver.event_of(source, t) for t in taken if isinstance(t, Intake)]
+        events = [receiver.event_of(source, t, kept) for t in taken if isinstance(t, Intake)]
         if not events:
             items = [_ignored(source, t) for t in taken if isinstance(t, Ignored)]
             return batch_answer(source.name, items, accepted=False, replayed=False)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -32,9 +32,13 @@ from ..routing.contract.door import (
     scheme_reads,
 )
 from ..routing.contract.errors import BrokerUnavailable
+from ..routing.contract.kept_deliveries import kept_request, new_delivery_id
+from ..routing.contract.settings import Settings
 from ..routing.contract.sources import SourceConfig
+from .accept import KeptDelivery
 from .answers import Answer
 from .gateway import DoorEntry, DoorLog
+from .intake import Ignored, Intake
 
 log = logging.getLogger("keylane.receiver")
 
@@ -51,6 +55,9 @@ class Seen:
 
     body: bytes | None = None
     verified: bool = False
+    #: Why none of its events was accepted (no mapping for its type): it is kept as
+    #: ``ignored``, having no lane (None: it had events, or was refused).
+    ignored: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,9 +73,11 @@ class _Refusal:
 class Door:
     """One receiver process's keeper of refusals: :meth:`keep` queues, a task writes."""
 
-    def __init__(self, log_: DoorLog, keep_per_source: int) -> None:
+    def __init__(self, log_: DoorLog, keep_per_source: int, window: str = "errors") -> None:
         self.log = log_
         self.keep_per_source = keep_per_source
+        #: ``KEYLANE_KEEP_DELIVERIES``: the window of a source that names none.
+        self.window = window
         self.kept = 0
         self.failed = 0
         self.dropped = 0
@@ -86,8 +95,12 @@ class Door:
         seen: Seen,
     ) -> None:
         """Queue the refusal ``answer`` of a delivery to ``source`` to be kept, if it is
-        one that is kept (``routing/contract/door.py``: :func:`is_kept`)."""
-        if self.keep_per_source == 0 or not is_kept(answer.status, answer.code):
+        one that is kept (``routing/contract/door.py``: :func:`is_kept`), or the delivery
+        whose events were all ignored (``seen.ignored``); nothing of a source whose
+        window is ``off``."""
+        if self.keep_per_source == 0 or (source.keep_deliveries or self.window) == "off":
+            return
+        if seen.ignored is None and not is_kept(answer.status, answer.code):
             return
         if len(self._queue) >= DOOR_QUEUE_MAX:
             self.dropped += 1
@@ -132,12 +145,66 @@ class Door:
             await asyncio.gather(self._writer, return_exceptions=True)
 
 
+def kept_of(
+    source: SourceConfig,
+    settings: Settings,
+    headers: Mapping[str, str],
+    path: str,
+    query: bytes,
+    body: bytes,
+) -> KeptDelivery:
+    """A verified delivery's id, and its request when its source keeps deliveries
+    (:mod:`keylane.routing.contract.kept_deliveries`): what each of its events carries
+    to its lane (the receiver never writes the store)."""
+    delivery_id = new_delivery_id(source.name)
+    window = source.delivery_window(settings)
+    if window == "off":
+        return KeptDelivery(delivery_id)
+    request = kept_request(
+        window=window,
+        verify=source.verify,
+        method="POST",
+        path=path,
+        query=query,
+        headers=headers,
+        body=body,
+    )
+    return KeptDelivery(delivery_id, request)
+
+
+def kept_for(
+    source: SourceConfig,
+    settings: Settings,
+    taken: Sequence[Intake | Ignored],
+    headers: Mapping[str, str],
+    path: str,
+    query: bytes,
+    seen: Seen,
+) -> KeptDelivery | None:
+    """The delivery ``taken`` came from as its events carry it to their lanes
+    (:func:`kept_of`); None when none of it became an event: it has no lane, and is kept
+    at the door as ignored (``seen.ignored`` says why)."""
+    if not any(isinstance(item, Intake) for item in taken):
+        seen.ignored = ignored_reason(taken)
+        return None
+    assert seen.body is not None  # read before it was taken
+    return kept_of(source, settings, headers, path, query, seen.body)
+
+
+def ignored_reason(taken: Sequence[Intake | Ignored]) -> str:
+    """Why a delivery none of whose items became an event was ignored, in words."""
+    why = sorted({f"{i.event_type}: {i.reason}" for i in taken if isinstance(i, Ignored)})
+    return "; ".join(why) or "no events in it"
+
+
 def entry_of(refusal: _Refusal) -> DoorEntry:
     """What is kept of ``refusal``: redacted, its body only when verified and not a 401."""
     named_headers, named_params = scheme_reads(refusal.source.verify)
     answer = refusal.answer
-    detail = ""
-    if answer.code:
+    detail, code = "", answer.code
+    if refusal.seen.ignored is not None:
+        detail, code = refusal.seen.ignored, "ignored"
+    elif answer.code:
         detail = str(msgspec.json.decode(answer.body).get("detail", ""))
     entry = door_entry(
         source=refusal.source.name,
@@ -146,7 +213,7 @@ def entry_of(refusal: _Refusal) -> DoorEntry:
         query=redact_query(refusal.query, named_params),
         headers=redact_headers(refusal.headers, named_headers),
         status=answer.status,
-        code=answer.code,
+        code=code,
         detail=detail,
         body=refusal.seen.body,
         verified=refusal.seen.verified

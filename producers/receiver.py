@@ -44,13 +44,13 @@ from ..routing.contract.logcontext import event_context
 from ..routing.contract.outcomes import http_status_of, preferred_wait_s
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import SourceConfig, Sources
-from .accept import Acceptor, NewEvent, new_event
+from .accept import Acceptor, KeptDelivery, NewEvent, new_event
 from .answers import REPLAYED, Answer, error_answer, ignored_answer, told_answer
 from .batches import BatchAccept
 from .body import Receive, discard_body, read_body
 from .broker import EventQueue
 from .delivery import Taken, check_public_url, query_params, read_verified, target_of
-from .door import Door, DoorCounts, Seen
+from .door import Door, DoorCounts, Seen, kept_for
 from .faults import crash
 from .gateway import EnqueueResult
 from .handshakes import Handshakes
@@ -93,7 +93,7 @@ class Receiver:
         self.watch = QueueWatch(queue.redis)
         self.metrics = ReceiverMetrics(self.watch, queue.redis)
         self.metrics.registry.register(WireVersionGauge(self.acceptor.wire))
-        self.door = Door(queue.redis.door, settings.door_keep)
+        self.door = Door(queue.redis.door, settings.door_keep, settings.keep_deliveries)
         self.metrics.registry.register(DoorCounts(self.door))
         self.faults = Faults(settings.faults, crash)
         self.verifiers = (
@@ -131,8 +131,10 @@ class Receiver:
         if isinstance(read, Answer):
             answer = read
         else:
-            answer = (await self.admit(source, read.events, headers)).as_reply(source.reply)
-        if answer.status >= 400:
+            kept = kept_for(source, self.settings, read.events, headers, path, query, seen)
+            answer = await self.admit(source, read.events, headers, kept)
+            answer = answer.as_reply(source.reply)
+        if (answer.status >= 400 and not answer.told) or seen.ignored is not None:
             self.door.keep(source, headers, path, query, answer, seen)
         return answer
 
@@ -180,17 +182,21 @@ class Receiver:
             return self.refuse(exc.status, exc.code, str(exc))
 
     async def admit(
-        self, source: SourceConfig, taken: list[Intake | Ignored], headers: dict[str, str]
+        self,
+        source: SourceConfig,
+        taken: list[Intake | Ignored],
+        headers: dict[str, str],
+        kept: KeptDelivery | None = None,
     ) -> Answer:
-        """The answer to a delivery read as ``taken``: its events accepted (or not), in
-        keylane's own answer form."""
+        """The answer to a delivery read as ``taken`` (from the delivery ``kept``): its
+        events accepted (or not), in keylane's own answer form."""
         try:
             if source.items_rule is not None:
-                return await self.batches.accept(source, taken, headers)
+                return await self.batches.accept(source, taken, headers, kept)
             (intake,) = taken
             if isinstance(intake, Ignored):
                 return ignored_answer(source.name, intake.event_type, intake.reason)
-            event = self.event_of(source, intake)
+            event = self.event_of(source, intake, kept)
         except InvalidEvent as exc:
             return self.refuse(exc.status, exc.code, str(exc))
         with event_context(
@@ -256,8 +262,11 @@ class Receiver:
             source.event_id_rule,
         )
 
-    def event_of(self, source: SourceConfig, intake: Intake) -> NewEvent:
-        """The event to accept for ``intake`` (a task or destination gets its ``text``)."""
+    def event_of(
+        self, source: SourceConfig, intake: Intake, kept: KeptDelivery | None = None
+    ) -> NewEvent:
+        """The event to accept for ``intake`` (a task or destination gets its ``text``),
+        linked to the delivery ``kept`` it came from."""
         if intake.key_missing:
             self.warn_keyless(source)
         return new_event(
@@ -274,6 +283,8 @@ class Receiver:
             conditions=intake.conditions,
             if_revision=intake.if_revision,
             identities=intake.identities,
+            delivery=kept.delivery_id if kept is not None else None,
+            request=kept.request if kept is not None else None,
         )
 
     def overloaded(self, waiting: int) -> Answer:

@@ -159,6 +159,7 @@ def test_a_command_on_a_postgresql_schema_without_keylane_tables_creates_none(
             "parked",
             "tries",
             "held",
+            "deliveries",
         }
     finally:
         with psycopg.connect(pg_url, autocommit=True) as conn:

@@ -253,9 +253,9 @@ def test_a_refusal_waiting_to_be_written_holds_no_more_than_its_stream_will(
 def test_a_delivery_id_that_is_not_one_is_said_so_before_redis_is_asked() -> None:
     # Given ids as `deliveries list` prints them, and ones it never prints
     assert parse_delivery_id("stripe/1733580000000-0") == ("stripe", "1733580000000-0")
-    assert parse_delivery_id("a/b/1733580000000") == ("a/b", "1733580000000")
-    # Then anything else is a clear error (Redis's refusal read as Redis being down)
-    for text in ("stripe/garbage", "1733580000000-0", "stripe/", "stripe/1-2-3"):
+    # Then anything else (one format for every kind: SOURCE/MS-SEQ, a source's name) is
+    # a clear error (Redis's refusal read as Redis being down)
+    for text in ("stripe/garbage", "1733580000000-0", "stripe/", "stripe/1-2-3", "a/b/1-0"):
         with pytest.raises(KeylaneError, match="not a delivery id"):
             parse_delivery_id(text)
 

@@ -68,17 +68,28 @@ def test_an_event_is_written_for_an_older_version_without_the_fields_it_lacks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Given a field that wire version 2 added (as a later release adds one)
-    monkeypatch.setattr(wire, "FIELDS_SINCE", {"delivery": 2})
-    defaults = {**WIRE_DEFAULTS, "delivery": None}
-    unused = {**_wire_event(), "delivery": None}
-    used = {**_wire_event(), "delivery": "dlv_1"}
+    monkeypatch.setattr(wire, "FIELDS_SINCE", {"priority": 2})
+    defaults = {**WIRE_DEFAULTS, "priority": None}
+    unused = {**_wire_event(), "priority": None}
+    used = {**_wire_event(), "priority": 5}
     # Then for version 1 an event that leaves it at its default is written without it
-    assert "delivery" not in wire.for_version(unused, 1, defaults)
+    assert "priority" not in wire.for_version(unused, 1, defaults)
     assert wire.for_version(unused, 2, defaults) is unused
     # And one that uses it cannot be written for version 1: a 503 until workers upgrade
-    with pytest.raises(wire.NeedsNewerWire, match="delivery"):
+    with pytest.raises(wire.NeedsNewerWire, match="priority"):
         wire.for_version(used, 1, defaults)
     assert wire.for_version(used, 2, defaults) == used
+
+
+def test_an_event_goes_to_an_older_worker_without_its_delivery_rather_than_wait() -> None:
+    # Given an event that names its delivery and carries its request (wire version 2)
+    kept = {**_wire_event(), "delivery": "crm/1-1099511627776", "request": {"method": "POST"}}
+    # Then for a worker of 0.1.0 (version 1) it is written without them (kept only, they
+    # change no outcome), never refused with a 503
+    older = wire.for_version(kept, 1, WIRE_DEFAULTS)
+    assert "delivery" not in older
+    assert "request" not in older
+    assert wire.for_version(kept, 2, WIRE_DEFAULTS) is kept
 
 
 def test_a_message_names_its_version_from_2_on() -> None:

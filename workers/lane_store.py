@@ -26,6 +26,7 @@ from typing import Any
 
 from ..routing.contract.errors import AlreadyApplied
 from ..routing.contract.events import Event
+from ..routing.contract.kept_deliveries import keeps
 from . import dead_letters
 from .blocking import BlockingPool
 from .dead_letters import Failure
@@ -252,4 +253,15 @@ def event_write(
         result=result,
         decided_on_read=decided_on_read,
         via=event.via,
+        delivery=event.delivery,
+        kept_request=kept_for(event, outcome),
     )
+
+
+def kept_for(event: Event, outcome: str) -> dict[str, Any] | None:
+    """The request of ``event``'s delivery to keep with its ``outcome``, if its source's
+    window keeps it (:func:`~keylane.routing.contract.kept_deliveries.keeps`)."""
+    request = event.request
+    if request is None or not keeps(str(request.get("window")), outcome):
+        return None
+    return request

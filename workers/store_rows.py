@@ -25,7 +25,7 @@ MERGE_REVIEW = "merge_review"
 
 
 #: The tables whose old rows the prune archives (the lease log lives in Redis).
-PrunedTable = Literal["journal", "dead_letters"]
+PrunedTable = Literal["journal", "dead_letters", "deliveries"]
 #: A row on its way to the archive: its columns, JSON-ready.
 ArchiveRow = dict[str, Any]
 
@@ -104,6 +104,8 @@ class JournalEntry:
     #: The record key the event was sent to, when it was forwarded from there to the
     #: record that absorbed it (``record_key``).
     via: str | None = None
+    #: The id of the delivery the event came from (None: sent from Python).
+    delivery: str | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,11 @@ class EventWrite:
     releases: tuple[str, tuple[str, ...]] | None = None
     #: The record key a forwarded event was sent to (journaled with it).
     via: str | None = None
+    #: The id of the delivery the event came from (journaled with it).
+    delivery: str | None = None
+    #: That delivery's request, to keep in ``deliveries`` (once per id) with the write:
+    #: set when its source's window keeps this outcome.
+    kept_request: dict[str, Any] | None = None
 
 
 def with_revision(result: dict[str, Any] | None, revision: int) -> dict[str, Any] | None:

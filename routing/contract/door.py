@@ -35,12 +35,15 @@ SECRET_WORDS = ("auth", "cookie", "sig", "token", "secret", "passw", "key", "hma
 
 #: A refusal's name by HTTP status (any other 4xx: ``invalid``).
 STATUS_NAMES = {401: "unverified", 403: "unverified", 409: "reused", 429: "throttled"}
-NAMES = ("invalid", "unverified", "reused", "throttled", "overloaded")
+NAMES = ("ignored", "invalid", "unverified", "reused", "throttled", "overloaded")
 
 
 def status_name(status: int) -> str:
     """What a refusal is called in ``keylane deliveries``: ``unverified`` (401, 403),
-    ``reused`` (409), ``throttled`` (429), ``overloaded`` (503), else ``invalid``."""
+    ``reused`` (409), ``throttled`` (429), ``overloaded`` (503), else ``invalid``; a 2xx
+    kept here is a delivery whose events were all ``ignored`` (no mapping for them)."""
+    if status < 300:
+        return "ignored"
     if status >= 500:
         return "overloaded"
     return STATUS_NAMES.get(status, "invalid")

@@ -225,6 +225,11 @@ class Event(BaseModel):
     #: The record key the sender named, when the event was forwarded to the record that
     #: absorbed it.
     via: str | None = None
+    #: The id of the delivery it came from (``SOURCE/MS-SEQ``, :mod:`.kept_deliveries`).
+    delivery: str | None = None
+    #: That delivery's request, carried when its source keeps deliveries (the lane keeps
+    #: it in the store when the source's window keeps the event's outcome).
+    request: dict[str, Any] | None = None
 
     @property
     def conditional(self) -> bool:

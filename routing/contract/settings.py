@@ -120,6 +120,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1_048_576, ge=1024)
     #: Deliveries turned away kept per source (a Redis stream, ops/docs/deliveries.md); 0: off.
     door_keep: int = Field(1000, ge=0, le=1_000_000)
+    #: Which deliveries a source keeps when its table does not say (``keep_deliveries``).
+    keep_deliveries: Literal["off", "errors", "all"] = "errors"
     # The most events one batched delivery may hold (HubSpot sends up to 100, Salesforce
     # up to 100, Meta up to 1,000); past it the delivery is a 413 and nothing is queued.
     max_batch_items: int = Field(1000, ge=1, le=100_000)

@@ -6,7 +6,10 @@ a message without it is version 1, what keylane 0.1.0 wrote. Each version is the
 before it plus the event fields :data:`FIELDS_SINCE` names:
 
 * 1 (0.1.0): the fields of :data:`V1_FIELDS`, no version header;
-* 2 (0.2.0): the same fields, and the version header.
+* 2 (0.2.0): the same fields, the version header, and ``delivery`` (the id of the
+  delivery an event came from) and ``request`` (what is kept of it,
+  :mod:`.kept_deliveries`). Those two are only kept, never applied: an event for a worker
+  that reads version 1 goes without them (:data:`KEPT_ONLY`) rather than wait.
 
 A worker reads every version in :data:`READS`; a message of another version is parked
 for review (a ``wire_version`` dead letter that holds its record, the message kept whole
@@ -65,7 +68,10 @@ V1_FIELDS = frozenset(
     }
 )
 #: Event fields added since version 1: field -> the first wire version that has it.
-FIELDS_SINCE: Mapping[str, int] = {}
+FIELDS_SINCE: Mapping[str, int] = {"delivery": 2, "request": 2}
+#: Fields an older worker's event goes without, even when set: what they carry is kept
+#: for people to look at, and changes no outcome.
+KEPT_ONLY = frozenset({"delivery", "request"})
 
 #: The Redis layout this release writes and reads (the ``layout`` key; absent: 1).
 LAYOUT_VERSION = 1
@@ -92,7 +98,7 @@ def for_version(event: Mapping[str, Any], version: int, defaults: Mapping[str, A
     newer = [name for name, since in FIELDS_SINCE.items() if since > version and name in event]
     if not newer:
         return event
-    used = [name for name in newer if event[name] != defaults.get(name)]
+    used = [n for n in newer if n not in KEPT_ONLY and event[n] != defaults.get(n)]
     if used:
         raise NeedsNewerWire(
             f"the event uses {', '.join(sorted(used))}, which workers reading wire version "

@@ -16,6 +16,11 @@ own count also counts deliveries no lane tried (RabbitMQ; :mod:`.sql_tries`).
 the lanes with the record's write; ``kept_apart`` holds the pairs of records a person said
 are two (a merge of them is never proposed again), the lower key first.
 
+``deliveries`` holds the accepted deliveries a source keeps (``keep_deliveries``), one
+row per delivery id, its request as JSON (:mod:`keylane.routing.contract.kept_deliveries`),
+written by the lane that applies one of its events; its events' journal rows name it
+(``journal.delivery``).
+
 ``archived_ids`` is what remains in the store of a journal row once it is archived: a
 64-bit hash of its ``(source, event id)`` and the second it was recorded, so that a
 delivery replayed after its row left the table is still recognised (see
@@ -125,6 +130,13 @@ CREATE TABLE IF NOT EXISTS tries (
     PRIMARY KEY (shard, digest)
 );
 CREATE INDEX IF NOT EXISTS tries_age ON tries (tried_at);
+CREATE TABLE IF NOT EXISTS deliveries (
+    id TEXT PRIMARY KEY,
+    source TEXT NOT NULL,
+    received_at {real} NOT NULL,
+    request {json} NOT NULL
+);
+CREATE INDEX IF NOT EXISTS deliveries_age ON deliveries (source, received_at);
 CREATE TABLE IF NOT EXISTS held (
     shard INTEGER NOT NULL,
     record_key TEXT NOT NULL,
@@ -143,19 +155,25 @@ CREATE TABLE IF NOT EXISTS held (
 #: ``records.kept_for``: the task whose record elsewhere this row of no fields stands for
 #: (its key's creation time and tombstone), or NULL for keylane's own records;
 #: ``journal.via``: the record key a forwarded event was sent to (it applied to the record
-#: that absorbed that one), or NULL.
+#: that absorbed that one), or NULL; ``journal.delivery``: the id of the delivery the
+#: event came from (``SOURCE/MS-SEQ``), or NULL (sent from Python, or before this column).
 ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("journal", "result", "result TEXT"),
     ("records", "created_at", "created_at {real}"),
     ("records", "merged_into", "merged_into TEXT"),
     ("records", "kept_for", "kept_for TEXT"),
     ("journal", "via", "via TEXT"),
+    ("journal", "delivery", "delivery TEXT"),
 )
 
 #: Indexes on added columns, made once the columns are there (``migrate()`` runs this after
 #: :data:`ADDED_COLUMNS`). ``journal_via``: ``journal find --key`` of an absorbed key finds
 #: the events forwarded from it; few rows are forwarded, so it holds only those.
-ADDED_INDEXES = "CREATE INDEX IF NOT EXISTS journal_via ON journal (via) WHERE via IS NOT NULL;"
+ADDED_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS journal_via ON journal (via) WHERE via IS NOT NULL;\n"
+    "CREATE INDEX IF NOT EXISTS journal_delivery ON journal (delivery) "
+    "WHERE delivery IS NOT NULL;"
+)
 
 
 def added_columns(types: ColumnTypes) -> list[tuple[str, str, str]]:

@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from ...routing.contract.errors import AlreadyApplied, StaleFence, VersionConflict
+from ..delivery_store import KeptDelivery, KeptQuery
 from ..store import (
     DeadLetterStore,
     FenceStore,
@@ -54,6 +55,12 @@ from .sql_dead_letters import (
     insert_dead_letter,
     list_dead_letters,
     move_dead_letter,
+)
+from .sql_deliveries import (
+    dead_letters_of,
+    find_delivery,
+    keep_dead_lettered,
+    list_kept,
 )
 from .sql_fences import (
     check_fence,
@@ -154,7 +161,9 @@ class SqlStore(
                     fence=fence,
                     retry_of=draft.retry_of,
                     via=draft.event.get("via"),
+                    delivery=draft.event.get("delivery"),
                 )
+            keep_dead_lettered(d, cur, draft.event)
             return insert_dead_letter(d, cur, draft)
 
     def write_outside(self, record_key: str, fields: dict[str, Any], expected_revision: int) -> int:
@@ -359,6 +368,18 @@ class SqlStore(
     def table_ages(self) -> dict[str, TableAge]:
         with self.dialect.cursor() as cur:
             return retention.table_ages(cur)
+
+    def kept_delivery(self, delivery_id: str) -> KeptDelivery | None:
+        with self.dialect.cursor() as cur:
+            return find_delivery(self.dialect, cur, delivery_id)
+
+    def kept_deliveries(self, query: KeptQuery) -> list[KeptDelivery]:
+        with self.dialect.cursor() as cur:
+            return list_kept(self.dialect, cur, query)
+
+    def dead_letters_of(self, source: str, event_ids: list[str]) -> list[DeadLetter]:
+        with self.dialect.cursor() as cur:
+            return dead_letters_of(self.dialect, cur, source, event_ids)
 
     def find_journal(
         self, event_id: str | None = None, source: str | None = None, record_key: str | None = None

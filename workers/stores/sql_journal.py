@@ -25,7 +25,7 @@ from .dialect import Cursor, dump_json
 
 JOURNAL_COLUMNS = (
     "source, event_id, record_key, shard, outcome, revision, attempts, recorded_at, fence, "
-    "result, via"
+    "result, via, delivery"
 )
 _SELECT = f"SELECT {JOURNAL_COLUMNS} FROM journal"
 
@@ -45,6 +45,7 @@ def entry_of(row: Sequence[Any]) -> JournalEntry:
         row[8],
         result,
         row[10],
+        row[11],
     )
 
 
@@ -108,9 +109,10 @@ def record_outcome(
     revision: int | None = None,
     result: dict[str, Any] | None = None,
     via: str | None = None,
+    delivery: str | None = None,
 ) -> None:
     """Journal the event's outcome, or raise :class:`AlreadyApplied`. ``via``: the key a
-    forwarded event was sent to.
+    forwarded event was sent to; ``delivery``: the id of the delivery it came from.
 
     ``retry_of``: the dead letter an operator's retry of the event is of. Its journal
     entry exists with outcome ``dead_lettered`` and may be closed once more, once, while
@@ -138,9 +140,10 @@ def record_outcome(
     row = (source, event_id, record_key, shard, outcome, revision, attempts, now, token, stored)
     cur.execute(
         "INSERT INTO journal (source, event_id, record_key, shard, outcome, revision, "
-        "attempts, recorded_at, fence, result, via) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "attempts, recorded_at, fence, result, via, delivery) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (source, event_id) DO NOTHING",
-        (*row, via),
+        (*row, via, delivery),
     )
     if cur.rowcount == 1:
         if archived_at(cur, source, event_id) is None:

@@ -10,6 +10,7 @@ in the table, and a delete run twice deletes nothing the second time.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
@@ -34,6 +35,7 @@ _JOURNAL_DUE = (
     "AND (d.status = 'open' OR d.status_at IS NULL OR d.status_at >= ?)))"
 )
 _DEAD_LETTERS_DUE = f"FROM dead_letters WHERE status IN {_CLOSED_SQL} AND status_at < ?"
+_DELIVERIES_DUE = "FROM deliveries WHERE source = ? AND received_at < ?"
 
 
 def journal_sources(cur: Cursor) -> list[str]:
@@ -57,6 +59,13 @@ def old_rows(
             (source, before, before, limit),
         )
         return [asdict(entry_of(r)) for r in cur.fetchall()]
+    if table == "deliveries":
+        cur.execute(
+            f"SELECT id, source, received_at, {d.json_out('request')} {_DELIVERIES_DUE} "
+            "ORDER BY received_at LIMIT ?",
+            (source, before, limit),
+        )
+        return [_delivery_row(r) for r in cur.fetchall()]
     cur.execute(
         f"SELECT {dead_letter_columns(d)} {_DEAD_LETTERS_DUE} ORDER BY id LIMIT ?",
         (before, limit),
@@ -68,6 +77,8 @@ def count_old_rows(cur: Cursor, table: PrunedTable, before: float, source: str) 
     """How many rows :func:`old_rows` would give without a limit."""
     if table == "journal":
         cur.execute(f"SELECT COUNT(*) {_JOURNAL_DUE}", (source, before, before))
+    elif table == "deliveries":
+        cur.execute(f"SELECT COUNT(*) {_DELIVERIES_DUE}", (source, before))
     else:
         cur.execute(f"SELECT COUNT(*) {_DEAD_LETTERS_DUE}", (before,))
     return int(cur.fetchone()[0])
@@ -83,7 +94,7 @@ def remove_archived(
     index lookup per row on both databases, where a row-value ``IN`` makes SQLite scan
     the table): the rows are read first, locked on PostgreSQL, their versions compared
     here, and the unchanged ones deleted."""
-    version = "recorded_at" if table == "journal" else "status_at"
+    version = _VERSION[table]
     archived = {(_group(table, r), r[_ID[table]]): r[version] for r in rows}
     changed: set[Any] = set()
     for group, ids in _by_group(table, rows):
@@ -97,11 +108,18 @@ def remove_archived(
 
 
 #: The column naming a row within its group (the journal's rows group by source).
-_ID = {"journal": "event_id", "dead_letters": "id"}
+_ID = {"journal": "event_id", "dead_letters": "id", "deliveries": "id"}
+#: The column a row is archived at the version of (a kept delivery never changes).
+_VERSION = {"journal": "recorded_at", "dead_letters": "status_at", "deliveries": "received_at"}
 
 
 def _group(table: str, row: ArchiveRow) -> str:
-    return str(row["source"]) if table == "journal" else ""
+    return str(row["source"]) if table in ("journal", "deliveries") else ""
+
+
+def _delivery_row(row: Sequence[Any]) -> ArchiveRow:
+    request = row[3] if isinstance(row[3], dict) else json.loads(row[3])
+    return {"id": row[0], "source": row[1], "received_at": float(row[2]), "request": request}
 
 
 def _by_group(table: str, rows: Sequence[ArchiveRow]) -> Iterator[tuple[str, list[Any]]]:
@@ -118,6 +136,8 @@ def _where(table: str, group: str, ids: Sequence[Any]) -> tuple[str, list[Any]]:
     marks = ", ".join("?" for _ in ids)
     if table == "journal":
         return f"source = ? AND event_id IN ({marks})", [group, *ids]
+    if table == "deliveries":
+        return f"source = ? AND id IN ({marks})", [group, *ids]
     return f"id IN ({marks})", list(ids)
 
 
@@ -171,10 +191,13 @@ def table_ages(cur: Cursor) -> dict[str, TableAge]:
     closed = cur.fetchone()
     cur.execute("SELECT COUNT(*), MIN(recorded_at) FROM archived_ids")
     ids = cur.fetchone()
+    cur.execute("SELECT COUNT(*), MIN(received_at) FROM deliveries")
+    deliveries = cur.fetchone()
     return {
         "journal": TableAge(journal_rows, min(oldest) if oldest else None),
         "dead_letters": TableAge(int(closed[0]), _float(closed[1])),
         "archived_ids": TableAge(int(ids[0]), _float(ids[1])),
+        "deliveries": TableAge(int(deliveries[0]), _float(deliveries[1])),
     }
 
 

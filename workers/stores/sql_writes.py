@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..store_rows import Commit, with_revision
 from .dialect import Cursor, Dialect
+from .sql_deliveries import keep_delivery
 from .sql_fences import check_fence
 from .sql_identities import claim_identities, keep_apart, move_identities, return_identities
 from .sql_journal import record_outcome
@@ -55,5 +56,8 @@ def commit_writes(d: Dialect, cur: Cursor, commit: Commit) -> int:
             revision=revision if changed or write.outcome == "refused" else None,
             result=with_revision(write.result, revision) if changed else write.result,
             via=write.via,
+            delivery=write.delivery,
         )
+        if write.kept_request is not None and write.delivery is not None:
+            keep_delivery(d, cur, write.delivery, write.source, write.kept_request)
     return revision
