@@ -38,7 +38,7 @@ def test_the_deliveries_pages_show_what_keylane_deliveries_reads(view: View) -> 
     assert "UTC</time>" in html
     crm = _ids(view.page("/deliveries", source="crm"), r'href="/delivery\?id=([^"]+)"')
     assert crm == [d["id"] for d in listed if d["source"] == "crm"]
-    assert "No delivery turned away matches" in view.page("/deliveries", status="unverified")
+    assert "No delivery kept matches" in view.page("/deliveries", status="unverified")
     pages: list[str] = []
     visited = 0
     following: str | None = "/deliveries?limit=2"
@@ -49,7 +49,7 @@ def test_the_deliveries_pages_show_what_keylane_deliveries_reads(view: View) -> 
         nxt = re.search(r'href="([^"]+)" rel="next"', html)
         following = nxt.group(1) if nxt else None
     assert pages == [d["id"] for d in listed]
-    assert (len(listed), visited) == (5, 3)  # three pages of two, followed
+    assert (len(listed), visited) == (7, 4)  # four pages of two, followed
     # And one delivery's page shows its request, its answer and its headers, as text
     first = next(d for d in listed if d["source"] == "demo")
     page = view.page("/delivery", id=first["id"])
@@ -59,6 +59,16 @@ def test_the_deliveries_pages_show_what_keylane_deliveries_reads(view: View) -> 
     assert HOSTILE not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "bad_" in page  # the body kept
+    # And an accepted delivery's page shows the events it became, each with its outcome,
+    # its record and its dead letter
+    accepted = view.page("/deliveries", status="accepted", outcome="dead-lettered")
+    (crm,) = [d for d in listed if d["source"] == "crm" and d["status_name"] == "accepted"]
+    assert crm["id"] in _ids(accepted, r'href="/delivery\?id=([^"]+)"')
+    page = view.page("/delivery", id=crm["id"])
+    assert "crm_1" in page
+    assert 'href="/record?key=contact%3A43"' in page
+    assert "dead-lettered" in page
+    assert re.search(r'href="/dead-letters/\d+">#\d+ not_owned', page)
 
 
 def test_the_dead_letter_pages_show_what_keylane_dlq_reads(view: View) -> None:

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...routing.contract.door import NAMES
 from ...routing.contract.errors import KeylaneError
 from ...routing.contract.settings import Settings
 from ...routing.contract.sources import load_sources
 from ..cli_common import parse_age
-from ..deliveries import DeliveryQuery, body_kept, list_deliveries, show_delivery
+from ..deliveries import (
+    OUTCOMES,
+    STATUSES,
+    DeliveryQuery,
+    body_kept,
+    list_deliveries,
+    show_delivery,
+)
 from .html import Child, Html, facts, link, table, tag, url, utc
 from .reading import Params, Shown, filter_form, select, text_input
 
@@ -19,8 +25,9 @@ PER_PAGE = 20
 
 
 def deliveries_list(settings: Settings, params: Params) -> Shown:
-    """``/deliveries?source=&status=&since=&limit=&before=``: newest first."""
+    """``/deliveries?source=&status=&outcome=&since=&limit=&before=``: newest first."""
     source, status, since = params.one("source"), params.one("status"), params.one("since")
+    outcome = params.one("outcome")
     limit = params.limit(PER_PAGE)
     query = DeliveryQuery(
         (source,) if source else (),
@@ -28,12 +35,14 @@ def deliveries_list(settings: Settings, params: Params) -> Shown:
         parse_age(since) if since else None,
         limit,
         params.one("before") or None,
+        (outcome,) if outcome else (),
     )
     found = list_deliveries(settings, query)
     form = filter_form(
         "/deliveries",
         select("source", "Source", load_sources(settings).names(), source),
-        select("status", "Status", NAMES, status),
+        select("status", "Status", STATUSES, status),
+        select("outcome", "Events' outcome", OUTCOMES, outcome),
         text_input("since", "Newer than", since, "15m, 2h, 3d"),
     )
     rows = [
@@ -53,25 +62,27 @@ def deliveries_list(settings: Settings, params: Params) -> Shown:
             "/deliveries",
             source=source,
             status=status,
+            outcome=outcome,
             since=since,
             limit=limit if limit != PER_PAGE else None,
             before=found.next_before,
         )
         more = tag("p", link(following, "Older deliveries →", rel="next"), class_="paging")
     return Shown(
-        "Deliveries turned away",
+        "Deliveries",
         [
             tag(
                 "p",
-                "What the receiver answered with a refusal, and what it kept of the request "
-                "(secrets redacted), newest first. Times are UTC.",
+                "The deliveries kept: those turned away or ignored, and those accepted that "
+                "their source's window keeps, with what the receiver answered and what it "
+                "kept of the request (secrets redacted), newest first. Times are UTC.",
                 class_="lead",
             ),
             form,
             table(
                 ["delivery", "at", "source", "status", "code", "detail"],
                 rows,
-                "No delivery turned away" + (" matches these filters." if params.any() else "."),
+                "No delivery kept" + (" matches these filters." if params.any() else "."),
             ),
             more,
         ],
@@ -105,6 +116,7 @@ def delivery_page(settings: Settings, params: Params) -> Shown:
         f"Delivery {delivery_id}",
         [
             about,
+            *_events(e),
             tag("h2", "Headers"),
             headers,
             tag("h2", "Body kept"),
@@ -117,6 +129,30 @@ def delivery_page(settings: Settings, params: Params) -> Shown:
             ),
         ],
     )
+
+
+def _events(e: dict[str, Any]) -> list[Child]:
+    """An accepted delivery's events, each with its outcome, its record and its dead
+    letters (a door entry has none)."""
+    if not e["events"]:
+        return []
+    rows = [
+        [
+            tag("code", event["event_id"]),
+            link(url("/record", key=event["record_key"]), event["record_key"]),
+            tag("span", event["outcome"], class_=f"badge {event['outcome']}"),
+            event["revision"],
+            [
+                [link(f"/dead-letters/{row['id']}", f"#{row['id']} {row['reason']}"), " "]
+                for row in event.get("dead_letters", [])
+            ],
+        ]
+        for event in e["events"]
+    ]
+    return [
+        tag("h2", "Events"),
+        table(["event", "record", "outcome", "revision", "dead letters"], rows, "No events."),
+    ]
 
 
 def _status(e: dict[str, Any]) -> Html:

@@ -1,4 +1,4 @@
-"""A deployment for the web view's tests: deliveries turned away, two dead letters and
+"""A deployment for the web view's tests: deliveries turned away and kept, two dead letters and
 records (one whose key and field are markup), and a client of its web view."""
 
 from __future__ import annotations
@@ -91,5 +91,6 @@ def viewed_deployment(stack: Stack) -> Iterator[View]:
     )
     with httpx.Client(timeout=30) as http:
         shown = View(stack, stack.ops_url, http)
-        wait_until(lambda: len(shown.cli("deliveries", "list")["deliveries"]) == 5, 30, "5 kept")
+        # and the two dead-lettered events' deliveries kept (the default window: errors)
+        wait_until(lambda: len(shown.cli("deliveries", "list")["deliveries"]) == 7, 30, "7 kept")
         yield shown
