@@ -160,6 +160,7 @@ class Acceptor:
                 answer=event.answer,
                 high_water=self.settings.shard_high_water,
                 global_high_water=self.settings.global_high_water,
+                outcome_keep_ms=self.settings.outcome_keep_s * 1000,
                 key_missing=event.key_missing,
                 lease=lease,
             ),
@@ -177,6 +178,7 @@ class Acceptor:
                 answer=event.answer,
                 high_water=self.settings.shard_high_water,
                 global_high_water=self.settings.global_high_water,
+                outcome_keep_ms=self.settings.outcome_keep_s * 1000,
                 key_missing=event.key_missing,
             )
             for event in events

@@ -33,6 +33,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 import sentry_sdk
 from starlette.requests import Request
@@ -55,7 +56,7 @@ from .faults import crash
 from .gateway import EnqueueResult
 from .handshakes import Handshakes
 from .intake import Ignored, Intake, Parts, load_hook
-from .outcome_reads import OutcomeReads, source_tokens
+from .outcome_reads import OutcomeReads, read_told, source_tokens
 from .outcome_waits import OutcomeWaits
 from .queue_watch import QueueWatch
 from .receiver_metrics import ReceiverMetrics
@@ -85,7 +86,7 @@ class Receiver:
         environ = os.environ if environ is None else environ
         self.waits = OutcomeWaits(queue.redis.outcome_feed)
         tokens = source_tokens(sources, environ)
-        self.outcomes = OutcomeReads(settings, queue.redis, self.waits, tokens)
+        self.outcomes = OutcomeReads(settings, queue.redis, self.waits, tokens, sources)
         self.watch = QueueWatch(queue.redis)
         self.metrics = ReceiverMetrics(self.watch, queue.redis)
         self.metrics.registry.register(WireVersionGauge(self.acceptor.wire))
@@ -187,7 +188,7 @@ class Receiver:
             try:
                 wait_s = preferred_wait_s(headers.get("prefer"))
                 if wait_s is None:
-                    answer = await self._accept(source, event)
+                    answer = await self._accept(source, event, retold_wait=True)
                 else:
                     answer = await self._accept_waiting(source, event, wait_s)
             except Exception as exc:
@@ -307,7 +308,12 @@ class Receiver:
             retry_after=self.watch.retry_after(shard, depth, self.settings.shard_high_water),
         )
 
-    async def _accept(self, source: SourceConfig, event: NewEvent) -> Answer:
+    async def _accept(
+        self, source: SourceConfig, event: NewEvent, retold_wait: bool = False
+    ) -> Answer:
+        """Accept ``event``; with ``retold_wait`` (a request that does not wait for its
+        outcome), a replay its lane is asked to tell again (:meth:`_retold`) is answered
+        that outcome when it comes within ``KEYLANE_OUTCOME_REPLAY_WAIT_S``."""
         self.watch.wanted = True  # deliveries come: the watch polls every second
         retention_s = source.retention(self.settings)
         self.faults.hit("receiver.before_enqueue", event.record_key)
@@ -317,6 +323,8 @@ class Receiver:
             result = await self.acceptor.accept(event, retention_s, batch, share=share)
             if result.verdict == "reused":
                 await self.acceptor.record_reuse(event, retention_s)
+            if result.retold and retold_wait:
+                result = replace(result, told=await self._retold(event, retention_s))
         except BrokerUnavailable as exc:
             return self.broker_down(exc)
         self.faults.hit("receiver.after_enqueue", event.record_key)
@@ -334,6 +342,18 @@ class Receiver:
                 return answer
             told = await waiter.outcome(applied_s)
         return told_answer(told, answer, applied_s, event.source, event.event_id)
+
+    async def _retold(self, event: NewEvent, retention_s: int) -> bytes | None:
+        """The outcome of a replay accepted longer ago than Redis keeps a told outcome,
+        told anew by its lane from the journal (the accept queued it again): subscribed
+        first, then read, so a tell that came first is read and a later one heard; None
+        when none comes within ``KEYLANE_OUTCOME_REPLAY_WAIT_S`` (answered as an undecided
+        duplicate)."""
+        wait_s = self.settings.outcome_replay_wait_s
+        told, _ = await read_told(
+            self.queue.redis, self.waits, event.source, event.event_id, wait_s, retention_s
+        )
+        return told
 
     def _answer(self, result: EnqueueResult, event: NewEvent) -> Answer:
         if result.verdict == "accepted":
