@@ -141,7 +141,7 @@ class RedisKeys:
     def dedupe(self, source: str, event_id: str) -> str:
         """An event id's dedupe mark as keylane up to 0.1.x wrote it (the body's digest
         and the first answer, one key an id): still read, never written, until the last
-        one expires (ops/docs/upgrading.md); :meth:`seen_ids` since."""
+        one expires (CHANGELOG.md, "Upgrading"); :meth:`seen_ids` since."""
         return f"{self.prefix}seen:{source}:{event_id}"
 
     def seen_ids(self, source: str) -> str:
