@@ -312,7 +312,7 @@ class Receiver:
         self, source: SourceConfig, event: NewEvent, retold_wait: bool = False
     ) -> Answer:
         """Accept ``event``; with ``retold_wait`` (a request that does not wait for its
-        outcome), a replay its lane is asked to tell again (:meth:`_retold`) is answered
+        outcome), a replay its lane is asked to tell again (:meth:`retold`) is answered
         that outcome when it comes within ``KEYLANE_OUTCOME_REPLAY_WAIT_S``."""
         self.watch.wanted = True  # deliveries come: the watch polls every second
         retention_s = source.retention(self.settings)
@@ -324,7 +324,7 @@ class Receiver:
             if result.verdict == "reused":
                 await self.acceptor.record_reuse(event, retention_s)
             if result.retold and retold_wait:
-                result = replace(result, told=await self._retold(event, retention_s))
+                result = replace(result, told=await self.retold(event, retention_s))
         except BrokerUnavailable as exc:
             return self.broker_down(exc)
         self.faults.hit("receiver.after_enqueue", event.record_key)
@@ -343,7 +343,7 @@ class Receiver:
             told = await waiter.outcome(applied_s)
         return told_answer(told, answer, applied_s, event.source, event.event_id)
 
-    async def _retold(self, event: NewEvent, retention_s: int) -> bytes | None:
+    async def retold(self, event: NewEvent, retention_s: int) -> bytes | None:
         """The outcome of a replay accepted longer ago than Redis keeps a told outcome,
         told anew by its lane from the journal (the accept queued it again): subscribed
         first, then read, so a tell that came first is read and a later one heard; None
