@@ -34,11 +34,11 @@ SEND_MARKER_TTL_MS = 3600 * 1000
 #: period is split. Both are the layout, not settings: a receiver finds a mark only where
 #: one with the same values wrote it. A period's groups expire whole once its last id is
 #: past its window, so expiry costs no command per id; a lookup reads one group of every
-#: period of the window (13 for three days). 1,024 slots keep a group small enough for
-#: Redis's compact encoding (listpack, 128 entries) up to ~6 events/s, and past that
-#: ~70-80 bytes an id (a hash table), whatever the rate (ops/docs/benchmarks.md).
-SEEN_PERIOD_MS = 6 * 3600 * 1000
-SEEN_SLOTS = 1024
+#: period of the window (7 for three days). A group holds ``rate x 12 h / 2,048`` ids of
+#: its source: within Redis's compact encoding (listpack, 512 entries) up to ~24 events/s,
+#: ~26 bytes an id; past it ~85 bytes an id, a hash table (ops/docs/benchmarks.md).
+SEEN_PERIOD_MS = 12 * 3600 * 1000
+SEEN_SLOTS = 2048
 
 
 @dataclass(frozen=True)

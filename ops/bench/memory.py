@@ -11,8 +11,8 @@ A told outcome is kept the dedupe window by keylane up to 0.1.x, ``KEYLANE_OUTCO
 (an hour) since, so what a remembered event costs at the default window (three days) is
 the marks plus the told outcome's share of the window it is kept.
 
-(b) **Sizing.** How many ids share a hash of the marks depends on the rate (``rate x 6 h /
-1,024`` slots), and so does the hash's encoding (compact up to 128 entries). For each
+(b) **Sizing.** How many ids share a hash of the marks depends on the rate (``rate x 12 h
+/ 2,048`` slots), and so does the hash's encoding (a listpack up to 512 entries). For each
 ``--rates`` rate, hashes filled to that many ids by the receiver's own Lua
 (``producers/gateway/scripts/_seen.lua``) on a fresh server: ``used_memory`` grown per
 id. With (a)'s told outcome, the memory of ``rate x window``: the table of the benchmarks
@@ -301,6 +301,7 @@ def main(
             server = own_redis(es)
             client = redis.Redis.from_url(server.url)
             es.callback(client.close)
+            client.config_set("appendonly", "no")  # no fsync per call: same memory, faster
             densities = [measure_density(client, float(r)) for r in rates.split(",")]
     except BenchFailure as exc:
         say(f"FAILED: {exc}")
