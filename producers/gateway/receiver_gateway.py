@@ -108,7 +108,8 @@ class Enqueue:
     #: A scheduled run's lease, which must still be held (else ``fenced``, nothing done).
     lease: RunLease | None = None
     #: How long a told outcome is kept (``KEYLANE_OUTCOME_KEEP_S``, an accept only): a
-    #: duplicate accepted longer ago, none kept, is retold (:attr:`EnqueueResult.retold`).
+    #: duplicate accepted longer ago, none kept, is retold (:attr:`EnqueueResult.retold`);
+    #: 0, never.
     outcome_keep_ms: int = 0
 
 

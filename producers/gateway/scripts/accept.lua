@@ -6,7 +6,8 @@
 -- KEYS = (counters, depth, backlog, then per delivery: the scheduled run's lease or
 -- counters again, then per event: its 0.1.x dedupe mark, queue, told outcome, the prefix
 -- of its source's remembered ids); ARGV = (doorbell channel, shard high-water mark,
--- deliveries, global high-water mark, how long a told outcome is kept (ms), then per
+-- deliveries, global high-water mark, how long a told outcome is kept (ms; 0: a duplicate
+-- is never queued again), then per
 -- delivery: the run's lease value or '', its number of events, its source, its share of
 -- the backlog (0: none), then per event: body hash, message, answer, retention ms, shard,
 -- keyless, its id's slot and field and its body's digest (_seen.lua)).
@@ -56,7 +57,8 @@ local function earlier(ki, ai)
   if not same then return {'reused', ARGV[ai + 2], ''} end
   local told = redis.call('GET', KEYS[ki + 2])
   if told then return {'duplicate', ARGV[ai + 2], told} end
-  return {t_ms - at > told_keep_ms and 'retell' or 'duplicate', ARGV[ai + 2], ''}
+  local retell = told_keep_ms > 0 and t_ms - at > told_keep_ms
+  return {retell and 'retell' or 'duplicate', ARGV[ai + 2], ''}
 end
 
 -- The depth of event i's shard (KEYS from ki, ARGV from ai) with what this call adds.
