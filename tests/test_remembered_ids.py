@@ -105,7 +105,8 @@ def test_an_id_is_remembered_in_a_few_bytes_and_a_replay_is_told_from_a_reuse(
     hashes = list(sync.scan_iter(match=f"{KEYS.seen_ids('s')}*", count=1000))
     assert not sync.exists(KEYS.dedupe("s", "e7"))
     assert sum(sync.hlen(key) for key in hashes) == 20_000
-    assert {sync.object("encoding", key) for key in hashes} == {b"listpack"}
+    encodings = {sync.object("encoding", key) for key in hashes}
+    assert encodings in ({b"listpack"}, {b"ziplist"})  # (Redis 7, 6.2)
     assert all(sync.pttl(key) > 0 for key in hashes)
     size = sum(int(sync.memory_usage(key, samples=0)) for key in hashes)
     assert size / 20_000 < 60, size / 20_000
