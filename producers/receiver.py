@@ -347,12 +347,16 @@ class Receiver:
         """The outcome of a replay accepted longer ago than Redis keeps a told outcome,
         told anew by its lane from the journal (the accept queued it again): subscribed
         first, then read, so a tell that came first is read and a later one heard; None
-        when none comes within ``KEYLANE_OUTCOME_REPLAY_WAIT_S`` (answered as an undecided
-        duplicate)."""
+        when none comes within ``KEYLANE_OUTCOME_REPLAY_WAIT_S``, or Redis stops answering
+        meanwhile (answered as an undecided duplicate: the replay is queued)."""
         wait_s = self.settings.outcome_replay_wait_s
-        told, _ = await read_told(
-            self.queue.redis, self.waits, event.source, event.event_id, wait_s, retention_s
-        )
+        try:
+            told, _ = await read_told(
+                self.queue.redis, self.waits, event.source, event.event_id, wait_s, retention_s
+            )
+        except BrokerUnavailable as exc:
+            log.warning("a replay's outcome could not be read: %s", exc)
+            return None
         return told
 
     def _answer(self, result: EnqueueResult, event: NewEvent) -> Answer:
