@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import Counter
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from importlib import resources
@@ -67,6 +68,10 @@ class TreeMemory:
     told_b: float
     #: How long the tree keeps a told outcome, in seconds.
     told_kept_s: int
+    #: Redis commands per event from the first POST to the end of the drain (every
+    #: process's, ``INFO commandstats``), and of them ``HGET`` (the ids' lookups).
+    commands: float
+    hgets: float
     #: After the drain: each family of keys (the name after the namespace, up to its
     #: next ``:``) -> keys, and bytes per event of their ``MEMORY USAGE``.
     families: dict[str, tuple[int, float]]
@@ -109,6 +114,7 @@ def measure_tree(opts: BenchOptions, tree: Tree | None, events: int, keys: int) 
         url = _start(bench, tree)
         time.sleep(2)
         before = used_memory(client)
+        calls0 = command_calls(client)
         work = workload("m", events, keys)
         say(f"(a) {label}: {events} events over {keys} keys")
         load = run_load(f"{url}/webhooks/demo", work.bodies, opts.concurrency)
@@ -127,6 +133,8 @@ def measure_tree(opts: BenchOptions, tree: Tree | None, events: int, keys: int) 
             raise BenchFailure(f"{label}: the journal holds {store.journal_size()} of {events}")
         time.sleep(2)
         after = used_memory(client)
+        calls = command_calls(client)
+        calls.subtract(calls0)
         families = key_families(client, bench.namespace, events)
         prefix = RedisKeys(bench.namespace).outcome("", "")[:-1]  # "<ns>:outcome:"
         told = list(client.scan_iter(match=f"{prefix}*", count=1000))
@@ -143,8 +151,16 @@ def measure_tree(opts: BenchOptions, tree: Tree | None, events: int, keys: int) 
         (forgotten - before) / events,
         (after - forgotten) / events,
         kept_s,
+        sum(calls.values()) / events,
+        calls["hget"] / events,
         families,
     )
+
+
+def command_calls(client: redis.Redis) -> Counter[str]:
+    """Redis's calls so far by command (``INFO commandstats``)."""
+    stats = client.info("commandstats")
+    return Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
 
 
 def key_families(client: redis.Redis, namespace: str, events: int) -> dict[str, tuple[int, float]]:
@@ -244,6 +260,11 @@ def report(runs: list[TreeMemory], densities: list[Density]) -> None:
         print(
             f"{run.tree:>10} {run.marks_b:>8.0f} {run.told_b:>8.0f} {kept:>10} "
             f"{run.at_window():>14.0f} {ratio:>6.2f}x"
+        )
+    for run in runs:
+        print(
+            f"  {run.tree}: Redis commands per event {run.commands:.1f} "
+            f"(HGET {run.hgets:.1f}), accept and drain"
         )
     for run in runs:
         parts = ", ".join(
