@@ -12,10 +12,11 @@ from typing import Any
 import click
 
 from ..producers.gateway import ReceiverGateway
-from ..producers.outcome_reads import read_told
+from ..producers.outcome_reads import read_told, retention_of
 from ..producers.outcome_waits import OutcomeWaits
 from ..routing.contract.outcomes import HTTP_STATUS, decode_told
 from ..routing.contract.settings import Settings
+from ..routing.contract.sources import load_sources
 from .archive import Archive
 from .cli_common import cli_store, emit_json, settings_of, when
 from .lookup import find_events
@@ -87,7 +88,8 @@ async def _read(
     gateway = ReceiverGateway.from_settings(settings)
     waits = OutcomeWaits(gateway.outcome_feed)
     try:
-        return await read_told(gateway, waits, source, event_id, wait_s)
+        retention_s = retention_of(load_sources(settings), source, settings)
+        return await read_told(gateway, waits, source, event_id, wait_s, retention_s)
     finally:
         await waits.close()
         await gateway.close()

@@ -174,6 +174,7 @@ class Acceptor:
                 answer=event.answer,
                 high_water=self.settings.shard_high_water,
                 global_high_water=self.settings.global_high_water,
+                outcome_keep_ms=self.settings.outcome_keep_s * 1000,
                 key_missing=event.key_missing,
                 lease=lease,
             ),
@@ -191,6 +192,7 @@ class Acceptor:
                 answer=event.answer,
                 high_water=self.settings.shard_high_water,
                 global_high_water=self.settings.global_high_water,
+                outcome_keep_ms=self.settings.outcome_keep_s * 1000,
                 key_missing=event.key_missing,
             )
             for event in events

@@ -162,3 +162,11 @@ def waited_batch_answer(source: str, items: Sequence[bytes], undecided: int, wai
     )
     applied = (b"preference-applied", b"wait=%d" % wait_s)
     return Answer(202 if undecided else 200, body, [applied])
+
+
+def reused_detail(event_id: str) -> str:
+    """Why a reused id was refused (and what became of it)."""
+    return (
+        f"event id {event_id!r} was already delivered with a different body; "
+        "this delivery was recorded for review and not applied"
+    )

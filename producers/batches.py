@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ..routing.contract.faults import Faults
     from ..routing.contract.settings import Settings
     from .accept import Acceptor
+    from .outcome_reads import OutcomeReads
     from .outcome_waits import OutcomeWaits
     from .queue_watch import QueueWatch
 
@@ -48,6 +49,7 @@ class BatchHost(Protocol):
 
     settings: Settings
     acceptor: Acceptor
+    outcomes: OutcomeReads
     waits: OutcomeWaits
     watch: QueueWatch
     faults: Faults
@@ -97,6 +99,8 @@ class BatchAccept:
                 return refused
             assert result is not None
             told = await self._outcomes(waiters, result.results, wait_s)
+            if wait_s is None:
+                await self._retold(source, events, result.results, told)
         return self._answer(source, taken, events, result.results, told, wait_s)
 
     async def _accept(
@@ -135,11 +139,31 @@ class BatchAccept:
         if wait_s is None:
             return told
         applied_s = min(wait_s, self.receiver.settings.outcome_wait_max_s)
-        pending = [i for i, r in enumerate(results) if r.verdict == "accepted"]
+        pending = [i for i, r in enumerate(results) if r.verdict == "accepted" or r.retold]
         heard = await asyncio.gather(*(waiters[i].outcome(applied_s) for i in pending))
         for i, outcome in zip(pending, heard, strict=True):
             told[i] = outcome
         return told
+
+    async def _retold(
+        self,
+        source: SourceConfig,
+        events: list[NewEvent],
+        results: list[EnqueueResult],
+        told: list[bytes | None],
+    ) -> None:
+        """Fill in ``told`` the outcomes of the replays queued again to be retold by their
+        lanes (``EnqueueResult.retold``), each waited for as a single replay's is."""
+        retention_s = source.retention(self.receiver.settings)
+        again = [i for i, r in enumerate(results) if r.retold]
+        heard = await asyncio.gather(
+            *(
+                self.receiver.outcomes.retold(events[i].source, events[i].event_id, retention_s)
+                for i in again
+            )
+        )
+        for i, outcome in zip(again, heard, strict=True):
+            told[i] = outcome
 
     def _answer(
         self,

@@ -18,6 +18,7 @@ accepted (its dedupe mark is there) but not decided; 404 when keylane knows noth
 from __future__ import annotations
 
 import hmac
+import logging
 from collections.abc import Mapping
 
 import msgspec
@@ -37,6 +38,8 @@ from ..routing.contract.sources import Sources
 from .gateway import ReceiverGateway
 from .outcome_waits import OutcomeWaits
 
+log = logging.getLogger("keylane.receiver")
+
 OUTCOME_ROUTE = "/outcomes/{source}/{event_id:path}"
 _ENCODE = msgspec.json.Encoder().encode
 _JSON = "application/json"
@@ -51,8 +54,11 @@ class OutcomeReads:
         gateway: ReceiverGateway,
         waits: OutcomeWaits,
         source_tokens: Mapping[str, SecretStr] | None = None,
+        sources: Sources | None = None,
     ) -> None:
         self.settings = settings
+        #: Whose retention (how long an id is remembered) the route looks within.
+        self.sources = sources
         self.gateway = gateway
         self.waits = waits
         #: Each source's own outcomes token (:func:`source_tokens`).
@@ -71,7 +77,10 @@ class OutcomeReads:
             wait_s = min(wait_s, self.settings.outcome_wait_max_s)
             headers["preference-applied"] = f"wait={wait_s}"
         try:
-            told, accepted = await read_told(self.gateway, self.waits, source, event_id, wait_s)
+            retention_s = retention_of(self.sources, source, self.settings)
+            told, accepted = await read_told(
+                self.gateway, self.waits, source, event_id, wait_s, retention_s
+            )
         except BrokerUnavailable:
             return _error(503, "broker_unavailable", "Redis does not answer", {"retry-after": "5"})
         if told is not None:
@@ -80,6 +89,22 @@ class OutcomeReads:
             return Response(pending_body(source, event_id), PENDING_STATUS, headers, _JSON)
         detail = f"no outcome and no accepted event {event_id!r} of source {source!r}"
         return _error(404, "unknown_event", detail)
+
+    async def retold(self, source: str, event_id: str, retention_s: int) -> bytes | None:
+        """The outcome of a replay accepted longer ago than Redis keeps a told outcome,
+        told anew by its lane from the journal (the accept queued it again): subscribed
+        first, then read, so a tell that came first is read and a later one heard; None
+        when none comes within ``KEYLANE_OUTCOME_REPLAY_WAIT_S``, or Redis stops answering
+        meanwhile (answered as an undecided duplicate: the replay is queued)."""
+        wait_s = self.settings.outcome_replay_wait_s
+        try:
+            told, _ = await read_told(
+                self.gateway, self.waits, source, event_id, wait_s, retention_s
+            )
+        except BrokerUnavailable as exc:
+            log.warning("a replay's outcome could not be read: %s", exc)
+            return None
+        return told
 
     def denied(self, authorization: str | None, source: str) -> Response | None:
         """Why a request may not read ``source``'s outcomes (None: it may)."""
@@ -108,18 +133,28 @@ async def read_told(
     source: str,
     event_id: str,
     wait_s: float | None,
+    retention_s: int,
 ) -> tuple[bytes | None, bool]:
-    """An event's told outcome (None: not decided, or not within ``wait_s``), and whether
-    it was accepted; with ``wait_s``, an accepted event's outcome is waited for (the route
-    here, ``keylane outcome --wait``)."""
+    """An event's told outcome (None: not decided, no longer kept, or not within
+    ``wait_s``), and whether it was accepted (within ``retention_s``, its source's); with
+    ``wait_s``, an accepted event's outcome is waited for (the route here, ``keylane
+    outcome --wait``, a replay retold by its lane)."""
+    retention_ms = retention_s * 1000
     if wait_s is None:
-        return await gateway.outcome_of(source, event_id)
+        return await gateway.outcome_of(source, event_id, retention_ms)
     async with waits.waiting_for(source, event_id) as waiter:
         # Subscribed first, then read: an outcome told in between is heard.
-        told, accepted = await gateway.outcome_of(source, event_id)
+        told, accepted = await gateway.outcome_of(source, event_id, retention_ms)
         if told is None and accepted:
             told = await waiter.outcome(wait_s)
     return told, accepted
+
+
+def retention_of(sources: Sources | None, name: str, settings: Settings) -> int:
+    """How long source ``name``'s event ids are remembered, in seconds (the settings'
+    retention for a source not configured)."""
+    source = None if sources is None else sources.get(name)
+    return settings.dedupe_retention_s if source is None else source.retention(settings)
 
 
 def source_tokens(sources: Sources, environ: Mapping[str, str]) -> dict[str, SecretStr]:

@@ -33,6 +33,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 import sentry_sdk
 from starlette.requests import Request
@@ -45,7 +46,14 @@ from ..routing.contract.outcomes import http_status_of, preferred_wait_s
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import SourceConfig, Sources
 from .accept import Acceptor, KeptDelivery, NewEvent, new_event
-from .answers import REPLAYED, Answer, error_answer, ignored_answer, told_answer
+from .answers import (
+    REPLAYED,
+    Answer,
+    error_answer,
+    ignored_answer,
+    reused_detail,
+    told_answer,
+)
 from .batches import BatchAccept
 from .body import Receive, discard_body, read_body
 from .broker import EventQueue
@@ -89,7 +97,7 @@ class Receiver:
         environ = os.environ if environ is None else environ
         self.waits = OutcomeWaits(queue.redis.outcome_feed)
         tokens = source_tokens(sources, environ) if verifiers is None else {}
-        self.outcomes = OutcomeReads(settings, queue.redis, self.waits, tokens)
+        self.outcomes = OutcomeReads(settings, queue.redis, self.waits, tokens, sources)
         self.watch = QueueWatch(queue.redis)
         self.metrics = ReceiverMetrics(self.watch, queue.redis)
         self.metrics.registry.register(WireVersionGauge(self.acceptor.wire))
@@ -208,7 +216,7 @@ class Receiver:
             try:
                 wait_s = preferred_wait_s(headers.get("prefer"))
                 if wait_s is None:
-                    return await self._accept(source, event)
+                    return await self._accept(source, event, retold_wait=True)
                 return await self._accept_waiting(source, event, wait_s)
             except Exception as exc:
                 sentry_sdk.capture_exception(exc)  # here, with the event's tags
@@ -331,7 +339,12 @@ class Receiver:
             retry_after=self.watch.retry_after(shard, depth, self.settings.shard_high_water),
         )
 
-    async def _accept(self, source: SourceConfig, event: NewEvent) -> Answer:
+    async def _accept(
+        self, source: SourceConfig, event: NewEvent, retold_wait: bool = False
+    ) -> Answer:
+        """Accept ``event``; with ``retold_wait`` (a request that does not wait for its
+        outcome), a replay its lane is asked to tell again (:meth:`retold`) is answered
+        that outcome when it comes within ``KEYLANE_OUTCOME_REPLAY_WAIT_S``."""
         self.watch.wanted = True  # deliveries come: the watch polls every second
         retention_s = source.retention(self.settings)
         self.faults.hit("receiver.before_enqueue", event.record_key)
@@ -341,6 +354,9 @@ class Receiver:
             result = await self.acceptor.accept(event, retention_s, batch, share=share)
             if result.verdict == "reused":
                 await self.acceptor.record_reuse(event, retention_s)
+            if result.retold and retold_wait:
+                told = await self.outcomes.retold(event.source, event.event_id, retention_s)
+                result = replace(result, told=told)
         except BrokerUnavailable as exc:
             return self.broker_down(exc)
         self.faults.hit("receiver.after_enqueue", event.record_key)
@@ -381,11 +397,3 @@ class Receiver:
         """An error answer (JSON ``{"error", "detail"}``), counted by reason."""
         self.metrics.refused.labels(code).inc()
         return error_answer(status, code, detail, retry_after)
-
-
-def reused_detail(event_id: str) -> str:
-    """Why a reused id was refused (and what became of it)."""
-    return (
-        f"event id {event_id!r} was already delivered with a different body; "
-        "this delivery was recorded for review and not applied"
-    )

@@ -29,6 +29,39 @@ ONCE_MARKER_TTL_MS = 7 * 24 * 3600 * 1000
 #: A send past it is queued again, and the journal of the lane that takes it applies it once.
 SEND_MARKER_TTL_MS = 3600 * 1000
 
+#: The remembered event ids (:meth:`RedisKeys.seen_ids`): how long one group of them
+#: gathers ids before the next starts, and into how many groups by id (the slots) each
+#: period is split. Both are the layout, not settings: a receiver finds a mark only where
+#: one with the same values wrote it. A period's groups expire whole once its last id is
+#: past its window, so expiry costs no command per id; a lookup reads one group of every
+#: period of the window (7 for three days). A group holds ``rate x 12 h / 2,048`` ids of
+#: its source: within Redis's compact encoding (listpack, 512 entries) up to ~24 events/s,
+#: ~26 bytes an id; past it ~85 bytes an id, a hash table (ops/docs/benchmarks.md).
+SEEN_PERIOD_MS = 12 * 3600 * 1000
+SEEN_SLOTS = 2048
+
+
+@dataclass(frozen=True)
+class SeenId:
+    """Where a remembered event id lives: its slot (which group of a period) and its
+    field there (8 more bytes of its digest), and an 8-byte digest of its body's digest,
+    its value's first 8 bytes (what tells a duplicate from a reused id)."""
+
+    slot: int
+    field: bytes
+    body: bytes
+
+
+def seen_id(event_id: str, body_sha256: str = "") -> SeenId:
+    """The compact form of a remembered event id and its body's SHA-256 (hex; none for a
+    lookup of the id alone): 8 bytes of each digest are 2**-64 odds of taking one id or
+    body for another, per lookup."""
+    digest = hashlib.sha256(event_id.encode(), usedforsecurity=False).digest()
+    slot = int.from_bytes(digest[:2], "big") % SEEN_SLOTS
+    body = hashlib.blake2b(body_sha256.encode(), digest_size=8, usedforsecurity=False)
+    return SeenId(slot, digest[2:10], body.digest())
+
+
 #: What is kept with an in-flight message in its shard's deliveries hash, each as the field
 #: ``<digest>:<note>`` (the lane scripts forget them all when the message is done).
 MESSAGE_NOTES = ("error", "retries", "since", "write")
@@ -106,12 +139,24 @@ class RedisKeys:
         return f"{self.prefix}deliveries:{shard}"
 
     def dedupe(self, source: str, event_id: str) -> str:
-        """The first answer given for a sender's event id."""
+        """An event id's dedupe mark as keylane up to 0.1.x wrote it (the body's digest
+        and the first answer, one key an id): still read, never written, until the last
+        one expires (CHANGELOG.md, "Upgrading"); :meth:`seen_ids` since."""
         return f"{self.prefix}seen:{source}:{event_id}"
+
+    def seen_ids(self, source: str) -> str:
+        """Prefix of the hashes of ``source``'s remembered event ids: ``<prefix><period>:
+        <slot>`` holds the ids (:func:`seen_id`) accepted in period ``<period>`` (ms since
+        the epoch // :data:`SEEN_PERIOD_MS`) whose slot is ``<slot>``, each field's value
+        the body's digest (8 bytes) and when it was accepted (4 bytes, s since the epoch,
+        big-endian); the hash expires whole when its period's last id is past its window
+        (``producers/gateway/scripts/_seen.lua``)."""
+        return f"{self.prefix}seen-ids:{source}:"
 
     def outcome(self, source: str, event_id: str) -> str:
         """An event's told outcome (JSON, ``routing/contract/outcomes.py``), written by the
-        lane that decided it, kept as long as its dedupe mark."""
+        lane that decided it, kept ``KEYLANE_OUTCOME_KEEP_S`` (a replay after that is told
+        again by its lane, from the journal)."""
         return f"{self.prefix}outcome:{source}:{event_id}"
 
     @property

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from keylane.workers.store_rows import DeadLetterFilter
 from tests.support.stack import Stack, wait_until
@@ -193,6 +194,36 @@ def test_a_sender_that_waits_is_told_each_items_outcome(stack: Stack, tmp_path: 
         ("applied", "contact:40", 1),
         ("applied", "contact:41", 1),
     ]
+
+
+@SQLITE
+def test_a_retry_after_the_outcomes_are_no_longer_kept_is_told_each_by_its_lane(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Given a deployment that keeps a told outcome one second, and a delivery applied
+    start(stack, tmp_path, outcome_keep_s=1)
+    delivery = [item(50, 60, 2), item(51, 61, 3)]
+    assert post(stack, delivery, prefer="wait=20").json()["status"] == "decided"
+    keys = stack.settings.keys
+    client = redis.Redis.from_url(stack.settings.redis_dsn())
+    wait_until(
+        lambda: not client.exists(keys.outcome("crm", "50"), keys.outcome("crm", "51")),
+        10,
+        "the told outcomes to expire",
+    )
+    # When it is retried, waiting and not
+    for prefer in ({"prefer": "wait=20"}, {}):
+        again = post(stack, delivery, **prefer)
+        # Then each item is told its stored outcome again, replayed, applied once
+        assert again.status_code == 200, again.text
+        items = again.json()["items"]
+        assert [(i["status"], i["revision"], i["replayed"]) for i in items] == [
+            ("applied", 1, True),
+            ("applied", 1, True),
+        ]
+        client.delete(keys.outcome("crm", "50"), keys.outcome("crm", "51"))
+    assert (visits(stack, 60), visits(stack, 61)) == (2, 3)
+    client.close()
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from keylane.routing.contract.outcomes import (
     Told,
@@ -22,6 +23,7 @@ from keylane.routing.contract.outcomes import (
     told_names,
 )
 from keylane.routing.contract.settings import FaultSpec
+from tests.support.marks import remembered
 from tests.support.readme import page_block, page_block_containing, pasted, reader_env
 from tests.support.services import free_port
 from tests.support.stack import Stack, event, wait_until
@@ -120,6 +122,49 @@ def test_a_sender_that_waits_is_told_and_a_replay_and_a_get_tell_the_same(stack:
     assert bad.json()["dead_letter_id"] >= 1
     # And the record was changed once
     assert stack.open_store().read("told:1").fields == {"n": 5}
+
+
+@pytest.mark.slow
+def test_a_replay_after_its_outcome_is_no_longer_kept_is_told_it_by_its_lane(
+    stack: Stack,
+) -> None:
+    # Given a deployment that keeps a told outcome one second (the dedupe window: 3 days)
+    stack.extra_env["KEYLANE_OUTCOME_KEEP_S"] = "1"
+    stack.worker(lanes=2)
+    stack.receiver(outcomes_token=TOKEN)
+    stack.wait_all_owned()
+    booked = event("keep-1", "keep:1", n={"increment": 5})
+    refused = {**event("keep-2", "keep:1", n={"increment": 1}), "conditions": {"n": {"eq": 0}}}
+    first = stack.post(booked, prefer="wait=10").json()
+    no = stack.post(refused, prefer="wait=10").json()
+    assert (first["status"], no["status"]) == ("applied", "refused")
+    # When Redis no longer keeps their outcomes (their ids are still remembered)
+    client = redis.Redis.from_url(stack.settings.redis_dsn())
+    keys = stack.settings.keys
+    wait_until(
+        lambda: not client.exists(keys.outcome("demo", "keep-1"), keys.outcome("demo", "keep-2")),
+        10,
+        "the told outcomes to expire",
+    )
+    assert remembered(client, keys, "demo", "keep-1")
+    # Then a replay, waiting or not, is told each stored outcome by its lane, replayed
+    for prefer in ({}, {"prefer": "wait=10"}):
+        again = stack.post(booked, **prefer)
+        assert again.status_code == 200, again.text
+        assert again.headers["keylane-replayed"] == "true"
+        assert {k: again.json()[k] for k in ("status", "revision", "result")} == {
+            k: first[k] for k in ("status", "revision", "result")
+        }
+        client.delete(keys.outcome("demo", "keep-1"))
+    late_no = stack.post(refused)
+    assert late_no.status_code == 409, late_no.text
+    assert (late_no.json()["status"], late_no.json()["reason"]) == ("refused", no["reason"])
+    # And GET /outcomes tells it while it is kept again
+    assert _get(stack, "keep-2").json()["status"] == "refused"
+    # And nothing was applied twice: the lane found each replay in the journal
+    assert stack.open_store().read("keep:1").fields == {"n": 5}
+    assert stack.view().counters()["duplicate"] == 3
+    client.close()
 
 
 @pytest.mark.slow

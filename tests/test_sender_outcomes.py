@@ -25,6 +25,7 @@ from keylane.producers.sender import Sender
 from keylane.routing.contract.errors import ConfigError, InvalidEvent
 from keylane.routing.contract.settings import Settings
 from keylane.routing.contract.sources import parse_sources
+from tests.support.marks import forget
 from tests.support.readme import page_block
 from tests.support.stack import Stack, event, settings_env, wait_until
 
@@ -158,7 +159,8 @@ def test_a_python_sender_books_a_slot_and_is_told_and_a_retold_refusal_keeps_its
     # When Redis forgets the tell and the mark (past retention), Then the CLI reads the journal
     keys = stack.settings.keys
     client = redis.Redis.from_url(stack.settings.redis_dsn())
-    client.delete(keys.outcome("demo", "book-1-bob"), keys.dedupe("demo", "book-1-bob"))
+    client.delete(keys.outcome("demo", "book-1-bob"))
+    forget(client, keys, "demo", "book-1-bob")
     code, found = _outcome(stack, "demo", "book-1-bob")
     assert (code, found["from"], found["status"], found["revision"]) == (0, "journal", "refused", 1)
     # And the refusal delivered anew is re-told from the journal, with its reason

@@ -190,6 +190,17 @@ def test_an_upgrade_from_0_1_0_with_events_in_flight_loses_nothing(
         urls.append(new_url)
         # Then it writes the wire version they read
         assert _gauge(new_ops) == 1
+        # And an id the 0.1.0 receiver remembered is a duplicate to it (0.1.0's marks read)
+        by_old = event("u-old", "contact:mixed", visits={"increment": 1})
+        assert _post(old_url, by_old).status_code == 202
+        replayed = _post(new_url, by_old)
+        assert replayed.status_code == 200, replayed.text
+        assert replayed.headers.get("keylane-replayed") == "true"
+        # And one it accepted (remembered its compact way, which 0.1.0 does not read) sent
+        # to the 0.1.0 receiver is queued again there, and applied once all the same
+        by_new = event("u-new", "contact:mixed", visits={"increment": 1})
+        assert _post(new_url, by_new).status_code == 202
+        assert _post(old_url, by_new).status_code == 202
 
         # When the workers are upgraded one at a time, the first of them paused with
         # events in flight (a backlog forms behind it), then killed (kill -9: its
@@ -237,6 +248,13 @@ def test_an_upgrade_from_0_1_0_with_events_in_flight_loses_nothing(
         assert record.fields["seq"] == seqs, key
         assert record.fields["visits"] == len(seqs), key
     assert not sender.refused or all(r.startswith("503") for r in sender.refused), sender.refused
+    # (the mixed receivers' events: each applied once)
+    wait_until(
+        lambda: store.read("contact:mixed").fields.get("visits") == 2,
+        60,
+        "the mixed receivers' two events",
+        on_timeout=stack.logs,
+    )
     # And nothing else became a dead letter
     rows = store.dead_letters(DeadLetterFilter())
     assert sorted(r.reason for r in rows) == sorted(["merge_review", _dead_reason(rows)]), rows

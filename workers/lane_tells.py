@@ -88,11 +88,16 @@ def journal_told(journal: JournalStore, rows: DeadLetterStore, event: Event) -> 
 
 
 def tell_of(told: Told | None, event: Event, settings: Settings, sources: Sources) -> Tell | None:
-    """The :class:`Tell` that goes with the acknowledgement: kept as long as the event's
-    dedupe mark (its source's retention)."""
+    """The :class:`Tell` that goes with the acknowledgement: kept ``outcome_keep_s`` (a
+    replay after that is queued again by the receiver and told anew from here, by
+    :func:`journal_told`), never longer than the event's dedupe mark (its source's
+    retention); on RabbitMQ, whose receivers read the marks and outcomes without queueing
+    a replay again, as long as that mark."""
     if told is None:
         return None
     source = sources.get(event.source)
-    retention_s = settings.dedupe_retention_s if source is None else source.retention(settings)
+    keep_s = settings.dedupe_retention_s if source is None else source.retention(settings)
+    if not settings.broker_is_rabbitmq:
+        keep_s = min(keep_s, settings.outcome_keep_s)
     body = encode_told(told)
-    return Tell(event.source, event.event_id, body, retention_s * 1000, event.retry_of is not None)
+    return Tell(event.source, event.event_id, body, keep_s * 1000, event.retry_of is not None)

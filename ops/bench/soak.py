@@ -12,8 +12,9 @@ ids it remembers for dedupe (their retention, three days by default).
 At the end every event must be in the journal exactly once and every record must hold
 the sum of its increments (exit code 1 otherwise); then it reports what Redis spends per
 remembered event id, two ways: ``used_memory`` grown over the run divided by the events
-(all in: the key, its value, the expiry and the hash tables' share), and the mean
-``MEMORY USAGE`` of a sample of the dedupe keys (the key and value alone).
+(all in: the ids' hashes, the told outcomes of the last hour, the expiry and the hash
+tables' share), and ``MEMORY USAGE`` per id of a sample of the hashes of remembered ids
+(``RedisKeys.seen_ids``).
 
 Runs under a private Redis namespace and store, both removed at the end; stops every
 process it starts.
@@ -128,13 +129,15 @@ def check(store: SqlStore, events: int, keys: int) -> list[str]:
 
 
 def dedupe_key_bytes(client: redis.Redis, keys: RedisKeys) -> float:
-    """Mean ``MEMORY USAGE`` of up to :data:`MEMORY_SAMPLE` of the run's dedupe keys."""
-    sizes = []
-    for key in client.scan_iter(match=f"{keys.prefix}seen:*", count=1000):
-        sizes.append(reply_int(client.memory_usage(key, samples=0)))
-        if len(sizes) >= MEMORY_SAMPLE:
+    """``MEMORY USAGE`` per remembered id of up to :data:`MEMORY_SAMPLE` of the run's
+    hashes of remembered ids (``RedisKeys.seen_ids``, every source)."""
+    size, ids = 0, 0
+    for n, key in enumerate(client.scan_iter(match=f"{keys.prefix}seen-ids:*", count=1000)):
+        size += reply_int(client.memory_usage(key, samples=0))
+        ids += reply_int(client.hlen(key))
+        if n + 1 >= MEMORY_SAMPLE:
             break
-    return sum(sizes) / len(sizes) if sizes else 0.0
+    return size / ids if ids else 0.0
 
 
 def soak(bench: Bench, samples: int, keys: int) -> list[Sample]:
@@ -279,8 +282,9 @@ def main(
             )
             click.echo(
                 f"Redis per remembered event id: {grown / events:.0f} bytes (used_memory "
-                f"grown over the run / events); {per_key:.0f} bytes (mean MEMORY USAGE of "
-                f"{MEMORY_SAMPLE} dedupe keys)"
+                f"grown over the run / events, told outcomes of the last hour included); "
+                f"{per_key:.0f} bytes (MEMORY USAGE per id of up to {MEMORY_SAMPLE} hashes "
+                "of remembered ids)"
             )
             click.echo("invariants: OK (every event in the journal once, every sum exact)")
             code = 0

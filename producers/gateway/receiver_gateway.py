@@ -31,7 +31,7 @@ from ...routing.contract.replies import reply_text
 from ...routing.contract.schedules import RunLease
 from ...routing.contract.settings import DEFAULT_COUNTS_FLUSH_MS, Settings
 from ...routing.contract.tallies import Tally, queue_increments
-from ...routing.redis_keys import RedisKeys
+from ...routing.redis_keys import RedisKeys, seen_id
 from ..mark_batches import Mark, MarkBatches
 from ..rounds import Rounds
 from .door_log import DoorLog
@@ -67,6 +67,9 @@ class EnqueueResult:
     detail: str
     #: A duplicate's told outcome, once its lane decided it (``routing/contract/outcomes.py``).
     told: bytes | None = None
+    #: A duplicate accepted longer ago than a told outcome is kept, none kept: queued
+    #: again, for its lane to tell its outcome anew from the journal (``accept.lua``).
+    retold: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,10 @@ class Enqueue:
     key_missing: bool = False
     #: A scheduled run's lease, which must still be held (else ``fenced``, nothing done).
     lease: RunLease | None = None
+    #: How long a told outcome is kept (``KEYLANE_OUTCOME_KEEP_S``, an accept only): a
+    #: duplicate accepted longer ago, none kept, is retold (:attr:`EnqueueResult.retold`);
+    #: 0, never.
+    outcome_keep_ms: int = 0
 
 
 #: One delivery in a round of accepts: its events, its scheduled run's lease, its share.
@@ -155,6 +162,7 @@ class ReceiverGateway:
         self.tally = Tally()
         self.counts_flush_s = counts_flush_s
         self._flusher: asyncio.Task[None] | None = None
+        self._outcome_of = LoadedScript(script_text("outcome_of"))
 
     @classmethod
     def from_url(
@@ -216,15 +224,18 @@ class ReceiverGateway:
             first.high_water,
             len(deliveries),
             first.global_high_water,
+            first.outcome_keep_ms,
         ]
         for items, lease, share in deliveries:
             keys.append(self.keys.counters if lease is None else lease.key)
             args += ["" if lease is None else lease.value, len(items), items[0].source, share]
             for item in items:
+                seen = seen_id(item.event_id, item.body_sha256)
                 keys += [
                     self.keys.dedupe(item.source, item.event_id),
                     self.keys.queue(item.queue),
                     self.keys.outcome(item.source, item.event_id),
+                    self.keys.seen_ids(item.source),
                 ]
                 args += [
                     item.body_sha256,
@@ -232,6 +243,9 @@ class ReceiverGateway:
                     item.answer,
                     item.retention_ms,
                     item.shard,
+                    seen.slot,
+                    seen.field,
+                    seen.body,
                 ]
         replies = await self._run(self._accept, keys, args)
         results = [_batch_result(reply) for reply in replies]
@@ -372,13 +386,22 @@ class ReceiverGateway:
             args += [mark.value, mark.ttl_ms]
         return [len(keys), *keys, *args]
 
-    async def outcome_of(self, source: str, event_id: str) -> tuple[bytes | None, bool]:
-        """The told outcome of an event (None until its lane decided it), and whether it
-        was accepted (its dedupe mark is there), read together."""
-        outcome, dedupe = self.keys.outcome(source, event_id), self.keys.dedupe(source, event_id)
-        with broker_errors():
-            told, mark = await self.marks.read(outcome, dedupe)
-        return as_bytes(told), mark is not None or told is not None
+    async def outcome_of(
+        self, source: str, event_id: str, retention_ms: int
+    ) -> tuple[bytes | None, bool]:
+        """The told outcome of an event (None until its lane decided it, or once it is
+        no longer kept), and whether it was accepted (its id is remembered within
+        ``retention_ms``, its source's), read together (``scripts/outcome_of.lua``)."""
+        seen = seen_id(event_id)
+        keys = [
+            self.keys.outcome(source, event_id),
+            self.keys.dedupe(source, event_id),
+            self.keys.seen_ids(source),
+        ]
+        told, accepted = await self._run(
+            self._outcome_of, keys, [seen.slot, seen.field, retention_ms]
+        )
+        return as_bytes(told) or None, bool(accepted)
 
     def outcome_feed(self) -> OutcomeFeed:
         """A new subscription to the told outcomes (the receiver's one, see
@@ -439,13 +462,12 @@ def _batch_result(reply: list[Any]) -> BatchResult:
         return BatchResult([], "full", int(reply[1]) - 1, int(reply[2]))
     if status in ("throttled", "overloaded"):
         return BatchResult([], status, depth=int(reply[1]))  # type: ignore[arg-type]
-    return BatchResult(
-        [
-            EnqueueResult(
-                reply_text(reply[at]),  # type: ignore[arg-type]
-                reply_text(reply[at + 1]),
-                as_bytes(reply[at + 2]) or None,
-            )
-            for at in range(1, len(reply), 3)
-        ]
-    )
+    return BatchResult([_event_result(reply, at) for at in range(1, len(reply), 3)])
+
+
+def _event_result(reply: list[Any], at: int) -> EnqueueResult:
+    """One event's result in a delivery's reply, from ``at``: verdict, answer, told."""
+    verdict, answer = reply_text(reply[at]), reply_text(reply[at + 1])
+    if verdict == "retell":
+        return EnqueueResult("duplicate", answer, retold=True)
+    return EnqueueResult(verdict, answer, as_bytes(reply[at + 2]) or None)  # type: ignore[arg-type]

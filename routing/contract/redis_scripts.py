@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from functools import cache
 from importlib import resources
 
-from ..redis_keys import MESSAGE_NOTES
+from ..redis_keys import MESSAGE_NOTES, SEEN_PERIOD_MS
 from .errors import BrokerUnavailable
 
 #: The keys of one shard a lane script is given, in this order: each is the field of that
@@ -51,7 +51,8 @@ def lua_constants() -> str:
     """The Lua definitions of the layouts Python names: ``NOTES`` (note name -> the suffix
     of its field in a shard's deliveries hash), ``SHARD_KEYS`` and ``COMMON_KEYS`` (the key
     names, by position), ``ACK`` (an acknowledged message's values: name -> offset,
-    see :data:`ACK_ARGS`)."""
+    see :data:`ACK_ARGS`), ``SEEN_PERIOD_MS`` (the remembered ids' period,
+    :meth:`~keylane.routing.redis_keys.RedisKeys.seen_ids`)."""
     notes = ", ".join(f"{note} = ':{note}'" for note in MESSAGE_NOTES)
     ack = ", ".join(f"{name} = {i}" for i, name in enumerate(ACK_ARGS))
     return (
@@ -60,6 +61,7 @@ def lua_constants() -> str:
         f"local SHARD_KEYS = {_lua_list(SHARD_KEYS)}\n"
         f"local COMMON_KEYS = {_lua_list(COMMON_KEYS)}\n"
         f"local ACK = {{{ack}}}\n"
+        f"local SEEN_PERIOD_MS = {SEEN_PERIOD_MS}\n"
     )
 
 

@@ -149,6 +149,12 @@ class Settings(BaseSettings):
     # outcome (`Prefer: wait=N` is capped by it), and the bearer token that opens
     # `GET /outcomes/...` for every source (none: closed, unless a source sets its own)
     outcome_wait_max_s: int = Field(30, ge=0, le=600)
+    # How long Redis keeps an event's told outcome after its lane decided it: for the
+    # senders that wait, ask or retry soon. A replay after that (within the dedupe window)
+    # is queued again and told anew by its lane, from the journal, waited for up to
+    # `outcome_replay_wait_s` (ops/docs/outcomes.md, "How long, and what it costs")
+    outcome_keep_s: int = Field(3600, ge=1)
+    outcome_replay_wait_s: int = Field(5, ge=0, le=60)
     outcomes_token: SecretStr | None = None
 
     # Operations
