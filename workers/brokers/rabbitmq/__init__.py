@@ -9,6 +9,7 @@ keylane adds: the failure model). One concept per module:
   only module here that imports the AMQP client;
 * :mod:`.amqp_thread` — the connection thread that runs every call needing the broker;
 * :mod:`.acks` — acknowledgements gathered per channel, a contiguous run in one frame;
+* :mod:`.after_acks` — the outcomes counted and told after their acks, across lanes;
 * :mod:`.ownership` — shard consumers, the single active consumer, fencing tokens;
 * :mod:`.membership` — live workers and the spread of shards over them;
 * :mod:`.parking` — records that wait longer than the broker may hold a delivery;

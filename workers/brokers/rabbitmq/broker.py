@@ -18,7 +18,8 @@ What RabbitMQ gives, and what keylane adds (facts checked in ``ops/docs/rabbitmq
 * **Per-record order with many records in flight**: one channel per shard, ``prefetch``
   deliveries held in memory, grouped by record in delivery order; a record has at most one
   message (or one batch) with a lane, and the others wait behind it. Acknowledgements go
-  one message at a time, in any order.
+  in any order, gathered per channel (:mod:`.acks`): a contiguous run of delivery tags is
+  one ``multiple`` ack.
 * **No delivery held past the consumer timeout** (the broker would close the channel and
   redeliver): a record that would keep its deliveries longer than half
   ``amqp_hold_budget_s`` (a long wait, or a backlog) is **parked**: its messages are
@@ -77,6 +78,7 @@ from ...broker import (
 from ...stores.sql import SqlStore
 from . import tries
 from .acks import PendingAcks
+from .after_acks import AfterAcks
 from .calls import Calls
 from .consumers import ShardConsumer
 from .dead_letters import DeadLetterConsumer
@@ -104,8 +106,8 @@ class RabbitLaneBroker(Membership, Taking, DeliveryNotes, RecordQueue, ShardLeas
     ) -> None:
         self.settings = settings
         #: Where outcomes are counted and told after their ack (the Redis helper), if
-        #: anywhere.
-        self._after_ack = after_ack
+        #: anywhere: gathered across lanes by a thread of its own.
+        self._after_acks = AfterAcks(after_ack) if after_ack is not None else None
         self.urls = settings.amqp_urls()
         self._store_factory = store_factory
         self._store: SqlStore | None = None
@@ -147,14 +149,8 @@ class RabbitLaneBroker(Membership, Taking, DeliveryNotes, RecordQueue, ShardLeas
         then_take: bool = False,
     ) -> Taken | bool:
         done = self._finish(lease, taken, acks, hold, then_take)
-        if done is not False and acks and self._after_ack is not None:
-            # After the ack, through the Redis helper: counts and tells lost here (the
-            # helper down) leave the counters short, the waiter a 202, and the outcome
-            # in the journal alone.
-            try:
-                self._after_ack(acks)
-            except Exception as exc:
-                log.warning("could not count or tell %d outcome(s): %s", len(acks), exc)
+        if done is not False and acks and self._after_acks is not None:
+            self._after_acks.add(acks)  # counted and told after the ack (:mod:`.after_acks`)
         return done
 
     def _finish(
@@ -292,6 +288,8 @@ class RabbitLaneBroker(Membership, Taking, DeliveryNotes, RecordQueue, ShardLeas
         self._thread.join(10)
         if self._dead is not None:
             self._dead.close(5)
+        if self._after_acks is not None:
+            self._after_acks.close(5)
         if not self._thread.is_alive():
             self._calls.close()
         with self._store_lock:
