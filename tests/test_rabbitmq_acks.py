@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 from amqp import Message  # type: ignore[import-untyped]
+from amqp.exceptions import PreconditionFailed  # type: ignore[import-untyped]
 from hypothesis import given
 from hypothesis import strategies as st
 from kombu import Connection
@@ -101,5 +102,35 @@ def test_acks_in_any_order_are_all_taken_by_the_broker_and_settle_every_delivery
             # ... and none came back to the queue when the channel closed
             _, ready, _ = control.queue_declare(name, passive=True)
             assert ready == 0
+        finally:
+            control.queue_delete(name)
+
+
+@pytest.mark.slow
+def test_a_multiple_ack_naming_a_tag_acknowledged_before_is_refused(
+    rabbitmq: RabbitCluster, namespace: str
+) -> None:
+    # Given 3 deliveries on one channel, the second acknowledged on its own
+    name = f"{namespace}.acks-refused"
+    with Connection(rabbitmq.nodes[0].url) as conn:
+        control = conn.channel()
+        control.queue_declare(
+            name, durable=True, auto_delete=False, arguments={"x-queue-type": "quorum"}
+        )
+        try:
+            for n in range(3):
+                control.basic_publish(Message(str(n)), exchange="", routing_key=name)
+            channel = conn.channel()
+            channel.basic_qos(0, 3, False)
+            tags: list[int] = []
+            channel.basic_consume(name, callback=lambda m: tags.append(m.delivery_tag))
+            while len(tags) < 3:
+                conn.drain_events(timeout=10)
+            channel.basic_ack(tags[1])
+            # When a multiple ack names that tag (the first delivery still open below it)
+            channel.basic_ack(tags[1], multiple=True)
+            # Then the broker refuses it and closes the channel (seen at the next round trip)
+            with pytest.raises(PreconditionFailed, match="unknown delivery tag"):
+                channel.basic_qos(0, 3, False)
         finally:
             control.queue_delete(name)
