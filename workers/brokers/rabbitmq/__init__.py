@@ -5,7 +5,7 @@ keylane adds: the failure model). One concept per module:
   :mod:`keylane.workers.broker`): finishing and waiting records, sending messages;
 * :mod:`.taking` — handing a shard's next due record to a lane;
 * :mod:`.dead_letters` — the messages the broker dead-lettered past its delivery limit;
-* :mod:`.link` — the AMQP link: connect, topology, reading frames, channel calls; the
+* :mod:`.link` — the AMQP link: connect, topology, channel calls; the
   only module here that imports the AMQP client;
 * :mod:`.amqp_thread` — the connection thread that runs every call needing the broker;
 * :mod:`.acks` — acknowledgements gathered per channel, a contiguous run in one frame;

@@ -29,7 +29,6 @@ from .link import (
     host,
     is_connection_error,
     quiet_closing_channels,
-    read_frames,
 )
 
 log = logging.getLogger("keylane.rabbitmq")
@@ -105,7 +104,7 @@ class AmqpLink(ABC):
             if self.worker_id and now >= next_beat:
                 self._beat("alive")
                 next_beat = now + beat_every
-            if self._calls.wait(amqp_conn.sock, DRAIN_S) and not read_frames(amqp_conn):
+            if self._calls.wait(amqp_conn.sock, DRAIN_S):
                 with contextlib.suppress(TimeoutError):
                     conn.drain_events(timeout=DRAIN_S)
             conn.heartbeat_check()

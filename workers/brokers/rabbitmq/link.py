@@ -1,6 +1,6 @@
 """The AMQP link: the one module of the worker side that imports the AMQP client (kombu /
 py-amqp): connecting to the first node that answers, declaring and deleting the
-deployment's topology, reading frames, and the small channel calls (acknowledge, close,
+deployment's topology, and the small channel calls (acknowledge, close,
 a round trip, a queue's depth) the other modules use. The thread that runs them all is
 :mod:`.amqp_thread`.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +21,6 @@ from amqp.exceptions import (  # type: ignore[import-untyped]
     ConnectionError as AmqpConnectionError,
 )
 from amqp.exceptions import NotFound, PreconditionFailed, RecoverableConnectionError
-from amqp.transport import TCPTransport  # type: ignore[import-untyped]
 from kombu.connection import Connection as _KombuConnection
 
 from ....routing.contract.amqp_names import (
@@ -41,11 +39,6 @@ log = logging.getLogger("keylane.rabbitmq")
 #: kombu's connection is untyped: used as ``Any``.
 Connection: Any = _KombuConnection
 
-#: The most one read of the socket takes (:func:`read_frames`).
-READ_AHEAD = 65536
-#: An AMQP frame's header (type, channel, payload size) and its end octet.
-FRAME_HEADER = struct.Struct(">BHI")
-FRAME_END_SIZE = 1
 
 
 def delete_topology(settings: Settings) -> None:
@@ -219,41 +212,6 @@ def only_consumer(consumer: ShardConsumer, queue: str) -> bool:
     if not consumer.alive or not consumer.channel.is_open:
         return False
     return int(consumer.channel.queue_declare(queue, passive=True).consumer_count) == 1
-
-
-def read_frames(amqp_conn: Any) -> bool:
-    """(AMQP thread, the socket readable.) Read what the socket holds, up to
-    :data:`READ_AHEAD`, in one call that does not wait, and handle every whole frame
-    of it (deliveries go to their consumers' callbacks); a frame not whole yet stays in
-    the transport's buffer, where py-amqp's own reads find it. False, having read
-    nothing, when the transport is not plain TCP (the caller drains the usual way).
-
-    py-amqp's own read takes a frame in three exact reads of the socket (header,
-    payload, end), each with a poll and two timeout changes around it: a delivery is
-    three frames, so about thirty system calls, each giving up the GIL, against one
-    read for many deliveries here."""
-    transport = amqp_conn.transport
-    if type(transport) is not TCPTransport or not isinstance(transport._read_buffer, bytes):
-        return False
-    try:
-        data = transport.sock.recv(READ_AHEAD, socket.MSG_DONTWAIT)
-    except (BlockingIOError, InterruptedError):
-        data = None
-    if data is not None:
-        if not data:
-            raise OSError("Server unexpectedly closed connection")
-        transport._read_buffer += data
-    handle = amqp_conn.on_inbound_frame
-    while _whole_frame(transport._read_buffer):
-        handle(transport.read_frame())
-    return True
-
-
-def _whole_frame(buffer: bytes) -> bool:
-    if len(buffer) < FRAME_HEADER.size:
-        return False
-    size: int = FRAME_HEADER.unpack_from(buffer)[2]
-    return len(buffer) >= FRAME_HEADER.size + size + FRAME_END_SIZE
 
 
 def is_connection_error(exc: BaseException) -> bool:
