@@ -41,7 +41,7 @@ import json
 import logging
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import aiormq
@@ -111,8 +111,11 @@ class AmqpPublisher:
         try:
             async with asyncio.timeout(self.confirm_timeout_s):
                 channel = await self._open()
-                confirm = await channel.basic_publish(
-                    message, routing_key=queue, properties=properties, mandatory=True
+                # wait=False: the publish is queued for the connection's writer and the
+                # channel's lock let go at once, so the publishes of requests that run
+                # together go out together; the confirm is still awaited (below).
+                confirm = await cast(aiormq.Channel, channel).basic_publish(
+                    message, routing_key=queue, properties=properties, mandatory=True, wait=False
                 )
         except Exception as exc:
             # Any failure ends this connection (the requests still waiting on it answer

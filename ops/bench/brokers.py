@@ -317,7 +317,28 @@ def main(argv: list[str] | None = None) -> int:
         rest = per["machine"] - sum(per[role] for role in roles)
         cells = " | ".join(f"{per[role]:.3f}" for role in roles)
         print(f"| {r.broker} | {cells} | {rest:.3f} | {per['machine']:.3f} |")
+    print()
+    print(own_cpu_line(runs))
     return 1 if any(r.problems for r in runs) else 0
+
+
+def own_cpu_line(runs: list[BrokerRun]) -> str:
+    """keylane's own CPU per event (receivers and workers together) on each broker, the
+    RabbitMQ run's as a ratio of the Redis run's, with the broker's nodes apart."""
+
+    def per_event_ms(run: BrokerRun, *roles: str) -> float:
+        return sum(run.cpu_s.get(role, 0.0) for role in roles) * 1000 / run.events
+
+    own = {r.broker: per_event_ms(r, "receivers", "workers") for r in runs}
+    nodes = {r.broker: per_event_ms(r, "beam.smp") for r in runs}
+    line = "keylane's own CPU per event (receivers + workers): " + ", ".join(
+        f"{broker} {ms:.3f} ms" for broker, ms in own.items()
+    )
+    if own.get("redis") and "rabbitmq" in own:
+        line += f" = {own['rabbitmq'] / own['redis']:.2f}x Redis mode's"
+    if "rabbitmq" in nodes:
+        line += f"; the RabbitMQ nodes apart: {nodes['rabbitmq']:.3f} ms"
+    return line
 
 
 if __name__ == "__main__":

@@ -156,15 +156,18 @@ class RedisLaneBroker(RedisShardLeases, RedisMessageNotes, RecordQueue):
             return _taken(lease.shard, reply)
         return bool(reply)
 
-    def _ack_args(self, acks: Sequence[Ack], counted: bool = True) -> list[Any]:
+    def _ack_args(
+        self, acks: Sequence[Ack], counted: bool = True, with_messages: bool = True
+    ) -> list[Any]:
         """The values ``ACK`` names for each acknowledged message, in order (what
         ``finish.lua`` and ``after_ack.lua`` count and tell); without ``counted`` no
-        outcome or latency for the script to count (the tally counts them)."""
+        outcome or latency for the script to count (the tally counts them); without
+        ``with_messages``, an empty string in each message's place."""
         args: list[Any] = []
         for ack in acks:
             latency_s, tell = ack.latency_s, ack.tell
             args += [
-                ack.raw,
+                ack.raw if with_messages else "",
                 ack.outcome if counted else "",
                 ack.conflicts,
                 ack.attempts,
@@ -222,7 +225,8 @@ class RedisLaneBroker(RedisShardLeases, RedisMessageNotes, RecordQueue):
         if not any(ack.outcome or ack.tell is not None for ack in acks):
             return
         k = self.keys
-        self._run("after_ack", [k.counters, k.latency], [k.outcomes, *self._ack_args(acks)])
+        args = self._ack_args(acks, with_messages=False)  # after_ack.lua reads none
+        self._run("after_ack", [k.counters, k.latency], [k.outcomes, *args])
 
     def wait(
         self,

@@ -18,7 +18,8 @@ What RabbitMQ gives, and what keylane adds (facts checked in ``ops/docs/rabbitmq
 * **Per-record order with many records in flight**: one channel per shard, ``prefetch``
   deliveries held in memory, grouped by record in delivery order; a record has at most one
   message (or one batch) with a lane, and the others wait behind it. Acknowledgements go
-  one message at a time, in any order.
+  in any order, gathered per channel (:mod:`.acks`): a contiguous run of delivery tags is
+  one ``multiple`` ack.
 * **No delivery held past the consumer timeout** (the broker would close the channel and
   redeliver): a record that would keep its deliveries longer than half
   ``amqp_hold_budget_s`` (a long wait, or a backlog) is **parked**: its messages are
@@ -54,23 +55,19 @@ broker (acks, consuming, closing a channel) are queued to that thread.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
-import queue
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ....routing.contract.amqp_names import dead_queue, shard_queue
+from ....routing.contract.amqp_names import shard_queue
 from ....routing.contract.errors import BrokerUnavailable, StaleFence
 from ....routing.contract.settings import Settings
 from ...broker import (
     Ack,
     Counts,
-    Idle,
     Lease,
     MessageNotes,
     Outgoing,
@@ -80,19 +77,21 @@ from ...broker import (
 )
 from ...stores.sql import SqlStore
 from . import tries
+from .acks import PendingAcks
+from .after_acks import AfterAcks
 from .calls import Calls
-from .consumers import ShardConsumer, batch_limit, message_headers, record_key_of
-from .link import ack, message_body, publish_confirmed
+from .consumers import ShardConsumer
+from .dead_letters import DeadLetterConsumer
+from .link import publish_confirmed
 from .membership import Membership
 from .notes import DeliveryNotes
-from .ownership import DoorbellSubscription, Ownership
+from .ownership import DoorbellSubscription
+from .taking import Taking
 
 log = logging.getLogger("keylane.rabbitmq")
 
 
-class RabbitLaneBroker(
-    Membership, Ownership, DeliveryNotes, RecordQueue, ShardLeases, MessageNotes
-):
+class RabbitLaneBroker(Membership, Taking, DeliveryNotes, RecordQueue, ShardLeases, MessageNotes):
     """The lane broker on a RabbitMQ cluster, every role of :mod:`keylane.workers.broker`
     (see the module docstring). It opens its own store connection (``store_factory``) and
     owns it: the RabbitMQ parking and holding (:class:`~keylane.workers.store.ParkingStore`)
@@ -107,8 +106,8 @@ class RabbitLaneBroker(
     ) -> None:
         self.settings = settings
         #: Where outcomes are counted and told after their ack (the Redis helper), if
-        #: anywhere.
-        self._after_ack = after_ack
+        #: anywhere: gathered across lanes by a thread of its own.
+        self._after_acks = AfterAcks(after_ack) if after_ack is not None else None
         self.urls = settings.amqp_urls()
         self._store_factory = store_factory
         self._store: SqlStore | None = None
@@ -117,6 +116,7 @@ class RabbitLaneBroker(
         self._lock = threading.RLock()
         self._shards: dict[int, ShardConsumer] = {}
         self._calls = Calls()
+        self._acks = PendingAcks(self._submit)
         self._subscriptions: set[DoorbellSubscription] = set()
         self._members: dict[str, float] = {}
         self._member_ttl_s = settings.lease_ttl_ms / 1000
@@ -127,122 +127,18 @@ class RabbitLaneBroker(
         self._node = random.randrange(len(self.urls))
         self._generation = 0
         self._control: Any = None
-        self._dead_channel: Any = None
         self._stop = threading.Event()
-        self._dead_work: queue.SimpleQueue[tuple[int, int, bytes, dict[str, Any]] | None] = (
-            queue.SimpleQueue()
+        self._dead = (
+            None
+            if on_dead is None
+            else DeadLetterConsumer(
+                settings, on_dead, self._submit, self._stored, lambda: self._generation
+            )
         )
         self._thread = threading.Thread(target=self._run, name="keylane-amqp", daemon=True)
-        self._dead_thread = threading.Thread(
-            target=self._dead_letters, name="keylane-amqp-dead", daemon=True
-        )
         self._thread.start()
-        self._dead_thread.start()
 
-    # -- records ----------------------------------------------------------------------
-
-    def take(self, leases: Sequence[Lease]) -> Taken | Idle:
-        now = time.monotonic()
-        due_in: dict[int, float] = {}
-        for lease in leases:
-            with self._lock:
-                consumer = self._current(lease)
-                behind = self._behind_parked(consumer) if consumer is not None else []
-            if consumer is None:
-                continue
-            for key, deliveries in behind:
-                self._park(consumer, lease, key, deliveries, consumer.parked_due(key, 0.0))
-            with self._lock:
-                if self._current(lease) is not consumer:
-                    continue
-                taken = self._take_from(consumer, now, parked_ok=True)
-                if taken is None:
-                    waits = [at - now for k, at in consumer.due.items() if k not in consumer.busy]
-                    waits += [
-                        at - time.time()
-                        for k, at in consumer.due_parked()
-                        if k not in consumer.busy
-                    ]
-                    if waits:
-                        due_in[lease.shard] = max(0.0, min(waits))
-            if taken is None:
-                continue
-            if isinstance(taken, Taken):
-                return self._tried(consumer, taken)
-            unparked = self._take_parked(consumer, lease, taken)
-            if unparked is not None:
-                return unparked
-        return Idle(due_in)
-
-    def _tried(self, consumer: ShardConsumer, taken: Taken) -> Taken:
-        """``taken`` as its lane gets it: a redelivered message's try noted in the store
-        before it starts, and counted from the notes (:mod:`.tries`)."""
-        with self._lock:
-            handed, _ = consumer.busy.get(taken.record_key, ([], 0.0))
-            first = consumer.deliveries.get(handed[0]) if handed else None
-        if first is None or not first.returned or first.noted:
-            return taken
-        tries.note_try(self._stored, consumer.shard, first)
-        with self._lock:
-            return dataclasses.replace(taken, deliveries=first.returned + first.taken)
-
-    def _take_from(
-        self, consumer: ShardConsumer, now: float, parked_ok: bool = False
-    ) -> Taken | str | None:
-        """(Under the lock.) The next due record: handed out from memory, or (with
-        ``parked_ok``) the key of a due parked record, marked busy for the caller to read
-        from the store."""
-        if parked_ok:
-            wall = time.time()
-            for key, due_at in consumer.due_parked():
-                if key not in consumer.busy and due_at <= wall:
-                    consumer.busy[key] = ([], now)
-                    return key
-        emptied: list[str] = []
-        try:
-            return self._take_in_memory(consumer, now, emptied)
-        finally:
-            for key in emptied:
-                consumer.records.pop(key, None)
-
-    def _take_in_memory(
-        self, consumer: ShardConsumer, now: float, emptied: list[str]
-    ) -> Taken | None:
-        """(Under the lock.) The next due record held in memory, handed out; the records
-        whose list only held releases that met no hold in ``emptied``."""
-        for key, tags in consumer.records.items():
-            if key in consumer.busy or consumer.waits_in_store(key) or not tags:
-                continue
-            if consumer.deliveries[tags[0]].unhold is not None:
-                self._drop_strays(consumer, tags)
-                if not tags:
-                    emptied.append(key)
-                    continue
-            if consumer.due.get(key, 0.0) > now:
-                continue
-            consumer.due.pop(key, None)
-            first = consumer.deliveries[tags[0]]
-            handed = [first]
-            limit = batch_limit(first.batch)
-            for tag in tags[1:limit]:
-                follower = consumer.deliveries[tag]
-                if follower.batch != first.batch or follower.returned or follower.taken:
-                    break
-                handed.append(follower)
-            for delivery in handed:
-                delivery.taken += 1
-            consumer.busy[key] = ([d.tag for d in handed], now)
-            return Taken(
-                consumer.shard,
-                key,
-                first.raw,
-                first.returned + first.taken,
-                False,
-                tuple(d.raw for d in handed[1:]),
-            )
-        return None
-
-    # -- parking: records that wait longer than the broker may hold a delivery --------
+    # -- records --------------------------------------------------------------------
 
     def finish(
         self,
@@ -253,14 +149,8 @@ class RabbitLaneBroker(
         then_take: bool = False,
     ) -> Taken | bool:
         done = self._finish(lease, taken, acks, hold, then_take)
-        if done is not False and acks and self._after_ack is not None:
-            # After the ack, through the Redis helper: counts and tells lost here (the
-            # helper down) leave the counters short, the waiter a 202, and the outcome
-            # in the journal alone.
-            try:
-                self._after_ack(acks)
-            except Exception as exc:
-                log.warning("could not count or tell %d outcome(s): %s", len(acks), exc)
+        if done is not False and acks and self._after_acks is not None:
+            self._after_acks.add(acks)  # counted and told after the ack (:mod:`.after_acks`)
         return done
 
     def _finish(
@@ -292,10 +182,9 @@ class RabbitLaneBroker(
             acked = {ack.raw for ack in acks}
             done = [d for t in handed if (d := consumer.deliveries.get(t)) and d.raw in acked]
             self._forget(consumer, taken.record_key, done)
-            channel = consumer.channel
             nxt = self._take_from(consumer, time.monotonic()) if then_take else None
         if done:
-            self._submit(functools.partial(ack, channel, [d.tag for d in done]))
+            self._acks.add(consumer, [d.tag for d in done])
             tries.forget(self._stored, consumer.shard, done)
         return self._tried(consumer, nxt) if isinstance(nxt, Taken) else True
 
@@ -387,35 +276,8 @@ class RabbitLaneBroker(
     # -- dead letters past the broker's delivery limit ---------------------------------
 
     def _consume_dead(self, conn: Any) -> None:
-        channel = self._dead_channel = conn.channel()
-        channel.basic_qos(0, 16, False)
-        generation = self._generation
-
-        def delivered(message: Any) -> None:
-            tag, headers = int(message.delivery_tag), message.headers or {}
-            self._dead_work.put((generation, tag, message_body(message), headers))
-
-        channel.basic_consume(dead_queue(self.settings.namespace), callback=delivered)
-
-    def _dead_letters(self) -> None:
-        """(Its own thread: a store write.) Each message the broker dead-lettered becomes
-        a ``poison`` dead letter, then is acknowledged."""
-        while (work := self._dead_work.get()) is not None:
-            generation, tag, raw, headers = work
-            assert self._on_dead is not None
-            try:
-                self._on_dead(raw, headers)
-            except Exception:
-                log.exception("a message past the delivery limit could not be recorded")
-                continue  # not acknowledged: the broker delivers it again later
-            record_key = record_key_of(headers, message_headers(raw))
-            shard = self.settings.shards.shard_for_key(record_key)
-            tries.forget_dead(self._stored, shard, raw)
-            self._submit(functools.partial(self._ack_dead, tag, generation))
-
-    def _ack_dead(self, tag: int, generation: int) -> None:
-        if self._dead_channel is not None and generation == self._generation:
-            self._dead_channel.basic_ack(tag)
+        if self._dead is not None:
+            self._dead.consume(conn)
 
     def close(self) -> None:
         """Send what is queued (acknowledgements, handoffs), then disconnect."""
@@ -423,9 +285,11 @@ class RabbitLaneBroker(
             self._submit(self._stop.set)
         else:
             self._stop.set()
-        self._dead_work.put(None)
         self._thread.join(10)
-        self._dead_thread.join(5)
+        if self._dead is not None:
+            self._dead.close(5)
+        if self._after_acks is not None:
+            self._after_acks.close(5)
         if not self._thread.is_alive():
             self._calls.close()
         with self._store_lock:

@@ -8,14 +8,37 @@ import json
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ....routing.contract.message import RECORD_HEADER
+from ....routing.contract.message import (
+    BATCH_HEADER,
+    RECORD_HEADER,
+    RETRY_OF_HEADER,
+    UNHOLD_HEADER,
+)
 
 #: The due time of a held record's parked messages (:meth:`ShardConsumer.parked_due`):
 #: never, until the dead letter that holds it is closed or retried.
 HELD = math.inf
+
+
+#: The Celery headers a delivery is read for (:func:`delivery_headers`), as they appear
+#: in a message's JSON envelope.
+READ_HEADERS = tuple(
+    f'"{name}"'.encode() for name in (BATCH_HEADER, UNHOLD_HEADER, RETRY_OF_HEADER)
+)
+
+
+def delivery_headers(raw: bytes, amqp_headers: dict[str, Any]) -> dict[str, Any]:
+    """The Celery headers of a delivery that taking it needs: a message that carries its
+    record key in its AMQP headers and names none of :data:`READ_HEADERS` anywhere has
+    none of them (its event travels base64-encoded, where no ``"`` occurs), so its JSON
+    is not decoded here: the lane decodes it once, when it applies it."""
+    if amqp_headers.get(RECORD_HEADER) and not any(name in raw for name in READ_HEADERS):
+        return {}
+    return message_headers(raw)
 
 
 def message_headers(raw: bytes) -> dict[str, Any]:
@@ -57,6 +80,32 @@ class Delivery:
 
 
 @dataclass
+class Settled:
+    """What a channel's acknowledgements settled so far (the AMQP thread's alone: see
+    :mod:`.acks`)."""
+
+    #: Every tag below this one is acknowledged.
+    below: int = 1
+    #: Tags at or past ``below`` acknowledged one by one (a gap before them).
+    singly: set[int] = field(default_factory=set)
+
+    def plan(self, tags: Sequence[int]) -> tuple[int, list[int]]:
+        """Take ``tags`` (new acknowledgements): the tag to acknowledge with ``multiple``
+        (0: none), and the tags to acknowledge one by one."""
+        wanted = set(tags)
+        start = self.below
+        while self.below in wanted or self.below in self.singly:
+            self.singly.discard(self.below)
+            self.below += 1
+        # The run's last *new* tag: RabbitMQ refuses a ``multiple`` ack whose own tag was
+        # acknowledged before ("unknown delivery tag"), even with others below it open.
+        upto = max((tag for tag in wanted if start <= tag < self.below), default=0)
+        single = sorted(tag for tag in wanted if tag >= self.below)
+        self.singly.update(single)
+        return upto, single
+
+
+@dataclass
 class ShardConsumer:
     """This worker's consumer of one shard queue, and what it holds."""
 
@@ -82,6 +131,8 @@ class ShardConsumer:
     #: never due until released, parked messages or not; their deliveries here wait
     #: behind the hold as behind parked messages.
     held: dict[str, int] = field(default_factory=dict)
+    #: The acknowledgements sent on the channel (:mod:`.acks`).
+    settled: Settled = field(default_factory=Settled)
 
     def lease_value(self, worker_id: str) -> str:
         return f"{worker_id}/{self.tag}"

@@ -13,7 +13,6 @@ handed to a lane."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 
@@ -21,7 +20,6 @@ from ....routing.contract.errors import StaleFence
 from ...broker import Lease
 from ...store_rows import Fence
 from .consumers import Delivery, ShardConsumer
-from .link import ack
 from .parking import Parking
 
 log = logging.getLogger("keylane.rabbitmq")
@@ -121,9 +119,9 @@ class Holding(Parking):
             if released:
                 consumer.held.pop(key, None)
                 consumer.parked[key] = time.time()
-            alive, channel = consumer.alive, consumer.channel
+            alive = consumer.alive
         if alive:  # else it comes back, and meets no hold
-            self._submit(functools.partial(ack, channel, [delivery.tag]))
+            self._acks.add(consumer, [delivery.tag])
         if released:
             log.info("shard %s: %s released (dead letter %s)", lease.shard, key, holder)
         else:
@@ -140,4 +138,4 @@ class Holding(Parking):
             del consumer.deliveries[tag]
             strays.append(tag)
         if strays and consumer.alive:
-            self._submit(functools.partial(ack, consumer.channel, strays))
+            self._acks.add(consumer, strays)

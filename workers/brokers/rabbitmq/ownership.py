@@ -23,7 +23,7 @@ from .consumers import (
     Delivery,
     ShardConsumer,
     dead_letter_id,
-    message_headers,
+    delivery_headers,
     record_key_of,
 )
 from .holding import Holding
@@ -120,7 +120,7 @@ class Ownership(Holding):
         """(AMQP thread.) A delivery: into its record's list, in order."""
         raw = message_body(message)
         headers = message.headers or {}
-        embedded = message_headers(raw)
+        embedded = delivery_headers(raw, headers)
         record_key = record_key_of(headers, embedded)
         batch = str(embedded.get(BATCH_HEADER) or "")
         tag = int(message.delivery_tag)

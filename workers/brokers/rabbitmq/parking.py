@@ -7,7 +7,6 @@ connection (its parking and holding, and the fencing tokens it claims)."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -19,8 +18,9 @@ from ...broker import Ack, Counts, Lease, Taken
 from ...store_rows import Fence
 from ...stores.sql import SqlStore
 from . import tries
+from .acks import PendingAcks
+from .amqp_thread import AmqpLink
 from .consumers import HELD, Delivery, ShardConsumer
-from .link import AmqpLink, ack
 
 log = logging.getLogger("keylane.rabbitmq")
 
@@ -33,6 +33,7 @@ class Parking(AmqpLink):
     _store_factory: Callable[[], SqlStore]
     _store: SqlStore | None
     _store_lock: threading.Lock
+    _acks: PendingAcks
 
     def _behind_parked(self, consumer: ShardConsumer) -> list[tuple[str, list[Delivery]]]:
         """(Under the lock.) Deliveries of parked records that are not parked yet, each
@@ -125,9 +126,9 @@ class Parking(AmqpLink):
             self._forget(consumer, key, deliveries)
             consumer.due.pop(key, None)
             consumer.parked[key] = stored_due
-            alive, channel = consumer.alive, consumer.channel
+            alive = consumer.alive
         if alive:  # else the broker gives them back: parked again behind, the journal dedupes
-            self._submit(functools.partial(ack, channel, [d.tag for d in deliveries]))
+            self._acks.add(consumer, [d.tag for d in deliveries])
         tries.forget(self._stored, lease.shard, deliveries)  # the parked rows count on
         log.info("shard %s: parked %s message(s) of %s", lease.shard, len(messages), key)
         return True
