@@ -28,9 +28,7 @@ class AfterAcks:
     def __init__(self, after_ack: Callable[[Sequence[Ack]], None]) -> None:
         self._after_ack = after_ack
         self._queue: queue.SimpleQueue[Sequence[Ack] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(
-            target=self._run, name="keylane-after-ack", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="keylane-after-ack", daemon=True)
         self._thread.start()
 
     def add(self, acks: Sequence[Ack]) -> None:

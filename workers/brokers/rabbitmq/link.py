@@ -40,7 +40,6 @@ log = logging.getLogger("keylane.rabbitmq")
 Connection: Any = _KombuConnection
 
 
-
 def delete_topology(settings: Settings) -> None:
     """Delete the deployment's queues and exchanges (benchmarks and tools clean up)."""
     conn, _ = connect(settings.amqp_urls(), settings.amqp_heartbeat_s)
