@@ -35,15 +35,13 @@ from importlib import resources
 import click
 import redis
 
-from ...routing import ShardMap
 from ...routing.contract.redis_scripts import lua_constants
 from ...routing.redis_keys import SEEN_PERIOD_MS, SEEN_SLOTS, RedisKeys
 from ...workers.stores import open_store
-from ..deployment_view import DeploymentView
 from ..embedded_redis import free_port
 from .e2e import workload
 from .load import run_load
-from .phases import all_shards_owned
+from .phases import wait_owned
 from .procs import INTERRUPTS, Bench, BenchFailure, BenchOptions, keylane_argv, say, wait_for
 from .trees import Tree, prepare
 from .trickle import own_redis
@@ -185,14 +183,7 @@ def _start(bench: Bench, tree: Tree | None) -> str:
         worker = bench.start("worker", tree.keylane_argv("worker"), cwd=tree.root)
     url = f"http://127.0.0.1:{port}"
     bench.wait_http(receiver, f"{url}/readyz")
-    view = DeploymentView(bench.redis, RedisKeys(bench.namespace), ShardMap(bench.opts.shards))
-    wait_for(
-        lambda: all_shards_owned(view, bench.opts.shards, [worker], bench.logs_tail),
-        90,
-        "every shard to be owned by the worker",
-        bench.logs_tail,
-        0.2,
-    )
+    wait_owned(bench, [worker])
     return url
 
 

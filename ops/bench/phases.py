@@ -51,16 +51,21 @@ def start_workers(bench: Bench) -> list[Child]:
         bench.start(f"worker-{n}", keylane_argv("worker", "--lanes", str(opts.lanes)))
         for n in range(opts.workers)
     ]
-    view = DeploymentView(bench.redis, RedisKeys(bench.namespace), ShardMap(opts.shards))
     say(f"(b) starting {opts.workers} worker(s) x {opts.lanes} lanes")
+    wait_owned(bench, workers)
+    return workers
+
+
+def wait_owned(bench: Bench, workers: list[Child]) -> None:
+    """Wait until every shard is owned by ``workers`` as the balanced split gives them."""
+    view = DeploymentView(bench.redis, RedisKeys(bench.namespace), ShardMap(bench.opts.shards))
     wait_for(
-        lambda: all_shards_owned(view, opts.shards, workers, bench.logs_tail),
+        lambda: all_shards_owned(view, bench.opts.shards, workers, bench.logs_tail),
         90,
         "every shard to be owned by the workers",
         bench.logs_tail,
         0.2,
     )
-    return workers
 
 
 def all_shards_owned(

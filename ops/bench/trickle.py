@@ -28,16 +28,13 @@ from typing import Any
 
 import redis
 
-from ...routing import ShardMap
 from ...routing.contract.errors import ConfigError
-from ...routing.redis_keys import RedisKeys
 from ...workers.stores import open_store
 from ...workers.stores.sql import SqlStore
-from ..deployment_view import DeploymentView
 from ..embedded_redis import EmbeddedRedis
 from .e2e import Workload, check_journal, workload
 from .load import run_paced
-from .phases import all_shards_owned, start_receiver
+from .phases import start_receiver, wait_owned
 from .procs import (
     INTERRUPTS,
     Bench,
@@ -152,15 +149,8 @@ def _start(bench: Bench, server: EmbeddedRedis) -> tuple[Meter, SqlStore]:
     """Start the receiver and the one worker; wait until every shard is owned."""
     receiver, _url = start_receiver(bench)
     worker = bench.start("trickle-worker", keylane_argv("worker"))
-    view = DeploymentView(bench.redis, RedisKeys(bench.namespace), ShardMap(bench.opts.shards))
     say("(d) trickle: waiting until the worker owns every shard")
-    wait_for(
-        lambda: all_shards_owned(view, bench.opts.shards, [worker], bench.logs_tail),
-        90,
-        "every shard to be owned by the worker",
-        bench.logs_tail,
-        0.2,
-    )
+    wait_owned(bench, [worker])
     store = open_store(bench.store_url)
     bench.es.callback(store.close)
     store.migrate()

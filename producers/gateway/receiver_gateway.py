@@ -270,17 +270,13 @@ class ReceiverGateway:
     async def flush_counts(self) -> None:
         """Add the counts kept in :attr:`tally` to the deployment's counters in one
         pipeline; on a Redis error they are kept for the next flush."""
-        increments = self.tally.take()
-        if not increments:
-            return
-        try:
+        with self.tally.taken() as increments:
+            if not increments:
+                return
             pipe = self.client.pipeline(transaction=False)
             queue_increments(pipe, increments)
             with broker_errors():
                 await pipe.execute()
-        except BaseException:
-            self.tally.add_all(increments)
-            raise
 
     def _flush_later(self) -> None:
         """Flush the tally ``counts_flush_s`` from now unless a flush is coming already."""

@@ -20,7 +20,8 @@ scripts). A flush that fails puts its counts back for the next one.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -67,6 +68,17 @@ class Tally:
         with self._lock:
             sums, self._sums = self._sums, {}
         return [Increment(key, field, amount) for (key, field), amount in sums.items() if amount]
+
+    @contextmanager
+    def taken(self) -> Iterator[list[Increment]]:
+        """What :meth:`take` takes, for the block that writes it: added back when the
+        block raises (a failed flush keeps its counts for the next)."""
+        increments = self.take()
+        try:
+            yield increments
+        except BaseException:
+            self.add_all(increments)
+            raise
 
     def __bool__(self) -> bool:
         return bool(self._sums)

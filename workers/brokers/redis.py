@@ -202,16 +202,12 @@ class RedisLaneBroker(RedisShardLeases, RedisMessageNotes, RecordQueue):
     def flush_counts(self) -> None:
         """Add the counts the finishes kept in :attr:`tally` to the deployment's hashes,
         in one pipeline; on a Redis error they are kept for the next flush."""
-        increments = self.tally.take()
-        if not increments:
-            return
-        try:
+        with self.tally.taken() as increments:
+            if not increments:
+                return
             pipe = self.client.pipeline(transaction=False)
             queue_increments(pipe, increments)
             call(pipe.execute)
-        except BaseException:
-            self.tally.add_all(increments)
-            raise
 
     def _told(self, tell: Tell) -> tuple[str, bytes, int, str]:
         key = self.keys.outcome(tell.source, tell.event_id)
