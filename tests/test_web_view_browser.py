@@ -69,6 +69,14 @@ def test_a_person_clicks_a_delivery_and_retries_a_dead_letter(stack: Stack, tmp_
         assert HOSTILE in page  # shown as text: no script ran, nothing was inserted
         assert not driver.find_elements(By.CSS_SELECTOR, "main script")
         _shoot(driver, shots, "web-view-delivery.png")
+        # And an accepted delivery (kept: its event was dead-lettered) shows its event
+        driver.get(f"{view.base}/deliveries?status=accepted&source=crm")
+        driver.find_element(By.CSS_SELECTOR, 'a[href^="/delivery?id=crm"]').click()
+        wait_until(lambda: _text(driver, "h1").startswith("Delivery crm/"), 10, "its page")
+        events = _text(driver, "main table")
+        assert "crm_1" in events
+        assert "dead-lettered" in events
+        _shoot(driver, shots, "web-view-delivery-accepted.png")
         # Given the record of the type row fixed by hand
         assert view.stack.keylane("records", "set", "contact:42", "visits=1").returncode == 0
         # When they open the dead letters, then the type row
