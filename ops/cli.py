@@ -29,8 +29,8 @@ from .cli_lazy import LazyCommand, LazyGroup
 LAZY_COMMANDS = {
     "deliveries": LazyCommand(
         "keylane.ops.cli_deliveries:deliveries",
-        "Deliveries the receiver turned away: list, show (alone: the list, as ``deliveries "
-        "list``).",
+        "Deliveries kept (turned away, ignored, accepted): list, show, rerun (alone: the "
+        "list, as ``deliveries list``).",
     ),
     "dlq": LazyCommand(
         "keylane.ops.cli_dlq:dlq",

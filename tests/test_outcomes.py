@@ -163,7 +163,7 @@ def test_a_replay_after_its_outcome_is_no_longer_kept_is_told_it_by_its_lane(
     assert _get(stack, "keep-2").json()["status"] == "refused"
     # And nothing was applied twice: the lane found each replay in the journal
     assert stack.open_store().read("keep:1").fields == {"n": 5}
-    assert stack.view().counters()["duplicate"] == 3
+    assert stack.settled_counters()["duplicate"] == 3
     client.close()
 
 

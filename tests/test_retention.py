@@ -339,7 +339,7 @@ def replayed_after_archiving(stack: Stack, remembered: bool) -> None:
     stack.wait_journal(1)
     store = stack.open_store()
     # When its dedupe mark has expired and the prune has archived its row
-    time.sleep(1.2)
+    time.sleep(3)  # past the window: an id is forgotten up to 2 s after it, never before
     records = RetentionRecords.from_url(stack.settings.redis_dsn(), stack.settings.keys)
     try:
         report = prune(stack.settings, store, store, records)

@@ -31,6 +31,7 @@ from collections import Counter
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from importlib import resources
+from typing import Any
 
 import click
 import redis
@@ -97,7 +98,7 @@ def ids_per_hash(rate: float) -> int:
 
 def used_memory(client: redis.Redis) -> int:
     """Redis's ``used_memory``, in bytes."""
-    memory = client.info("memory")
+    memory: Any = client.info("memory")  # (an Awaitable too before redis-py 8)
     return int(memory["used_memory"])
 
 
@@ -157,7 +158,7 @@ def measure_tree(opts: BenchOptions, tree: Tree | None, events: int, keys: int) 
 
 def command_calls(client: redis.Redis) -> Counter[str]:
     """Redis's calls so far by command (``INFO commandstats``)."""
-    stats = client.info("commandstats")
+    stats: Any = client.info("commandstats")
     return Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
 
 
@@ -167,7 +168,8 @@ def key_families(client: redis.Redis, namespace: str, events: int) -> dict[str, 
     for key in client.scan_iter(match=f"{namespace}:*", count=1000):
         family = key.decode()[len(namespace) + 1 :].split(":", 1)[0]
         keys, size = found.get(family, (0, 0))
-        found[family] = (keys + 1, size + int(client.memory_usage(key, samples=0) or 0))
+        usage: Any = client.memory_usage(key, samples=0)
+        found[family] = (keys + 1, size + int(usage or 0))
     return {family: (keys, size / events) for family, (keys, size) in sorted(found.items())}
 
 
@@ -205,14 +207,15 @@ def measure_density(client: redis.Redis, rate: float) -> Density:
             mark(keys=[f"sizing:{h}:"], args=args)
             written += n
     grown = used_memory(client) - before
-    encoding = client.object("encoding", f"sizing:{0}:{_period_of_now(client)}:0")
+    encoding: Any = client.object("encoding", f"sizing:{0}:{_period_of_now(client)}:0")
     client.flushall()
     return Density(rate, per_hash, grown / written, (encoding or b"?").decode())
 
 
 def _period_of_now(client: redis.Redis) -> int:
-    seconds, micros = client.time()
-    return (seconds * 1000 + micros // 1000) // SEEN_PERIOD_MS
+    now: Any = client.time()
+    seconds, micros = now
+    return int((seconds * 1000 + micros // 1000) // SEEN_PERIOD_MS)
 
 
 def _marking_lua() -> str:

@@ -30,7 +30,7 @@ from ...routing import ShardMap
 from ...routing.contract.replies import reply_text
 from ...routing.contract.schedules import RunLease
 from ...routing.contract.settings import DEFAULT_COUNTS_FLUSH_MS, Settings
-from ...routing.contract.tallies import Tally, queue_increments
+from ...routing.contract.tallies import Tally
 from ...routing.redis_keys import RedisKeys, seen_id
 from ..mark_batches import Mark, MarkBatches
 from ..rounds import Rounds
@@ -274,7 +274,11 @@ class ReceiverGateway:
             if not increments:
                 return
             pipe = self.client.pipeline(transaction=False)
-            queue_increments(pipe, increments)
+            for inc in increments:  # one command per hash field that moved
+                if isinstance(inc.amount, float):
+                    pipe.hincrbyfloat(inc.key, inc.field, inc.amount)
+                else:
+                    pipe.hincrby(inc.key, inc.field, inc.amount)
             with broker_errors():
                 await pipe.execute()
 

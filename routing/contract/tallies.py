@@ -7,7 +7,7 @@ Adding each event's share in its own script step cost a trickle six to eight Red
 commands per event; a :class:`Tally` sums them in the process instead, and its owner
 writes what it holds every ``counts_flush_ms`` (and when it stops) as one pipeline of
 ``HINCRBY`` (``HINCRBYFLOAT`` for a float), one command per hash field that moved, however
-many events moved it (:func:`queue_increments`). The receiver's gateway (asyncio) and the
+many events moved it. The receiver's gateway (asyncio) and the
 worker's Redis broker (threads) each own one and flush it through their own client.
 
 What this trades: a reader sees a counter up to one flush interval late, and a process
@@ -23,7 +23,6 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -33,14 +32,6 @@ class Increment:
     key: str
     field: str
     amount: int | float
-
-
-class IncrementPipe(Protocol):
-    """The part of a redis-py pipeline (sync or asyncio) a flush queues its commands on."""
-
-    def hincrby(self, name: str, key: str, amount: int = 1) -> Any: ...
-
-    def hincrbyfloat(self, name: str, key: str, amount: float = 1.0) -> Any: ...
 
 
 class Tally:
@@ -86,12 +77,3 @@ class Tally:
     def _add(self, key: str, field: str, amount: int | float) -> None:
         at = (key, field)
         self._sums[at] = self._sums.get(at, 0) + amount
-
-
-def queue_increments(pipe: IncrementPipe, increments: Iterable[Increment]) -> None:
-    """Queue one ``HINCRBY`` (``HINCRBYFLOAT`` for a float) per increment on ``pipe``."""
-    for inc in increments:
-        if isinstance(inc.amount, float):
-            pipe.hincrbyfloat(inc.key, inc.field, inc.amount)
-        else:
-            pipe.hincrby(inc.key, inc.field, inc.amount)

@@ -39,7 +39,7 @@ from ...routing.contract.message import build_unhold_message
 from ...routing.contract.redis_scripts import COMMON_KEYS, SHARD_KEYS
 from ...routing.contract.replies import reply_text
 from ...routing.contract.settings import Settings
-from ...routing.contract.tallies import Increment, Tally, queue_increments
+from ...routing.contract.tallies import Increment, Tally
 from ...routing.redis_keys import (
     ONCE_MARKER_TTL_MS,
     SEND_MARKER_TTL_MS,
@@ -206,7 +206,11 @@ class RedisLaneBroker(RedisShardLeases, RedisMessageNotes, RecordQueue):
             if not increments:
                 return
             pipe = self.client.pipeline(transaction=False)
-            queue_increments(pipe, increments)
+            for inc in increments:  # one command per hash field that moved
+                if isinstance(inc.amount, float):
+                    pipe.hincrbyfloat(inc.key, inc.field, inc.amount)
+                else:
+                    pipe.hincrby(inc.key, inc.field, inc.amount)
             call(pipe.execute)
 
     def _told(self, tell: Tell) -> tuple[str, bytes, int, str]:
