@@ -231,25 +231,27 @@ def test_events_flow_and_a_killed_or_stopped_worker_loses_nothing_and_doubles_no
 
 def test_a_paused_workers_late_write_is_refused(deploy: Any, rabbitmq: RabbitCluster) -> None:
     # Given two workers, each the active consumer of one of two shards, and writes of
-    # paused:* records that wait 6 s before their transaction (a stall in the handler)
+    # paused:* records that wait 15 s before their transaction (a stall in the handler;
+    # long enough that the test stops the worker inside it however busy the machine is)
     stack: Stack = deploy(
         shard_count=2,
         faults=[{"point": "worker.before_write", "action": "sleep", "match": "paused:",
-                 "sleep_ms": 6000, "times": 1}],
+                 "sleep_ms": 15_000, "times": 1}],
     )  # fmt: skip
     stack.receiver()
     workers = [stack.worker(lanes=4), stack.worker(lanes=4)]
     s = stack.settings
     wait_consuming(rabbitmq, stack, {w.pid for w in workers})
-    # When an event of a paused:* record is taken by its shard's worker, which is then
-    # stopped (SIGSTOP) past its AMQP heartbeats while it waits to write
     key = "paused:1"
-    answer = post_as_a_sender(stack, event("p1", key, n={"increment": 1}))
-    assert answer.status_code == 202
     shard = s.shards.shard_for_key(key)
     owner_pid = int(active_consumers(rabbitmq, s)[shard][0].split("/")[0].split(":")[1])
     owner = next(w for w in workers if w.pid == owner_pid)
     other = next(w for w in workers if w.pid != owner_pid)
+    # When an event of a paused:* record is taken by its shard's worker (known before the
+    # event is sent: asking RabbitMQ takes seconds on a busy machine), which is then
+    # stopped (SIGSTOP) past its AMQP heartbeats while it waits to write
+    answer = post_as_a_sender(stack, event("p1", key, n={"increment": 1}))
+    assert answer.status_code == 202
     wait_until(lambda: "fault injected: sleep at worker.before_write" in owner.log(), 60,
                "the owner sleeps before its write", on_timeout=stack.logs)  # fmt: skip
     owner.signal(signal.SIGSTOP)
