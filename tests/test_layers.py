@@ -38,6 +38,7 @@ RANK = {"routing": 0, "contract": 1, "producers": 2, "workers": 2, "ops": 3, "pu
 #: the server it runs over a plain socket, so that a command that never uses Redis does not
 #: import it).
 REDIS_IMPORTERS = {
+    "keylane.producers.gateway.count_flush",
     "keylane.producers.gateway.door_log",
     "keylane.producers.gateway.outcome_feed",
     "keylane.producers.gateway.queue_reads",

@@ -12,7 +12,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from keylane.producers.gateway.receiver_gateway import Enqueue, ReceiverGateway
+from keylane.producers.gateway import Enqueue, ReceiverGateway
 from keylane.routing.contract.errors import BrokerUnavailable
 from keylane.routing.contract.tallies import Increment, Tally
 from keylane.routing.redis_keys import RedisKeys, latency_bucket

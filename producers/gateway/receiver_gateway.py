@@ -16,12 +16,9 @@ so a 202 is sent only for an event that survives a Redis crash.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
@@ -30,10 +27,11 @@ from ...routing import ShardMap
 from ...routing.contract.replies import reply_text
 from ...routing.contract.schedules import RunLease
 from ...routing.contract.settings import DEFAULT_COUNTS_FLUSH_MS, Settings
-from ...routing.contract.tallies import Tally
 from ...routing.redis_keys import RedisKeys, seen_id
 from ..mark_batches import Mark, MarkBatches
 from ..rounds import Rounds
+from .accept_items import BatchResult, Enqueue, EnqueueResult, Verdict, batch_result
+from .count_flush import CountFlush
 from .door_log import DoorLog
 from .outcome_feed import OutcomeFeed
 from .queue_reads import QueueReads
@@ -46,86 +44,12 @@ POOL_WAIT_S = 5
 #: Seconds a count waits at most before it is written (the default of ``counts_flush_ms``).
 COUNTS_FLUSH_S = DEFAULT_COUNTS_FLUSH_MS / 1000
 
-log = logging.getLogger("keylane.receiver")
-
 #: The counter each verdict of the accept script is counted in.
 _COUNTED_AS = {
     "accepted": "accepted",
     "duplicate": "duplicate_deliveries",
     "reused": "reused_ids",
 }
-
-Verdict = Literal["accepted", "duplicate", "reused", "full", "fenced", "throttled", "overloaded"]
-
-
-@dataclass(frozen=True)
-class EnqueueResult:
-    """What Redis said: the verdict and, for ``accepted``/``duplicate``/``reused``, the
-    answer given to the first delivery (``full``: the queue depth)."""
-
-    verdict: Verdict
-    detail: str
-    #: A duplicate's told outcome, once its lane decided it (``routing/contract/outcomes.py``).
-    told: bytes | None = None
-    #: A duplicate accepted longer ago than a told outcome is kept, none kept: queued
-    #: again, for its lane to tell its outcome anew from the journal (``accept.lua``).
-    retold: bool = False
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    """What became of a delivery's events: each one's result (``accepted``, ``duplicate``
-    or ``reused``), or the delivery refused as a whole, nothing queued: ``full`` (the
-    shard of event ``full_index`` has ``depth`` events waiting), ``throttled`` (its
-    source has ``depth`` events waiting, its share of the backlog, while another source's
-    wait), ``overloaded`` (its source is past its share and ``depth`` events wait in all,
-    past the global mark) or ``fenced``."""
-
-    results: list[EnqueueResult]
-    refused: Literal["full", "fenced", "throttled", "overloaded"] | None = None
-    full_index: int = 0
-    depth: int = 0
-
-    def single(self) -> EnqueueResult:
-        """The result of a delivery of one event, a refusal included."""
-        if self.refused == "full":
-            return EnqueueResult("full", str(self.depth))
-        if self.refused == "fenced":
-            return EnqueueResult("fenced", "")
-        if self.refused in ("throttled", "overloaded"):
-            return EnqueueResult(self.refused, str(self.depth))
-        return self.results[0]
-
-
-@dataclass(frozen=True)
-class Enqueue:
-    """One message for a shard queue (an accepted event, or the review message of a
-    reused id), with what its dedupe mark keeps."""
-
-    source: str
-    event_id: str
-    body_sha256: str
-    queue: str
-    shard: int
-    #: The message as the lanes read it (:func:`~keylane.routing.contract.message.event_message`).
-    message: bytes
-    #: The event's record key, for a broker that routes by a header (RabbitMQ; the Redis
-    #: script reads it from the message).
-    record_key: str
-    retention_ms: int
-    #: The 202 answer kept with the mark, replayed to duplicates (an accept only).
-    answer: bytes = b""
-    #: The shard's high-water mark, and all shards' together (an accept only).
-    high_water: int = 0
-    global_high_water: int = 0
-    key_missing: bool = False
-    #: A scheduled run's lease, which must still be held (else ``fenced``, nothing done).
-    lease: RunLease | None = None
-    #: How long a told outcome is kept (``KEYLANE_OUTCOME_KEEP_S``, an accept only): a
-    #: duplicate accepted longer ago, none kept, is retold (:attr:`EnqueueResult.retold`);
-    #: 0, never.
-    outcome_keep_ms: int = 0
-
 
 #: One delivery in a round of accepts: its events, its scheduled run's lease, its share.
 _Delivery = tuple[tuple[Enqueue, ...], RunLease | None, int]
@@ -156,12 +80,8 @@ class ReceiverGateway:
         #: The accepts of requests that arrive at once, in one script call.
         self._accepts: Rounds[_Delivery, BatchResult] = Rounds(self._accept_round)
         self._record_id_reuse = LoadedScript(script_text("record_id_reuse"))
-        #: The accepts' counts (accepted, duplicates, refusals), written by
-        #: :meth:`flush_counts` ``counts_flush_s`` after the first that is not written
-        #: yet (and when the gateway closes), not by each accept.
-        self.tally = Tally()
-        self.counts_flush_s = counts_flush_s
-        self._flusher: asyncio.Task[None] | None = None
+        #: The accepts' counts (accepted, duplicates, refusals), written together.
+        self.counts = CountFlush(client, counts_flush_s)
         self._outcome_of = LoadedScript(script_text("outcome_of"))
 
     @classmethod
@@ -248,52 +168,23 @@ class ReceiverGateway:
                     seen.body,
                 ]
         replies = await self._run(self._accept, keys, args)
-        results = [_batch_result(reply) for reply in replies]
+        results = [batch_result(reply) for reply in replies]
         for (items, _, _), result in zip(deliveries, results, strict=True):
             self._count(items, result)
-        self._flush_later()
         return [*results]
 
     def _count(self, items: Sequence[Enqueue], result: BatchResult) -> None:
-        """Count a delivery's verdicts (or its refusal) into :attr:`tally`."""
+        """Count a delivery's verdicts (or its refusal) into :attr:`counts`."""
         counters = self.keys.counters
         if result.refused is not None:
             if result.refused != "fenced":
                 name = "refused_full" if result.refused == "full" else result.refused
-                self.tally.add(counters, name)
+                self.counts.add(counters, name)
             return
         for item, got in zip(items, result.results, strict=True):
-            self.tally.add(counters, _COUNTED_AS[got.verdict])
+            self.counts.add(counters, _COUNTED_AS[got.verdict])
             if got.verdict == "accepted" and item.key_missing:
-                self.tally.add(counters, "keyless")
-
-    async def flush_counts(self) -> None:
-        """Add the counts kept in :attr:`tally` to the deployment's counters in one
-        pipeline; on a Redis error they are kept for the next flush."""
-        with self.tally.taken() as increments:
-            if not increments:
-                return
-            pipe = self.client.pipeline(transaction=False)
-            for inc in increments:  # one command per hash field that moved
-                if isinstance(inc.amount, float):
-                    pipe.hincrbyfloat(inc.key, inc.field, inc.amount)
-                else:
-                    pipe.hincrby(inc.key, inc.field, inc.amount)
-            with broker_errors():
-                await pipe.execute()
-
-    def _flush_later(self) -> None:
-        """Flush the tally ``counts_flush_s`` from now unless a flush is coming already."""
-        if self.tally and (self._flusher is None or self._flusher.done()):
-            self._flusher = asyncio.create_task(self._flush_after_wait())
-
-    async def _flush_after_wait(self) -> None:
-        while self.tally:  # a failed flush kept its counts: again after another wait
-            await asyncio.sleep(self.counts_flush_s)
-            try:
-                await self.flush_counts()
-            except Exception as exc:
-                log.debug("counts not flushed: %s", exc)
+                self.counts.add(counters, "keyless")
 
     async def record_reuse(self, item: Enqueue) -> bool:
         """Queue ``message`` (the event, marked for review only) once per distinct body
@@ -334,8 +225,7 @@ class ReceiverGateway:
                 EnqueueResult(verdict, answer, as_bytes(told) if verdict == "duplicate" else None)
             )
         for counter, amount in counts.items():
-            self.tally.add(self.keys.counters, counter, amount)
-        self._flush_later()
+            self.counts.add(self.keys.counters, counter, amount)
         return found
 
     async def mark_seen(
@@ -440,34 +330,8 @@ class ReceiverGateway:
         """Write the counts not written yet, and release the connection pool."""
         await self._accepts.close()
         await self.marks.close()
-        if self._flusher is not None:
-            self._flusher.cancel()
-            await asyncio.gather(self._flusher, return_exceptions=True)
-        try:
-            await self.flush_counts()
-        except Exception as exc:  # Redis away: these counts are lost (not an event)
-            log.warning("counts not written at close: %s", exc)
+        await self.counts.close()
         await self.client.aclose()
 
     async def _run(self, script: LoadedScript, keys: list[str], args: list[Any]) -> Any:
         return await run_script(self.client, script, keys, args)
-
-
-def _batch_result(reply: list[Any]) -> BatchResult:
-    """A delivery's reply from the accept script (see ``scripts/accept.lua``)."""
-    status = reply_text(reply[0])
-    if status == "fenced":
-        return BatchResult([], "fenced")
-    if status == "full":
-        return BatchResult([], "full", int(reply[1]) - 1, int(reply[2]))
-    if status in ("throttled", "overloaded"):
-        return BatchResult([], status, depth=int(reply[1]))  # type: ignore[arg-type]
-    return BatchResult([_event_result(reply, at) for at in range(1, len(reply), 3)])
-
-
-def _event_result(reply: list[Any], at: int) -> EnqueueResult:
-    """One event's result in a delivery's reply, from ``at``: verdict, answer, told."""
-    verdict, answer = reply_text(reply[at]), reply_text(reply[at + 1])
-    if verdict == "retell":
-        return EnqueueResult("duplicate", answer, retold=True)
-    return EnqueueResult(verdict, answer, as_bytes(reply[at + 2]) or None)  # type: ignore[arg-type]
