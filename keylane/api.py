@@ -24,7 +24,8 @@ from .routing.contract.errors import (
 from .routing.contract.events import Event
 from .routing.contract.identities import check_identities
 from .routing.contract.schedules import DEFAULT_OVERLAP, job_spec
-from .routing.contract.settings import Settings, load_settings
+from .routing.contract.settings import Settings
+from .routing.contract.settings_env import load_settings
 from .routing.contract.sources import load_sources
 from .workers.destinations import Context
 from .workers.jobs import register_job

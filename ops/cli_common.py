@@ -22,7 +22,8 @@ import click
 
 from ..routing.contract.errors import ConfigError, KeylaneError, StoreMissing
 from ..routing.contract.logcontext import configure_logging
-from ..routing.contract.settings import InvalidSettings, Settings, env_var, load_settings
+from ..routing.contract.settings import Settings
+from ..routing.contract.settings_env import InvalidSettings, env_var, load_settings
 from .embedded_redis import with_embedded_redis
 
 if TYPE_CHECKING:

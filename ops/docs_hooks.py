@@ -37,7 +37,8 @@ from pydantic.fields import FieldInfo
 
 from keylane.ops.cli import cli
 from keylane.routing.contract import settings as settings_module
-from keylane.routing.contract.settings import Settings, env_var
+from keylane.routing.contract.settings import Settings
+from keylane.routing.contract.settings_env import env_var
 
 MARKER = re.compile(r"^<!-- keylane:(\w+)(.*?)-->$", re.M)
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from ..producers.intake import load_hook
 from ..producers.signatures import verifiers_of
 from ..routing.contract.errors import ConfigError
-from ..routing.contract.settings import Settings, settings_environ
+from ..routing.contract.settings import Settings
+from ..routing.contract.settings_env import settings_environ
 from ..routing.contract.sources import load_sources
 from ..workers.service import check_worker_config
 from ..workers.stores import open_store

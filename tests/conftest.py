@@ -28,7 +28,8 @@ from kombu import Connection
 
 from keylane.ops.embedded_redis import EmbeddedRedis
 from keylane.routing.contract.amqp_names import dead_queue, probe_queue, shard_queue
-from keylane.routing.contract.settings import Settings, load_settings
+from keylane.routing.contract.settings import Settings
+from keylane.routing.contract.settings_env import load_settings
 from keylane.workers.stores import open_store
 from keylane.workers.stores.sql import SqlStore
 from tests.support.rabbitmq import RabbitCluster, find_rabbitmq_sbin, rabbit_settings

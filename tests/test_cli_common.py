@@ -24,7 +24,7 @@ from keylane.ops.cli_common import (
     where_to_look,
 )
 from keylane.routing.contract.errors import ConfigError, StoreMissing
-from keylane.routing.contract.settings import load_settings
+from keylane.routing.contract.settings_env import load_settings
 from keylane.workers.stores import open_store
 
 

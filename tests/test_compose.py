@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from keylane.routing.contract.settings import load_settings
+from keylane.routing.contract.settings_env import load_settings
 from keylane.workers.brokers.redis import RedisLaneBroker
 from tests.support.stack import REPO
 

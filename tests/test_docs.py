@@ -16,7 +16,8 @@ from typing import get_args
 
 import pytest
 
-from keylane.routing.contract.settings import Settings, env_var
+from keylane.routing.contract.settings import Settings
+from keylane.routing.contract.settings_env import env_var
 from keylane.workers.store_rows import JournalOutcome
 from tests.support.readme import DOCS, page_section, page_text
 from tests.support.stack import REPO

@@ -18,7 +18,8 @@ from kombu import Connection
 from keylane.producers.amqp import AmqpPublisher
 from keylane.routing.contract.amqp_names import dead_queue, probe_queue, shard_queue
 from keylane.routing.contract.message import RECORD_HEADER
-from keylane.routing.contract.settings import Settings, load_settings
+from keylane.routing.contract.settings import Settings
+from keylane.routing.contract.settings_env import load_settings
 from keylane.routing.redis_keys import message_digest
 from keylane.workers.broker import Ack, Lease, Taken
 from keylane.workers.brokers.rabbitmq import RabbitLaneBroker

@@ -26,7 +26,8 @@ import pytest
 from pydantic import SecretStr
 
 from keylane.ops.observability import FILTERED, _secrets, scrub
-from keylane.routing.contract.settings import FaultSpec, Settings, load_settings
+from keylane.routing.contract.settings import FaultSpec, Settings
+from keylane.routing.contract.settings_env import load_settings
 from tests.support.services import free_port
 from tests.support.stack import Stack, event, settings_env, start_up, wait_until
 

@@ -10,7 +10,7 @@ import pytest
 from keylane.producers.intake import KEYLESS_PREFIX, Ignored, Intake, load_hook, take_in
 from keylane.producers.signatures import Verified, verifiers_of
 from keylane.routing.contract.errors import ConfigError, InvalidEvent
-from keylane.routing.contract.settings import load_settings
+from keylane.routing.contract.settings_env import load_settings
 from keylane.routing.contract.sources import (
     DEMO,
     SourceConfig,

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keylane.routing.contract.settings import load_settings
+from keylane.routing.contract.settings_env import load_settings
 from tests.support.load import SequentialLoad
 from tests.support.readme import (
     example_crm,

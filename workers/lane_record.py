@@ -1,7 +1,9 @@
 """What a lane does with one record it was handed: read it, apply its next message (or a
 batch of its waiting messages) through the source's handler, its task or its destination,
 and acknowledge the outcome in the same broker call as it takes the shard's next record
-(:mod:`keylane.workers.lanes` hands records out and runs the lanes).
+(:mod:`keylane.workers.lanes` hands records out and runs the lanes; the broker calls that
+end a lane's turn on a record, the acknowledgement, a wait, a park, are in
+:mod:`keylane.workers.lane_finish`).
 
 What a lane does with a record it cannot finish now. Each holds only that record; its
 shard-mates go on, and its own later events wait behind it, in order:
@@ -25,7 +27,6 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import sentry_sdk
@@ -54,11 +55,12 @@ from .broker import Ack, Counts, Idle, Lease, MessageNotes, Outgoing, RecordQueu
 from .dead_letters import Failure
 from .dispatch import Dispatcher, Wait
 from .doorbell import Doorbell
+from .lane_finish import RecordFinish
 from .lane_steps import Queued, Step, backlog_source, followers, read_taken
 from .lane_store import LaneStore
 from .ownership import Ownership
 from .results import ApplyResult
-from .store import DeadLetterStore, RecordStore
+from .store import RecordStore
 from .store_rows import Fence, Record
 
 log = logging.getLogger("keylane.lanes")
@@ -90,8 +92,9 @@ OUTAGE_WAIT_S = 1.0
 class RecordLane:
     """A lane's work on one record (see the module docstring): the lanes' loop
     (:class:`keylane.workers.lanes.Lanes`) takes a record, then hands it to
-    :meth:`handle`. The broker's two roles it uses: ``queue`` (take, finish, wait, send)
-    and ``notes`` (why a delivery failed)."""
+    :meth:`handle`. The broker's two roles it uses: ``queue`` (take and send here;
+    finish and wait through ``finish``, a :class:`RecordFinish`) and ``notes`` (why a
+    delivery failed)."""
 
     def __init__(
         self,
@@ -116,7 +119,7 @@ class RecordLane:
         self.dispatcher = dispatcher
         self.io = io
         self.store = LaneStore(io)
-        self.doorbell = doorbell
+        self.finish = RecordFinish(queue, ownership, io, doorbell)
         #: Set when the worker stops: a lane finishes its record and takes no next one.
         self._stop = stopping
         self._events = events
@@ -146,11 +149,11 @@ class RecordLane:
             version = version_of(message.headers)
             if version not in READS:  # a newer keylane's: parked whole, its record held
                 why = (version, taken.record_key)
-                await self._park(lease, taken, self.store.unreadable, why, hold=True)
+                await self.finish.park(lease, taken, self.store.unreadable, why, hold=True)
                 return None
             event = Event.model_validate(message.kwargs.get("event"))
         except (MalformedMessage, ValidationError, KeyError, TypeError, ValueError) as exc:
-            await self._park(lease, taken, self.store.malformed, (str(exc),), hold=False)
+            await self.finish.park(lease, taken, self.store.malformed, (str(exc),), hold=False)
             return None
         batch = [Queued(taken.raw, event, message.task_id), *self._followers(taken, event)]
         context: dict[str, Any] = {
@@ -237,52 +240,12 @@ class RecordLane:
                 Ack(queued.raw, counted, result.conflicts, result.attempts, latency, tell, backlog)
             )
         keep = not self._stop.is_set() and self.ownership.keep(lane, lease)
-        finished = await self.io.store(
-            lambda store: self._finish(store, store, lease, taken, acks, hold, keep)
-        )
-        if finished is False:
-            self.ownership.lost(lease, "lease changed before the acknowledgement")
+        finished = await self.finish.acknowledge(lease, taken, acks, hold, keep)
         if self._events is not None:
             runtime = time.monotonic() - started
             for queued, result in done:
                 self._events.finished(queued.task_id, queued.event, result, runtime)
-        return finished if isinstance(finished, Step | Idle) else None
-
-    def _finish(
-        self,
-        records: RecordStore,
-        rows: DeadLetterStore,
-        lease: Lease,
-        taken: Taken,
-        acks: list[Ack],
-        hold: int | None,
-        then_take: bool,
-    ) -> Step | Idle | bool:
-        """(In a pool thread.) Acknowledge; with ``then_take``, also take the shard's next
-        record and read it from ``records``: one broker call and one read. After a hold,
-        the holding row is read again (``rows``): if an operator closed it meanwhile, the
-        release they could not send yet goes now."""
-        nxt = self.queue.finish(lease, taken, acks, hold, then_take)
-        if hold is not None and nxt is not False:
-            self._release_if_closed(rows, lease, taken.record_key, hold)
-        if not isinstance(nxt, Taken):
-            return nxt
-        return read_taken(records, nxt)
-
-    def _release_if_closed(self, rows: DeadLetterStore, lease: Lease, key: str, hold: int) -> None:
-        """(In a pool thread, after a hold.) If an operator closed the holding row while
-        the hold was being written, send the release they could not. A failure here
-        leaves the record held behind a closed row until ``dlq discard/resolve`` is run
-        on it again (which sends the release): logged, never in the lane's way."""
-        try:
-            row = rows.dead_letter(hold)
-            if row is None or row.status in ("open", "retried"):
-                return
-            self.queue.release_closed(lease, key, hold)
-        except Exception as exc:
-            log.warning("%s: could not check dead letter %s after the hold: %s", key, hold, exc)
-            return
-        log.info("%s: dead letter %s was closed while it held the record: released", key, hold)
+        return finished
 
     async def _wait(
         self,
@@ -294,8 +257,8 @@ class RecordLane:
         counts: Counts,
         since: float | None = None,
     ) -> None:
-        """``taken``'s record waits ``delay_s`` from ``since`` (``time.monotonic()``, default
-        now: a destination's answer, a failure), and its shard's timer rings then."""
+        """Report the wait of ``batch``'s events, then let ``taken``'s record wait
+        (:meth:`RecordFinish.wait`)."""
         why = {"attempts": taken.deliveries, **why}
         if self._events is not None:
             for queued in batch:
@@ -304,14 +267,7 @@ class RecordLane:
                 self._events.waiting(
                     queued.task_id, queued.event, why["reason"], detail, delay_s, attempts
                 )
-        messages = [taken.raw] if counts != "keep" else []
-        if since is not None:  # what the calls since then took is not waited again
-            delay_s = max(0.0, delay_s - (time.monotonic() - since))
-        waiting = await self.io.call(self.queue.wait, lease, taken, delay_s, why, counts, messages)
-        if not waiting:
-            self.ownership.lost(lease, "lease changed before the record could wait")
-            return
-        self.doorbell.ring_in(lease.shard, delay_s)
+        await self.finish.wait(lease, taken, delay_s, why, counts, since)
 
     async def _outcome(
         self, lease: Lease, taken: Taken, batch: list[Queued], record: Record | None
@@ -389,28 +345,3 @@ class RecordLane:
         elif result.outcome == "duplicate" and holds and event.review is None:
             return await self.store.open_dead_letter(event)
         return None
-
-    async def _park(
-        self,
-        lease: Lease,
-        taken: Taken,
-        row: Callable[..., Awaitable[int]],
-        why: tuple[Any, ...],
-        hold: bool,
-    ) -> None:
-        """Make the review row of a message that is no event this worker can read
-        (``row(shard, raw, *why, fence)``) and acknowledge it; with ``hold`` (a message
-        of another wire version) its record is held behind the row, so that the record's
-        later events wait for it, in order."""
-        try:
-            row_id = await row(lease.shard, taken.raw, *why, Fence(lease.shard, lease.token))
-        except StaleFence as exc:
-            self.ownership.lost(lease, str(exc))
-            return
-        acks = [Ack(taken.raw, "dead_lettered")]
-        held = row_id if hold else None
-        finished = await self.io.store(
-            lambda store: self._finish(store, store, lease, taken, acks, held, False)
-        )
-        if finished is False:
-            self.ownership.lost(lease, "lease changed before the acknowledgement")

@@ -13,31 +13,28 @@ A background thread beats every ``heartbeat_ms``:
    shard's fencing token, and the token is registered with the store before the first
    message is taken, so from then on the store refuses any write of an older owner.
 
-The heartbeat talks to Redis only. Registering a token is a store transaction, and a store
-can keep a transaction waiting (SQLite's one write lock, a PostgreSQL row lock held by a
-paused owner, a slow disk): a heartbeat stuck behind it would let this worker's own leases
-expire. So a newly acquired shard is held (its lease renewed) but not yet offered to the
-lanes; a registrar thread registers its token, and only then may a lane take from it. If
-registration fails, the lease is released for another worker or a later beat.
+The heartbeat talks to Redis only. Registering a token is a store transaction, which may
+wait long (:mod:`keylane.workers.fence_registrar`): a newly acquired shard is held but not
+offered to the lanes until the registrar's thread has registered its token.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..routing.assignment import assign_shards
-from ..routing.contract.errors import BrokerUnavailable, StoreUnavailable
+from ..routing.contract.errors import BrokerUnavailable
 from ..routing.contract.settings import Settings
 from ..routing.shards import shard_ranges
 from .broker import Acquired, Lease, ShardLeases
+from .fence_registrar import FenceRegistrar
 from .store import FenceStore
-from .writer import EXIT_NOT_THE_WRITER, StoreWriter
+from .writer import StoreWriter
 
 log = logging.getLogger("keylane.ownership")
 
@@ -91,7 +88,6 @@ class Ownership:
         self.broker = broker
         self.worker_id = worker_id
         self.info = info
-        self._store_factory = store_factory
         self._clock = clock
         self.writer = writer  # the SQLite store's writer claim, renewed by the heartbeat
         self._held: dict[int, HeldShard] = {}
@@ -99,8 +95,7 @@ class Ownership:
         self._stopping = False
         self._rotation = 0
         self._thread: threading.Thread | None = None
-        self._registrar: threading.Thread | None = None
-        self._unregistered: queue.SimpleQueue[Lease | None] = queue.SimpleQueue()
+        self._registrar = FenceRegistrar(self, broker, store_factory)
         self._stop = threading.Event()
         self._stuck: set[int] = set()  # lanes stuck on a shard that was given up
         self.ticks = 0
@@ -188,14 +183,39 @@ class Ownership:
         with self._lock:
             return {s: h.lease for s, h in self._held.items()}
 
+    # -- what the registrar uses ---------------------------------------------------------
+
+    def holds(self, lease: Lease) -> bool:
+        """Whether ``lease`` is still held (not released or lost since it was acquired)."""
+        with self._lock:
+            held = self._held.get(lease.shard)
+            return held is not None and held.lease == lease
+
+    def registered(self, lease: Lease) -> None:
+        """``lease``'s token is registered with the store: lanes may take from its shard."""
+        with self._lock:
+            held = self._held.get(lease.shard)
+            if held is None or held.lease != lease:
+                return
+            held.registered = True
+            self._lock.notify_all()
+        if self.on_acquired is not None:
+            self.on_acquired(lease.shard)
+
+    def give_up(self, lease: Lease) -> None:
+        """Drop a shard whose token could not be registered: nothing was taken from it."""
+        with self._lock:
+            held = self._held.get(lease.shard)
+            if held is None or held.lease != lease:
+                return
+            del self._held[lease.shard]
+        self._release_quietly(lease, "abandoned")
+
     # -- the heartbeat thread ------------------------------------------------------------
 
     def start(self) -> None:
         """Join the members and start the heartbeat and registrar threads (first beat
         before returning)."""
-        self._registrar = threading.Thread(
-            target=self._register_all, name="keylane-fences", daemon=True
-        )
         self._registrar.start()
         self.tick()
         self._thread = threading.Thread(target=self._run, name="keylane-ownership", daemon=True)
@@ -222,7 +242,8 @@ class Ownership:
         except BrokerUnavailable as exc:
             log.warning("cannot reach Redis for heartbeat: %s", exc)
             return
-        self._renew_writer()
+        if self.writer is not None:
+            self.writer.renew_or_exit()
         self._renew()
         self._abandon_stuck()
         wanted = (
@@ -260,25 +281,6 @@ class Ownership:
                         held_shard.valid_until = valid_until
             else:
                 self.lost(lease, "lease expired or taken before renewal")
-
-    def _renew_writer(self) -> None:
-        """Renew the SQLite writer claim. Another writer took it while this process was
-        paused past its TTL: this one must not write again, so it exits (its leases and
-        fencing tokens are stale too)."""
-        if self.writer is None:
-            return
-        try:
-            holder = self.writer.renew()
-        except BrokerUnavailable as exc:
-            log.warning("cannot renew the SQLite writer claim: %s", exc)
-            return
-        if holder != self.worker_id:
-            log.critical(
-                "worker %s took the SQLite store over while this one was paused; exiting",
-                holder,
-            )
-            logging.shutdown()
-            os._exit(EXIT_NOT_THE_WRITER)
 
     def _abandon_stuck(self) -> None:
         """A lane on one message past ``inflight_deadline_ms`` is stuck (a handler that
@@ -344,70 +346,9 @@ class Ownership:
         valid_until = sent_at + self.settings.lease_ttl_ms / 1000 * VALIDITY_FRACTION
         with self._lock:
             self._held[shard] = HeldShard(got.lease, valid_until)
-        self._unregistered.put(got.lease)
+        self._registrar.add(got.lease)
         log.debug("acquired shard %s (token %s, restored %s)", shard, got.lease.token, got.restored)
         return got
-
-    # -- the registrar thread ------------------------------------------------------------
-
-    def _register_all(self) -> None:
-        """Register the token of each newly acquired shard with the store, in order."""
-        store: FenceStore | None = None
-        while (lease := self._unregistered.get()) is not None:
-            if self._stop.is_set():
-                break  # stopping: every lease is released anyway
-            if not self._holds(lease):
-                continue  # released or lost meanwhile
-            try:
-                store = store or self._store_factory()
-                self._register(store, lease)
-            except StoreUnavailable as exc:
-                log.warning("cannot register fence of shard %s: %s", lease.shard, exc)
-                self._give_up(lease)
-                if store is not None:
-                    store.close()
-                    store = None
-            except Exception:
-                log.exception("registering the fence of shard %s failed", lease.shard)
-                self._give_up(lease)
-        if store is not None:
-            store.close()
-
-    def _register(self, store: FenceStore, lease: Lease) -> None:
-        newest = store.advance_fence(lease.shard, lease.token)
-        if newest > lease.token:
-            # Redis lost its counter (restart without AOF): move it past the store's.
-            log.warning(
-                "shard %s: store fence %s is ahead of Redis %s; skipping ahead",
-                lease.shard,
-                newest,
-                lease.token,
-            )
-            self._try(lambda: self.broker.bump_fence(lease.shard, newest))
-            self._give_up(lease)
-            return
-        with self._lock:
-            held = self._held.get(lease.shard)
-            if held is None or held.lease != lease:
-                return
-            held.registered = True
-            self._lock.notify_all()
-        if self.on_acquired is not None:
-            self.on_acquired(lease.shard)
-
-    def _holds(self, lease: Lease) -> bool:
-        with self._lock:
-            held = self._held.get(lease.shard)
-            return held is not None and held.lease == lease
-
-    def _give_up(self, lease: Lease) -> None:
-        """Drop a shard whose token could not be registered: nothing was taken from it."""
-        with self._lock:
-            held = self._held.get(lease.shard)
-            if held is None or held.lease != lease:
-                return
-            del self._held[lease.shard]
-        self._release_quietly(lease, "abandoned")
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop taking messages, wait for lanes to finish, release every lease, leave."""
@@ -417,8 +358,8 @@ class Ownership:
             while any(h.busy for h in self._held.values()) and self._clock() < deadline:
                 self._lock.wait(0.05)
         self._stop.set()
-        self._unregistered.put(None)
-        for thread in (self._thread, self._registrar):
+        self._registrar.stop()
+        for thread in (self._thread, self._registrar.thread):
             if thread is not None:
                 thread.join(timeout=max(0.0, deadline - self._clock()) + 1)
         for lease in list(self.owned().values()):

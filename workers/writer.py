@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from ..routing.contract.errors import ConfigError
+from ..routing.contract.errors import BrokerUnavailable, ConfigError
 from ..routing.contract.settings import Settings
 from .brokers.redis import RedisLaneBroker
 
@@ -84,6 +84,23 @@ class StoreWriter:
         """Renew the claim; the holder now (another worker's id: the claim was lost)."""
         holder, _ = self.broker.claim_store_writer(self.worker_id, self.settings.lease_ttl_ms)
         return holder
+
+    def renew_or_exit(self) -> None:
+        """Renew the claim (with every heartbeat). Another writer took it while this
+        process was paused past its TTL: this one must not write again, so it exits (its
+        leases and fencing tokens are stale too)."""
+        try:
+            holder = self.renew()
+        except BrokerUnavailable as exc:
+            log.warning("cannot renew the SQLite writer claim: %s", exc)
+            return
+        if holder != self.worker_id:
+            log.critical(
+                "worker %s took the SQLite store over while this one was paused; exiting",
+                holder,
+            )
+            logging.shutdown()
+            os._exit(EXIT_NOT_THE_WRITER)
 
     def release(self) -> None:
         """Give the claim up (graceful stop), so that the next writer starts at once."""

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import redis
 
-from ...routing.contract.settings import Settings, load_settings, settings_environ
+from ...routing.contract.settings import Settings
+from ...routing.contract.settings_env import load_settings, settings_environ
 from ...workers.brokers.rabbitmq import delete_topology
 from ...workers.stores import open_store
 from ...workers.stores.sql import SqlStore

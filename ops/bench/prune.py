@@ -40,7 +40,8 @@ from unittest import mock
 
 import click
 
-from ...routing.contract.settings import Settings, load_settings, settings_environ
+from ...routing.contract.settings import Settings
+from ...routing.contract.settings_env import load_settings, settings_environ
 from ...workers.store import RecordStore
 from ...workers.store_rows import Commit, EventWrite
 from ...workers.stores import open_store

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from keylane.routing.contract.settings import Settings, load_settings
+from keylane.routing.contract.settings import Settings
+from keylane.routing.contract.settings_env import load_settings
 from tests.support.services import free_port
 
 #: Where the real scripts live when PATH only has wrappers (Debian, Ubuntu).

@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 
 from keylane.ops.deployment_view import DeploymentView
-from keylane.routing.contract.settings import Settings, env_var, settings_environ
+from keylane.routing.contract.settings import Settings
+from keylane.routing.contract.settings_env import env_var, settings_environ
 from keylane.workers.brokers.redis import RedisLaneBroker
 from keylane.workers.stores import open_store
 from keylane.workers.stores.sql import SqlStore
