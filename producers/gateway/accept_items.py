@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -69,7 +70,8 @@ class Enqueue:
     #: script reads it from the message).
     record_key: str
     retention_ms: int
-    #: The 202 answer kept with the mark, replayed to duplicates (an accept only).
+    #: The 202 answer of an accept, and of its duplicates (the same id and body give the
+    #: same answer; the accept script is not sent it). The RabbitMQ receiver's mark keeps it.
     answer: bytes = b""
     #: The shard's high-water mark, and all shards' together (an accept only).
     high_water: int = 0
@@ -83,8 +85,10 @@ class Enqueue:
     outcome_keep_ms: int = 0
 
 
-def batch_result(reply: list[Any]) -> BatchResult:
-    """A delivery's reply from the accept script (see ``scripts/accept.lua``)."""
+def batch_result(reply: list[Any], items: Sequence[Enqueue]) -> BatchResult:
+    """A delivery's reply from the accept script (see ``scripts/accept.lua``) for its
+    ``items``, each event's result given the item's own answer (the script is not sent it:
+    the same id and body give the same answer)."""
     status = reply_text(reply[0])
     if status == "fenced":
         return BatchResult([], "fenced")
@@ -92,12 +96,13 @@ def batch_result(reply: list[Any]) -> BatchResult:
         return BatchResult([], "full", int(reply[1]) - 1, int(reply[2]))
     if status in ("throttled", "overloaded"):
         return BatchResult([], status, depth=int(reply[1]))  # type: ignore[arg-type]
-    return BatchResult([event_result(reply, at) for at in range(1, len(reply), 3)])
+    answers = [item.answer.decode() for item in items]
+    return BatchResult([event_result(reply, 1 + 2 * i, answers[i]) for i in range(len(items))])
 
 
-def event_result(reply: list[Any], at: int) -> EnqueueResult:
-    """One event's result in a delivery's reply, from ``at``: verdict, answer, told."""
-    verdict, answer = reply_text(reply[at]), reply_text(reply[at + 1])
+def event_result(reply: list[Any], at: int, answer: str) -> EnqueueResult:
+    """One event's result in a delivery's reply, from ``at``: its verdict and told outcome."""
+    verdict = reply_text(reply[at])
     if verdict == "retell":
         return EnqueueResult("duplicate", answer, retold=True)
-    return EnqueueResult(verdict, answer, as_bytes(reply[at + 2]) or None)  # type: ignore[arg-type]
+    return EnqueueResult(verdict, answer, as_bytes(reply[at + 1]) or None)  # type: ignore[arg-type]

@@ -160,7 +160,6 @@ class ReceiverGateway:
                 args += [
                     item.body_sha256,
                     item.message,
-                    item.answer,
                     item.retention_ms,
                     item.shard,
                     seen.slot,
@@ -168,7 +167,10 @@ class ReceiverGateway:
                     seen.body,
                 ]
         replies = await self._run(self._accept, keys, args)
-        results = [batch_result(reply) for reply in replies]
+        results = [
+            batch_result(reply, items)
+            for (items, _, _), reply in zip(deliveries, replies, strict=True)
+        ]
         for (items, _, _), result in zip(deliveries, results, strict=True):
             self._count(items, result)
         return [*results]
