@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -22,9 +22,10 @@ from .deliveries import (
     public,
     show_delivery,
 )
-from .rerun import Rerun, check_choice, chosen, rerun
-from .rerun import public as public_rerun
 from .tables import render_table
+
+if TYPE_CHECKING:
+    from .rerun import Rerun
 
 
 @click.group("deliveries", invoke_without_command=True)
@@ -204,6 +205,11 @@ def rerun_command(
     deduped on its id as any delivery's is: one accepted before is a duplicate and is
     not applied again unless --new-ids. Exit code 1 when any delivery was refused or
     cannot be run again (its body was not kept whole)."""
+    # Here, not at the top: the receiver's modules are what a rerun runs, and `deliveries
+    # list` and `show` do without them.
+    from .rerun import check_choice, chosen, rerun
+    from .rerun import public as public_rerun
+
     check_choice(delivery_ids, bool(sources or statuses or since))
     settings = settings_of(ctx)
     query = None
