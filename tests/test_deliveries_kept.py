@@ -98,6 +98,7 @@ def _kept_rows(stack: Stack) -> int:
     return store.table_ages()["deliveries"].rows
 
 
+@pytest.mark.slow
 def test_an_accepted_delivery_is_kept_under_all_and_links_from_the_journal(
     stack: Stack,
 ) -> None:
@@ -148,6 +149,7 @@ def test_an_accepted_delivery_is_kept_under_all_and_links_from_the_journal(
     assert "applied" in text
 
 
+@pytest.mark.slow
 def test_a_batched_delivery_is_kept_once_with_its_events_when_one_is_dead_lettered(
     stack: Stack,
 ) -> None:
@@ -186,6 +188,7 @@ def test_a_batched_delivery_is_kept_once_with_its_events_when_one_is_dead_letter
     assert "type (open)" in text
 
 
+@pytest.mark.slow
 def test_a_refused_event_keeps_its_delivery_under_errors_and_off_keeps_nothing(
     stack: Stack,
 ) -> None:
@@ -213,6 +216,7 @@ def test_a_refused_event_keeps_its_delivery_under_errors_and_off_keeps_nothing(
     assert parse_delivery_id(_journal(stack, "quiet", "q-2")["delivery"])[0] == "quiet"
 
 
+@pytest.mark.slow
 def test_a_delivery_whose_events_were_all_ignored_is_kept_at_the_door(stack: Stack) -> None:
     # Given a mapped source that maps item.seen only
     _start(stack)
@@ -232,6 +236,7 @@ def test_a_delivery_whose_events_were_all_ignored_is_kept_at_the_door(stack: Sta
     assert stack.view().client.exists(stack.settings.keys.dedupe("mapped", "m-1")) == 0
 
 
+@pytest.mark.slow
 def test_list_pages_across_both_kinds_newest_first_and_prune_archives(
     stack: Stack, tmp_path: Path
 ) -> None:

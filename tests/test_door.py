@@ -116,6 +116,7 @@ def test_an_unverified_delivery_is_kept_without_its_body_and_its_secrets(
     assert "not kept (unverified" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_an_invalid_body_is_kept_with_its_body_and_the_bound_holds(
     stack: Stack, tmp_path: Path
@@ -151,6 +152,7 @@ def test_an_invalid_body_is_kept_with_its_body_and_the_bound_holds(
     assert [e["id"] for e in first["deliveries"] + rest] == [e["id"] for e in listed]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_a_throttled_delivery_is_kept(stack: Stack, tmp_path: Path) -> None:
     # Given no worker, a global mark of 4 (each source's share: 2), and another source's
@@ -171,6 +173,7 @@ def test_a_throttled_delivery_is_kept(stack: Stack, tmp_path: Path) -> None:
     assert _shown(stack, listed[0]["id"])["body"].startswith('{"id": "l-')
 
 
+@pytest.mark.slow
 def test_keeping_refusals_marks_nothing_seen(stack: Stack, tmp_path: Path) -> None:
     # Given a deployment with a worker
     _deploy(stack, tmp_path)

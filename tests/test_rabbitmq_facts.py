@@ -22,6 +22,9 @@ from kombu import Connection, Consumer, Queue
 from tests.support.amqp_clients import AmqpClients, pump, pump_for
 from tests.support.rabbitmq import RabbitCluster, wait_for
 
+#: Each test here runs against a 3-node RabbitMQ cluster of the module's own: the slow tier.
+pytestmark = pytest.mark.slow
+
 SAC = {"x-single-active-consumer": True}
 
 
@@ -541,7 +544,6 @@ def test_every_confirmed_publish_survives_the_leaders_kill(
     assert set(confirmed) <= set(inbox.numbers) <= set(confirmed) | set(refused)
 
 
-@pytest.mark.slow
 def test_without_a_quorum_a_publish_is_not_confirmed_yet_may_land_later(
     rabbitmq: RabbitCluster, amqp: AmqpClients
 ) -> None:

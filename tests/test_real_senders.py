@@ -78,6 +78,7 @@ def _stripe_headers(
     return {"Stripe-Signature": header}
 
 
+@pytest.mark.slow
 def test_stripe_deliveries_signed_by_the_stripe_library(stack: Stack) -> None:
     _start(stack)
     # Given invoices signed by Stripe's own library, with the current and the old secret
@@ -298,6 +299,7 @@ def test_keyless_deliveries_are_each_applied_and_never_collide(
     assert stack.settled_counters()["keyless"] == 103
 
 
+@pytest.mark.slow
 def test_a_replay_after_the_dedupe_window_has_no_second_effect(
     stack: Stack, tmp_path: Path
 ) -> None:

@@ -197,6 +197,7 @@ KILLS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("store_url", "where"), KILLS, indirect=["store_url"])
 def test_a_prune_killed_mid_archive_then_run_again_leaves_each_row_in_one_place(
     settings: Settings, store: SqlStore, tmp_path: Path, where: str
@@ -246,6 +247,7 @@ def test_a_prune_killed_mid_archive_then_run_again_leaves_each_row_in_one_place(
 # -- the lanes during a prune ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_lanes_keep_applying_while_a_prune_runs(stack: Stack, tmp_path: Path) -> None:
     # Given a deployment whose journal holds 10,000 rows past their retention
     stack.settings = with_sources(
@@ -311,10 +313,12 @@ def test_lanes_keep_applying_while_a_prune_runs(stack: Stack, tmp_path: Path) ->
 # -- a delivery replayed after its row was archived ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_delivery_replayed_after_its_row_was_archived_has_no_second_effect(stack: Stack) -> None:
     replayed_after_archiving(stack, remembered=True)
 
 
+@pytest.mark.slow
 @SQLITE
 def test_a_delivery_replayed_after_its_id_was_forgotten_is_a_new_event(stack: Stack) -> None:
     replayed_after_archiving(stack, remembered=False)
@@ -445,6 +449,7 @@ def test_the_readme_commands_run_as_written(
         assert [shape(line) for line in output] == [shape(line) for line in expected], command
 
 
+@pytest.mark.slow
 def test_keylane_up_s_scheduler_runs_the_prune_as_a_job_of_its_own(
     stack: Stack, tmp_path: Path
 ) -> None:

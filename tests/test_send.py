@@ -88,6 +88,7 @@ def _says_why(sent: subprocess.CompletedProcess[str], why: str) -> None:
     assert why in sent.stderr
 
 
+@pytest.mark.slow
 def test_a_github_delivery_is_signed_and_applied_with_a_new_id_each_time(
     stack: Stack, tmp_path: Path
 ) -> None:
@@ -137,6 +138,7 @@ def test_a_github_delivery_is_signed_and_applied_with_a_new_id_each_time(
     assert twice.stdout.startswith("200 OK\n"), twice.stdout
 
 
+@pytest.mark.slow
 def test_a_stripe_delivery_is_signed_with_its_id_in_the_body(stack: Stack, tmp_path: Path) -> None:
     # Given an invoice.paid event, its id in the body
     body = {
@@ -211,6 +213,7 @@ def test_asana_is_signed_with_the_secret_kept_from_its_handshake(
     applied(stack, "task:77", {"changed": ["assignee"]})
 
 
+@pytest.mark.slow
 def test_what_cannot_be_sent_says_why_and_exits_2(stack: Stack, tmp_path: Path) -> None:
     (tmp_path / "b.json").write_text("{}")
     # An unknown source names the sources there are
@@ -272,6 +275,7 @@ def _once_applied(stack: Stack, args: list[str]) -> subprocess.CompletedProcess[
     return stack.keylane(*args)
 
 
+@pytest.mark.slow
 def test_the_senders_page_example_runs_as_written(redis_url: str, tmp_path: Path) -> None:
     # Given the page's sources file, event and commands, and a deployment of that file
     # with the secret its export line sets

@@ -28,6 +28,7 @@ def _ids(html: str, pattern: str) -> list[str]:
     return [unquote(unescape(m)) for m in re.findall(pattern, html)]
 
 
+@pytest.mark.slow
 def test_the_deliveries_pages_show_what_keylane_deliveries_reads(view: View) -> None:
     # When the deliveries are listed, filtered by source, and paged two at a time
     listed = view.cli("deliveries", "list")["deliveries"]
@@ -71,6 +72,7 @@ def test_the_deliveries_pages_show_what_keylane_deliveries_reads(view: View) -> 
     assert re.search(r'href="/dead-letters/\d+">#\d+ not_owned', page)
 
 
+@pytest.mark.slow
 def test_the_dead_letter_pages_show_what_keylane_dlq_reads(view: View) -> None:
     rows = view.cli("dlq", "list")
     by_reason = {r["reason"]: r["id"] for r in rows}  # the two came in either order
@@ -115,6 +117,7 @@ def test_the_dead_letter_pages_show_what_keylane_dlq_reads(view: View) -> None:
     assert "status=bogus" in bad.text
 
 
+@pytest.mark.slow
 def test_the_record_pages_show_what_keylane_records_reads_as_text(view: View) -> None:
     # When the records are listed by prefix, and one is shown
     listed = view.cli("records", "list", "--prefix", "contact:")["records"]
@@ -143,6 +146,7 @@ def test_the_record_pages_show_what_keylane_records_reads_as_text(view: View) ->
     assert view.get("/record", key="nope:1").status_code == 404
 
 
+@pytest.mark.slow
 def test_every_page_is_served_on_the_operations_listener_only(view: View) -> None:
     # When the home page, the stylesheet and each list are asked for
     home = view.get("/")
@@ -165,6 +169,7 @@ def test_every_page_is_served_on_the_operations_listener_only(view: View) -> Non
     assert "attacker.example" in rebound.text
 
 
+@pytest.mark.slow
 def test_retry_and_resolve_do_what_keylane_dlq_does(view: View) -> None:
     rows = view.cli("dlq", "list")
     by_reason = {r["reason"]: r["id"] for r in rows}
