@@ -19,7 +19,7 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -37,6 +37,7 @@ from ..routing.contract.message import event_message
 from ..routing.contract.schedules import RunLease
 from ..routing.contract.settings import Settings
 from ..routing.contract.wire import for_version
+from ..routing.hot_records import hot_record
 from .broker import EventQueue
 from .gateway import BatchResult, Enqueue, EnqueueResult
 from .wire_choice import WireChoice
@@ -44,7 +45,7 @@ from .wire_choice import WireChoice
 _ENCODE = msgspec.json.Encoder().encode
 
 
-@dataclass(frozen=True)
+@hot_record
 class KeptDelivery:
     """The delivery an event came from: its id, and its request when its source keeps
     deliveries (:mod:`keylane.routing.contract.kept_deliveries`). A batched delivery's
@@ -54,7 +55,7 @@ class KeptDelivery:
     request: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True)
+@hot_record
 class NewEvent:
     """An event ready for the accept script."""
 

@@ -7,6 +7,8 @@ kombu is given the same namespace as its ``global_keyprefix``, so a shard queue
 import hashlib
 from dataclasses import dataclass
 
+from .hot_records import hot_record
+
 #: Upper bounds (seconds) of the apply-latency histogram's buckets, the fields of
 #: :attr:`RedisKeys.latency` (the lanes count into them, the metrics read them).
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -41,7 +43,7 @@ SEEN_PERIOD_MS = 12 * 3600 * 1000
 SEEN_SLOTS = 2048
 
 
-@dataclass(frozen=True)
+@hot_record
 class SeenId:
     """Where a remembered event id lives: its slot (which group of a period) and its
     field there (8 more bytes of its digest), and an 8-byte digest of its body's digest,

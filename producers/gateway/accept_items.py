@@ -5,17 +5,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from ...routing.contract.replies import reply_text
 from ...routing.contract.schedules import RunLease
+from ...routing.hot_records import hot_record
 from .redis_calls import as_bytes
 
 Verdict = Literal["accepted", "duplicate", "reused", "full", "fenced", "throttled", "overloaded"]
 
 
-@dataclass(frozen=True)
+@hot_record
 class EnqueueResult:
     """What Redis said: the verdict and, for ``accepted``/``duplicate``/``reused``, the
     answer given to the first delivery (``full``: the queue depth)."""
@@ -29,7 +29,7 @@ class EnqueueResult:
     retold: bool = False
 
 
-@dataclass(frozen=True)
+@hot_record
 class BatchResult:
     """What became of a delivery's events: each one's result (``accepted``, ``duplicate``
     or ``reused``), or the delivery refused as a whole, nothing queued: ``full`` (the
@@ -54,7 +54,7 @@ class BatchResult:
         return self.results[0]
 
 
-@dataclass(frozen=True)
+@hot_record
 class Enqueue:
     """One message for a shard queue (an accepted event, or the review message of a
     reused id), with what its dedupe mark keeps."""
