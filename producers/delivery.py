@@ -5,12 +5,12 @@ request, to show what keylane would do with it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
 
 from ..routing.contract.errors import ConfigError
 from ..routing.contract.settings import Settings
 from ..routing.contract.sources import Hook, SourceConfig
+from ..routing.hot_records import hot_record
 from .answers import Answer
 from .formats import read_tree
 from .handshakes import Handshakes
@@ -18,7 +18,7 @@ from .intake import Ignored, Intake, Parts, take_in_all
 from .signatures import NO_TARGET, Target, Verified, Verifier
 
 
-@dataclass(frozen=True)
+@hot_record
 class Taken:
     """What a delivery became: what its check vouched for, and its events (one, or one
     per item of a batched delivery; each an event or ignored)."""

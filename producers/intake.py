@@ -42,6 +42,7 @@ from ..routing.contract.mapping import (
     resolve,
 )
 from ..routing.contract.sources import Hook, SourceConfig
+from ..routing.hot_records import hot_record
 from .formats import canonical_json, digest_of
 from .signatures import Verified
 
@@ -68,7 +69,7 @@ class Intake:
     text: str | None = None
 
 
-@dataclass(frozen=True)
+@hot_record
 class Ignored:
     """A verified delivery (or an item of one) the source's mapping has nothing to apply for."""
 
@@ -76,7 +77,7 @@ class Ignored:
     reason: str
 
 
-@dataclass(frozen=True)
+@hot_record
 class Parts:
     """What a delivery came with, besides its body's tree: the bytes as they came, the
     headers (lowercased names), the URL's query parameters and the body's format."""

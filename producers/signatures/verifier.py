@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import datetime
 from typing import Protocol
 
 from ...routing.contract.errors import SignatureError
+from ...routing.hot_records import hot_record
 
 # Whole Unix seconds (or milliseconds) in ASCII digits only: ``\d`` would also take other
 # scripts' digits, which ``int()`` accepts. Twelve digits reach past the year 30000 (fifteen
@@ -29,7 +30,7 @@ _ISO_8601 = re.compile(
 )
 
 
-@dataclass(frozen=True)
+@hot_record
 class Target:
     """The request line a delivery came on, for schemes that sign or carry more than the
     body: its method, the URL the sender called (``KEYLANE_PUBLIC_URL`` or the source's
@@ -44,7 +45,7 @@ class Target:
 NO_TARGET = Target()
 
 
-@dataclass(frozen=True)
+@hot_record
 class Verified:
     """What a verified delivery's signature headers vouch for."""
 
