@@ -6,23 +6,15 @@ carries its delivery's request is larger by at least that request."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 from keylane.ops.bench.delivery_cost import message_of, request_of
-from tests.support.stack import REPO
+from tests.support.bench_runs import run_bench
 
 
 def test_the_benchmark_prints_both_stores_and_both_bodies(pg_url: str) -> None:
     # When the page's command runs, smaller
     args = ["--rows", "50", "--events", "50", "--rounds", "1", "--pg-url", pg_url]
-    done = subprocess.run(
-        [sys.executable, "-m", "keylane.ops.bench.delivery_cost", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = run_bench("keylane.ops.bench.delivery_cost", *args, timeout_s=600)
     assert done.returncode == 0, done.stderr
     # Then each body has a figure per store, the one at the cap at least its body
     stored = re.findall(r"\((\d+) bytes\): sqlite (\d+), postgresql (\d+)", done.stdout)

@@ -5,13 +5,11 @@ Redis's bytes per event (the marks, the told outcomes), by key family, and the s
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from keylane.ops.bench.memory import THREE_DAYS_S, Density, ids_per_hash, sizing_mb
-from keylane.ops.bench.procs import REPO
+from tests.support.bench_runs import run_bench
 
 
 def test_the_sizing_adds_the_marks_of_the_window_and_the_outcomes_kept() -> None:
@@ -29,14 +27,7 @@ def test_the_sizing_adds_the_marks_of_the_window_and_the_outcomes_kept() -> None
 def test_a_short_run_prints_bytes_per_event_by_part_and_the_sizing() -> None:
     # Given the bench run for this tree: 300 events over 100 keys, one sizing rate
     args = ["--events", "300", "--keys", "100", "--rates", "10", "--json"]
-    result = subprocess.run(
-        [sys.executable, "-m", "keylane.ops.bench.memory", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    result = run_bench("keylane.ops.bench.memory", *args, timeout_s=300)
     # Then it ends well, with its tables
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout

@@ -5,26 +5,17 @@ the Redis commands and CPU per event, and checks the store."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from keylane.ops.bench.procs import REPO
+from tests.support.bench_runs import run_bench
 
 
 @pytest.mark.slow
 def test_a_short_trickle_prints_its_table_and_holds_the_invariants(redis_url: str) -> None:
     # Given the bench run for one rate, three seconds, over 50 keys
     args = ["--only", "trickle", "--rates", "20", "--seconds", "3", "--keys", "50"]
-    result = subprocess.run(
-        [sys.executable, "-m", "keylane.ops.bench", *args, "--redis-url", redis_url],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    result = run_bench("keylane.ops.bench", *args, "--redis-url", redis_url, timeout_s=240)
     # Then it ends well, with the per-rate table, the commands by name and the check
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout

@@ -6,8 +6,10 @@ acknowledgements (a refused one closes the shard's channel and gives back all it
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from amqp import Message  # type: ignore[import-untyped]
@@ -63,47 +65,58 @@ def test_a_plan_acknowledges_what_was_finished_once_and_nothing_still_held(
     assert not outstanding
 
 
-@pytest.mark.slow
-def test_acks_in_any_order_are_all_taken_by_the_broker_and_settle_every_delivery(
-    rabbitmq: RabbitCluster, namespace: str
-) -> None:
-    # Given 60 messages delivered on one channel of a quorum queue (prefetch 60)
-    name = f"{namespace}.acks"
+@contextlib.contextmanager
+def _delivered(
+    rabbitmq: RabbitCluster, name: str, count: int
+) -> Iterator[tuple[Any, Any, list[int]]]:
+    """``count`` messages published to a new quorum queue ``name`` and delivered on one
+    channel of one connection (prefetch ``count``): the connection's control channel, that
+    channel and the delivery tags in order. The queue is deleted after."""
     with Connection(rabbitmq.nodes[0].url) as conn:
         control = conn.channel()
         control.queue_declare(
             name, durable=True, auto_delete=False, arguments={"x-queue-type": "quorum"}
         )
         try:
-            for n in range(60):
+            for n in range(count):
                 control.basic_publish(Message(str(n)), exchange="", routing_key=name)
             channel = conn.channel()
-            channel.basic_qos(0, 60, False)
+            channel.basic_qos(0, count, False)
             tags: list[int] = []
             channel.basic_consume(name, callback=lambda m: tags.append(m.delivery_tag))
-            while len(tags) < 60:
+            while len(tags) < count:
                 conn.drain_events(timeout=10)
-            # When they are acknowledged in a scrambled order, in batches, as planned (the
-            # first batches leave gaps: some runs end on a tag acknowledged singly before)
-            order = list(tags)
-            random.Random(48).shuffle(order)
-            order = [tags[2], tags[0], tags[1], *[t for t in order if t not in tags[:3]]]
-            settled = Settled()
-            for batch in batches(order, [1, 1, 1, 7, 3]):
-                upto, single = settled.plan(batch)
-                if upto:
-                    ack_upto(channel, upto)
-                ack(channel, single)
-            # Then the broker refused none (a round trip on the channel after them: a
-            # refusal would have closed it) ...
-            channel.basic_qos(0, 60, False)
-            assert channel.is_open
-            channel.close()
-            # ... and none came back to the queue when the channel closed
-            _, ready, _ = control.queue_declare(name, passive=True)
-            assert ready == 0
+            yield control, channel, tags
         finally:
             control.queue_delete(name)
+
+
+@pytest.mark.slow
+def test_acks_in_any_order_are_all_taken_by_the_broker_and_settle_every_delivery(
+    rabbitmq: RabbitCluster, namespace: str
+) -> None:
+    # Given 60 messages delivered on one channel of a quorum queue (prefetch 60)
+    name = f"{namespace}.acks"
+    with _delivered(rabbitmq, name, 60) as (control, channel, tags):
+        # When they are acknowledged in a scrambled order, in batches, as planned (the
+        # first batches leave gaps: some runs end on a tag acknowledged singly before)
+        order = list(tags)
+        random.Random(48).shuffle(order)
+        order = [tags[2], tags[0], tags[1], *[t for t in order if t not in tags[:3]]]
+        settled = Settled()
+        for batch in batches(order, [1, 1, 1, 7, 3]):
+            upto, single = settled.plan(batch)
+            if upto:
+                ack_upto(channel, upto)
+            ack(channel, single)
+        # Then the broker refused none (a round trip on the channel after them: a
+        # refusal would have closed it) ...
+        channel.basic_qos(0, 60, False)
+        assert channel.is_open
+        channel.close()
+        # ... and none came back to the queue when the channel closed
+        _, ready, _ = control.queue_declare(name, passive=True)
+        assert ready == 0
 
 
 @pytest.mark.slow
@@ -111,26 +124,10 @@ def test_a_multiple_ack_naming_a_tag_acknowledged_before_is_refused(
     rabbitmq: RabbitCluster, namespace: str
 ) -> None:
     # Given 3 deliveries on one channel, the second acknowledged on its own
-    name = f"{namespace}.acks-refused"
-    with Connection(rabbitmq.nodes[0].url) as conn:
-        control = conn.channel()
-        control.queue_declare(
-            name, durable=True, auto_delete=False, arguments={"x-queue-type": "quorum"}
-        )
-        try:
-            for n in range(3):
-                control.basic_publish(Message(str(n)), exchange="", routing_key=name)
-            channel = conn.channel()
+    with _delivered(rabbitmq, f"{namespace}.acks-refused", 3) as (_, channel, tags):
+        channel.basic_ack(tags[1])
+        # When a multiple ack names that tag (the first delivery still open below it)
+        channel.basic_ack(tags[1], multiple=True)
+        # Then the broker refuses it and closes the channel (seen at the next round trip)
+        with pytest.raises(PreconditionFailed, match="unknown delivery tag"):
             channel.basic_qos(0, 3, False)
-            tags: list[int] = []
-            channel.basic_consume(name, callback=lambda m: tags.append(m.delivery_tag))
-            while len(tags) < 3:
-                conn.drain_events(timeout=10)
-            channel.basic_ack(tags[1])
-            # When a multiple ack names that tag (the first delivery still open below it)
-            channel.basic_ack(tags[1], multiple=True)
-            # Then the broker refuses it and closes the channel (seen at the next round trip)
-            with pytest.raises(PreconditionFailed, match="unknown delivery tag"):
-                channel.basic_qos(0, 3, False)
-        finally:
-            control.queue_delete(name)

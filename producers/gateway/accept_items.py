@@ -96,8 +96,9 @@ def batch_result(reply: list[Any], items: Sequence[Enqueue]) -> BatchResult:
         return BatchResult([], "full", int(reply[1]) - 1, int(reply[2]))
     if status in ("throttled", "overloaded"):
         return BatchResult([], status, depth=int(reply[1]))  # type: ignore[arg-type]
-    answers = [item.answer.decode() for item in items]
-    return BatchResult([event_result(reply, 1 + 2 * i, answers[i]) for i in range(len(items))])
+    return BatchResult(
+        [event_result(reply, 1 + 2 * i, item.answer.decode()) for i, item in enumerate(items)]
+    )
 
 
 def event_result(reply: list[Any], at: int, answer: str) -> EnqueueResult:
